@@ -1,0 +1,62 @@
+"""Benchmarks are commands, not tests: `python -m minillm.bench NAME [--quick] [--json PATH]`.
+
+Each benchmark measures its variants side by side in one run, reports medians of repetitions and
+the ratios between variants, and names the machine: absolute numbers move with the hardware and
+its load, ratios measured together mostly do not.
+"""
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def machine() -> str:
+    """One line naming the hardware the numbers were measured on."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (CUDA), torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of fn() over `repeats` runs after `warmup` unmeasured ones (seconds)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    cols = list(rows[0])
+    cells = [[_fmt(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print(f"\n{title}")
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def _fmt(v) -> str:
+    return f"{v:,.2f}" if isinstance(v, float) else str(v)
+
+
+def write_json(path: str | None, name: str, figures: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps({"benchmark": name, "machine": machine(), **figures}, indent=2) + "\n")
+        print(f"\nwrote {path}")

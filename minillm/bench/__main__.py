@@ -1,0 +1,24 @@
+"""python -m minillm.bench NAME [--quick] [--json PATH]"""
+import argparse
+import importlib
+import sys
+
+BENCHMARKS = {
+    "decode": "single-stream decode: minillm vs transformers vs no KV cache (SmolLM2-135M shape)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minillm.bench",
+                                     description="benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
+    parser.add_argument("name", choices=sorted(BENCHMARKS))
+    parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute on 2 CPU cores")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    args = parser.parse_args(argv)
+    module = importlib.import_module(f"minillm.bench.{args.name}")
+    module.run(quick=args.quick, json_path=args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""KV-cache layouts: contiguous per sequence (the baseline) and, later, paged blocks."""

@@ -1,0 +1,65 @@
+"""The command line: `python -m minillm generate | bench | train`."""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minillm", description="minillm: a teaching inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="stream a completion and print TTFT and decode speed")
+    gen.add_argument("--model", default=None, help="bundled model name or Hugging Face model directory (default: tiny)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--device", default="auto")
+    gen.add_argument("--dtype", default="auto")
+
+    bench = sub.add_parser("bench", help="run a benchmark (same as python -m minillm.bench)")
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+
+    train = sub.add_parser("train", help="train the bundled models from the Python standard library")
+    train.add_argument("--models", nargs="+", default=["pico", "tiny"], choices=["pico", "tiny"])
+    train.add_argument("--out", type=Path, default=None, help="output folder (default: the package's assets)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
+                       help="bf16: autocast compute with float32 weights (the bundled models were trained so)")
+
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    if args.command == "bench":
+        from minillm.bench.__main__ import main as bench_main
+        return bench_main(args.args)
+    from minillm.models.registry import BUNDLED_DIR
+    from minillm.train import train_all
+    train_all(args.out or BUNDLED_DIR, args.models, seed=args.seed, bf16=args.precision == "bf16")
+    return 0
+
+
+def _generate(args) -> int:
+    from minillm import LLM, SamplingParams
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.seed)
+        llm = LLM(args.model, device=args.device, dtype=args.dtype)
+        start = time.perf_counter()
+        print(args.prompt, end="", flush=True)
+        output = None
+        for chunk in llm.stream(args.prompt, params):
+            print(chunk.text, end="", flush=True)
+            output = chunk.output or output
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    m = output.metrics
+    decode = f"{1 / m['tpot']:.1f} tokens/s" if m["tpot"] else "n/a (one token)"
+    print(f"\n\n[{llm.config.model} on {llm.engine.device}, {llm.engine.dtype}] "
+          f"TTFT {m['ttft'] * 1000:.1f} ms | decode {decode} | {m['output_tokens']} tokens in "
+          f"{time.perf_counter() - start:.2f} s | finish: {output.finish_reason}")
+    return 0

@@ -1,0 +1,48 @@
+"""EngineConfig: every knob of the engine in one dataclass, validated once when it is built."""
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_CACHES = ("contiguous",)
+SCHEDULERS = ("sequential",)
+
+
+@dataclass
+class EngineConfig:
+    model: str = "tiny"            # a bundled model name or a Hugging Face model directory
+    dtype: str = "auto"            # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"           # auto: cuda when available, else cpu
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0                  # seeds requests that give no seed of their own
+    kv_cache: str = "contiguous"
+    scheduler: str = "sequential"
+
+    def __post_init__(self) -> None:
+        self.model = str(self.model)
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}") from None
+            if self.torch_device.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r} was asked for, but torch sees no CUDA GPU")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}")
+        for name, value, allowed in (("kv_cache", self.kv_cache, KV_CACHES), ("scheduler", self.scheduler, SCHEDULERS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]

@@ -1,0 +1,1 @@
+"""Building blocks of a Llama-family decoder, one concept per file."""

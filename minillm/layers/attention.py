@@ -1,0 +1,71 @@
+"""Causal grouped-query attention, and the seam where a KV cache plugs in.
+
+Grouped-query attention (GQA, Ainslie et al. 2023): `num_heads` query heads share `num_kv_heads`
+key/value heads; query head h reads kv head h // (num_heads // num_kv_heads). Fewer kv heads means
+a smaller KV cache, which is what decode is bound by.
+
+The model never knows how K/V are stored. Its attention layers hand q, k, v to an
+`AttentionContext` built by the runner for the step; each cache layout (contiguous per sequence,
+paged blocks) provides its own context. With no context the layer does plain causal attention over
+the tokens it was given: one whole sequence, no cache (`LLM.logits`, and the recompute baseline).
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minillm.layers.rotary import RotaryEmbedding
+
+
+class AttentionContext:
+    """Per-step attention metadata: stores the step's k/v and attends over each sequence's cache."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [num_tokens, heads, d]; k, v: [num_tokens, kv_heads, d] -> [num_tokens, heads, d]."""
+        raise NotImplementedError
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of the last q_len positions of a sequence over all kv_len positions of it.
+
+    q: [q_len, heads, d]; k, v: [kv_len, kv_heads, d] with kv_len >= q_len -> [q_len, heads, d].
+    Query i sits at absolute position kv_len - q_len + i and may see keys 0 .. that position.
+    """
+    q_len, kv_len = q.shape[0], k.shape[0]
+    if q_len == 1 or q_len == kv_len:
+        mask, causal = None, q_len > 1  # decode sees everything; full prefill is plain causal
+    else:
+        # Queries are the *last* q_len positions: the diagonal is offset by kv_len - q_len.
+        # (is_causal=True would align it top-left, the classic bug with a cache.)
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
+        mask, causal = q_pos[:, None] >= torch.arange(kv_len, device=q.device)[None, :], False
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),  # [heads, len, d]
+        attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(0, 1)  # [q_len, heads, d]
+
+
+class Attention(nn.Module):
+    def __init__(self, layer_idx: int, hidden_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, qkv_bias: bool, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
+                             f"num_key_value_heads ({num_kv_heads})")
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        # q, k and v projections fused into one matmul; the loader stacks the checkpoint's three.
+        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.rotary = rotary
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
+        """positions: [num_tokens]; x: [num_tokens, hidden] -> [num_tokens, hidden]"""
+        n, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
+        q = q.view(n, self.num_heads, d)      # [num_tokens, heads, d]
+        k = k.view(n, self.num_kv_heads, d)   # [num_tokens, kv_heads, d]
+        v = v.view(n, self.num_kv_heads, d)
+        q, k = self.rotary(positions, q, k)
+        out = causal_attention(q, k, v) if ctx is None else ctx.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(n, self.num_heads * d))

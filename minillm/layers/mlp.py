@@ -1,0 +1,21 @@
+"""The SwiGLU feed-forward block (Shazeer 2020): down( silu(gate(x)) * up(x) ).
+
+gate and up are fused into one matrix so a token makes one matmul instead of two: on a CPU or a
+GPU at small batch every matmul launch costs time, and decode is made of small matmuls.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SwiGLUMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, hidden] -> [num_tokens, hidden]"""
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,40 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021) in Hugging Face's "rotate-half" layout.
+
+Each head vector of size d is split into two halves, x1 = x[:d/2] and x2 = x[d/2:]; dimension i of
+the first half is paired with dimension i of the second half and the pair is rotated by the angle
+position * theta^(-2i/d):
+
+    out = x * cos + rotate_half(x) * sin,   rotate_half(x) = [-x2, x1]
+
+(The original paper pairs adjacent dimensions 2i and 2i+1; checkpoints converted to Hugging Face
+format have their q/k weights permuted so that rotate-half is the right pairing for them.)
+Because a rotation by position p of q and by position s of k leaves q.k depending only on p - s,
+attention sees relative positions, and a cached key never needs re-rotating.
+"""
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_positions: int, theta: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}")
+        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim]
+        # Tables are buffers (not parameters) so .to(device) moves them; never saved in checkpoints.
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """positions: [num_tokens]; q: [num_tokens, heads, d]; k: [num_tokens, kv_heads, d]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, d]
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x1, x2] -> [-x2, x1] along the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)

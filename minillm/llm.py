@@ -1,0 +1,73 @@
+"""LLM: the front door. Load a model once, then generate, stream, or inspect logits.
+
+    llm = LLM()                                    # the bundled `tiny` model, offline
+    outs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32, temperature=0))
+    for chunk in llm.stream("class Stack:"): print(chunk.text, end="")
+"""
+from collections.abc import Iterator
+
+import torch
+
+from minillm.config import EngineConfig
+from minillm.engine.engine import LLMEngine
+from minillm.models.registry import DEFAULT_MODEL
+from minillm.outputs import RequestOutput, StreamChunk
+from minillm.sampling import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **config) -> None:
+        """model: a bundled model name ("tiny", "pico") or a Hugging Face model directory.
+        config: any EngineConfig field (dtype, device, max_model_len, seed, ...)."""
+        self.config = EngineConfig(model=model or DEFAULT_MODEL, **config)
+        self.engine = LLMEngine(self.config)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.engine.model
+
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in the order of the prompts.
+        A prompt is text or a list of token ids; params is one SamplingParams or one per prompt."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(params, list):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for chunk in self.engine.step():
+                if chunk.finished:
+                    done[chunk.request_id] = chunk.output
+        return [done[i] for i in ids]
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamChunk]:
+        """Yield the request's text as it is generated; the last chunk has finished=True and .output.
+        Stopping the iteration early aborts the request and frees its cache."""
+        rid = self.engine.add_request(prompt, params)
+        finished = False
+        try:
+            while not finished:
+                for chunk in self.engine.step():
+                    if chunk.request_id == rid:
+                        finished = chunk.finished
+                        yield chunk
+        finally:
+            if not finished:
+                self.engine.abort(rid)
+
+    @torch.inference_mode()
+    def logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """One full forward over a single sequence, no cache: -> float32 logits [len, vocab]."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.engine.device).reshape(-1)
+        if ids.numel() == 0 or ids.numel() > self.engine.max_model_len:
+            raise ValueError(f"logits() needs 1 to {self.engine.max_model_len} tokens, got {ids.numel()}")
+        positions = torch.arange(ids.numel(), device=ids.device)
+        return self.model.compute_logits(self.model(ids, positions)).float()

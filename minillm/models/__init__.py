@@ -1,0 +1,1 @@
+"""Model definitions, checkpoint loading, and the registry of architectures and bundled models."""

@@ -1,0 +1,126 @@
+"""Load a Hugging Face checkpoint directory: config.json + safetensors (single file or sharded).
+
+Only safetensors are read: a `.bin`/`.pt` checkpoint is a pickle, and unpickling runs arbitrary
+code from the file. Every tensor is checked against the model before it is copied, so a wrong
+checkpoint fails with the tensor's name and both shapes instead of a matmul error later.
+"""
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from minillm.models.config import ModelConfig
+from minillm.models.registry import MODEL_CLASSES
+
+# Checkpoint projections that minillm stacks into one fused matrix: name -> (fused name, index).
+FUSED = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+# Tensors some checkpoints carry that hold nothing minillm needs (RoPE tables are recomputed).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """Build the model that config.json describes and fill it from the directory's safetensors."""
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    cfg = ModelConfig.from_file(cfg_path)
+    with torch.device(device):
+        model = MODEL_CLASSES[cfg.architecture](cfg)
+    model.to(dtype)
+    load_weights(model, checkpoint_files(model_dir), cfg)
+    return model.eval()
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (model_dir / s).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are not there: {', '.join(missing)}")
+        return [model_dir / s for s in shards]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    pickles = [p.name for p in model_dir.glob("*.bin")] + [p.name for p in model_dir.glob("*.pt")]
+    hint = (f" It has {', '.join(pickles)}: pickle checkpoints are not loaded because unpickling can "
+            "run code; convert them to safetensors first.") if pickles else ""
+    raise FileNotFoundError(f"{model_dir} has no model.safetensors or model.safetensors.index.json.{hint}")
+
+
+def _shard_sizes(cfg: ModelConfig, fused: str) -> list[int]:
+    if fused == "qkv_proj":
+        kv = cfg.num_key_value_heads * cfg.head_dim
+        return [cfg.num_attention_heads * cfg.head_dim, kv, kv]
+    return [cfg.intermediate_size, cfg.intermediate_size]
+
+
+def _target(params: dict, cfg: ModelConfig, name: str):
+    """Map a checkpoint tensor name to (parameter, destination slice) or None if it is not used."""
+    if name.endswith(IGNORED_SUFFIXES) or (cfg.tie_word_embeddings and name == "lm_head.weight"):
+        return None
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in FUSED:
+            fused, idx = FUSED[part]
+            pname = ".".join(parts[:i] + [fused] + parts[i + 1:])
+            if pname not in params:
+                break
+            sizes = _shard_sizes(cfg, fused)
+            start = sum(sizes[:idx])
+            return pname, params[pname][start:start + sizes[idx]]
+    if name not in params:
+        raise ValueError(f"checkpoint tensor {name!r} has no place in a {cfg.architecture} with this "
+                         f"config.json (is the config for another model?)")
+    return name, params[name]
+
+
+def load_weights(model: torch.nn.Module, files: list[Path], cfg: ModelConfig) -> None:
+    params = dict(model.named_parameters())  # tied weights appear once, under the embedding's name
+    expected = {n for n in _checkpoint_names(params, cfg)}
+    seen: set[str] = set()
+    with torch.no_grad():
+        for path in files:
+            try:
+                handle = safe_open(str(path), framework="pt", device="cpu")
+            except (SafetensorError, OSError) as e:
+                raise ValueError(f"cannot read {path}: not a valid safetensors file "
+                                 f"(truncated or corrupt?): {e}") from None
+            with handle as f:
+                for name in f.keys():
+                    target = _target(params, cfg, name)
+                    if target is None:
+                        continue
+                    _, dest = target
+                    try:
+                        tensor = f.get_tensor(name)
+                    except SafetensorError as e:
+                        raise ValueError(f"cannot read tensor {name!r} from {path}: {e}") from None
+                    if tuple(tensor.shape) != tuple(dest.shape):
+                        raise ValueError(f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
+                                         f"but the model expects {tuple(dest.shape)}")
+                    dest.copy_(tensor)
+                    seen.add(name)
+    missing = sorted(expected - seen)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"checkpoint is missing tensors: {', '.join(missing[:5])}{more}")
+
+
+def _checkpoint_names(params: dict, cfg: ModelConfig):
+    """The Hugging Face tensor names that must be present to fill every parameter."""
+    unfused = {}
+    for part, (fused, idx) in FUSED.items():
+        unfused.setdefault(fused, [None] * len(_shard_sizes(cfg, fused)))[idx] = part
+    for name in params:
+        parts = name.split(".")
+        hit = next((i for i, p in enumerate(parts) if p in unfused), None)
+        if hit is None:
+            yield name
+        else:
+            for part in unfused[parts[hit]]:
+                yield ".".join(parts[:hit] + [part] + parts[hit + 1:])

@@ -1,0 +1,54 @@
+"""Random Hugging Face checkpoints built by `transformers` itself, for tests and benchmarks.
+
+`transformers` is the reference no one here wrote: a model it builds and saves must load in
+minillm and give its logits and its greedy tokens. Needs the `dev` extra (transformers).
+"""
+from pathlib import Path
+
+import torch
+
+SMOLLM2_135M_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                          tie_word_embeddings=True, rope_theta=100000.0)
+
+
+def make_tokenizer_json(path: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer of at most `vocab_size` entries, its merges learned from minillm's source."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = "\n".join(p.read_text() for p in sorted(Path(__file__).parent.rglob("*.py")))
+    tok.train_from_iterator([text], trainer)
+    tok.save(str(path))
+
+
+def make_hf_model(out: Path, kind: str = "llama", seed: int = 0, vocab_size: int = 320, **overrides):
+    """Save a random transformers model of `kind` ('llama': GQA, untied; 'qwen2': biases, tied;
+    'mistral') under `out`, with a tokenizer.json of at most vocab_size entries; overrides replace
+    config fields. -> the transformers model (float32, eval mode)."""
+    import transformers
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    kinds = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(tie_word_embeddings=False, rope_theta=500.0)),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=None)),
+    }
+    if kind not in kinds:
+        raise ValueError(f"kind must be one of {', '.join(kinds)}, got {kind!r}")
+    config_cls, cls, defaults = kinds[kind]
+    cfg = config_cls(**{**common, **defaults, **overrides})  # derived fields (head_dim) follow
+    vocab_size = cfg.vocab_size
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # random init leaves biases at zero; make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out, safe_serialization=True)
+    make_tokenizer_json(out / "tokenizer.json", vocab_size)
+    return model

@@ -1,0 +1,24 @@
+"""Shared fixtures: small random checkpoints saved by Hugging Face transformers (the reference)."""
+import pytest
+
+from minillm.testing import make_hf_model
+
+
+@pytest.fixture(scope="session")
+def hf_llama(tmp_path_factory):
+    """(directory, transformers model): Llama with GQA (4 heads, 2 kv heads), untied embeddings."""
+    path = tmp_path_factory.mktemp("llama")
+    return path, make_hf_model(path, "llama")
+
+
+@pytest.fixture(scope="session")
+def hf_qwen2(tmp_path_factory):
+    """(directory, transformers model): Qwen2 with q/k/v biases and tied embeddings."""
+    path = tmp_path_factory.mktemp("qwen2")
+    return path, make_hf_model(path, "qwen2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def llama_llm(hf_llama):
+    from minillm import LLM
+    return LLM(str(hf_llama[0]))

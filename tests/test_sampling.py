@@ -1,0 +1,64 @@
+"""Sampling: seeds, temperature, top-k and top-p on distributions built so the answer is known."""
+import pytest
+import torch
+
+from minillm import SamplingParams
+from minillm.sampling import filter_logits, sample
+
+
+def draws(logits: torch.Tensor, params: SamplingParams, n: int, seed: int = 0) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return [sample(logits[None], [params], [gen])[0] for _ in range(n)]
+
+
+def test_top_k_never_emits_outside_the_k_largest():
+    logits = torch.tensor([2.0, -1.0, 3.0, 0.5, -3.0, 2.5, 1.0])  # top-3: indices 2, 5, 0
+    seen = set(draws(logits, SamplingParams(temperature=1.5, top_k=3), 600))
+    assert seen == {0, 2, 5}
+
+
+def test_top_p_keeps_the_token_that_crosses_the_threshold():
+    probs = torch.tensor([0.05, 0.5, 0.3, 0.15])  # sorted: 0.5, 0.3 (cum 0.8), 0.15 (cum 0.95), 0.05
+    logits = probs.log()
+    assert set(draws(logits, SamplingParams(temperature=1.0, top_p=0.85), 800)) == {1, 2, 3}
+    assert set(draws(logits, SamplingParams(temperature=1.0, top_p=0.8), 800)) == {1, 2}
+    assert set(draws(logits, SamplingParams(temperature=1.0, top_p=0.4), 200)) == {1}
+
+
+def test_filtered_distribution_is_softmax_of_tempered_logits_renormalised():
+    logits = torch.tensor([1.0, -2.0, 0.5, 3.0, -0.5])
+    got = filter_logits(logits, temperature=0.7, top_k=3, top_p=1.0).softmax(-1)
+    keep = torch.tensor([True, False, True, True, False])
+    want = torch.where(keep, (logits / 0.7).exp(), torch.zeros(5))
+    torch.testing.assert_close(got, want / want.sum())
+
+
+def test_sampling_frequencies_follow_the_temperature():
+    logits = torch.tensor([0.0, 1.0, -1.0])
+    counts = torch.bincount(torch.tensor(draws(logits, SamplingParams(temperature=2.0), 6000)), minlength=3)
+    expected = (logits / 2.0).softmax(-1)
+    assert torch.allclose(counts / 6000, expected, atol=0.03)
+
+
+def test_same_seed_same_tokens_different_seed_different_tokens(llama_llm):
+    prompt = [5, 17, 99, 42]
+    run = lambda seed: llama_llm.generate([prompt], SamplingParams(max_tokens=24, temperature=1.0, seed=seed,
+                                                                   ignore_eos=True))[0].token_ids  # noqa: E731
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_temperature_near_zero_equals_greedy(llama_llm):
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    greedy = llama_llm.generate([prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
+    cold = llama_llm.generate([prompt], SamplingParams(max_tokens=20, temperature=1e-4, seed=1, ignore_eos=True))[0]
+    assert cold.token_ids == greedy.token_ids
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-0.1), "temperature"), (dict(top_k=-1), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(stop=[""]), "stop"), (dict(seed=1.5), "seed"),
+])
+def test_invalid_sampling_params_are_rejected_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
