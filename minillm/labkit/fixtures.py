@@ -1,0 +1,43 @@
+"""Inputs and reference models shared by the graded tests (and so by check() in notebooks)."""
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+TINY_SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                  tie_word_embeddings=True)
+
+
+def randn(seed: int, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    """Float32 normal values of both signs, from their own seed (not the notebook's)."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@cache
+def checkpoint(kind: str = "llama", seed: int = 0, **overrides) -> tuple[Path, torch.nn.Module]:
+    """A random Hugging Face checkpoint built by transformers (the independent reference), saved
+    once per process: -> (its directory, the transformers model)."""
+    from transformers.utils import logging
+
+    from minillm.testing import make_hf_model
+    logging.disable_progress_bar()
+    folder = Path(tempfile.mkdtemp(prefix=f"minillm-lab-{kind}-"))
+    return folder, make_hf_model(folder, kind, seed=seed, **overrides)
+
+
+def lab_model() -> str:
+    """The model the labs run on."""
+    return str(checkpoint("llama", 7, **TINY_SHAPE)[0])
+
+
+def assert_close(actual, expected: torch.Tensor, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+    """Fail with the property in words: `what` has the wrong type, shape, or values."""
+    assert isinstance(actual, torch.Tensor), f"{what}: returns {type(actual).__name__}, not a torch.Tensor"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    actual, expected = actual.detach().double(), expected.detach().double()
+    assert not actual.isnan().any(), f"{what}: the output contains NaN"
+    err = (actual - expected).abs().max().item()
+    assert torch.allclose(actual, expected, atol=atol, rtol=rtol), \
+        f"{what}: differs from the reference by up to {err:.3g} (allowed {atol:g} + {rtol:g}*|reference|)"
