@@ -356,7 +356,7 @@ def median_seconds(fn, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-lengths = [16, 64, 128, 256]
+lengths = [16, 64, 256]
 yours, engine = [], []
 with torch.no_grad():
     for n in lengths:
@@ -376,14 +376,14 @@ x = torch.randn(n, cfg.hidden_size)
 q, k, v = torch.randn(n, cfg.num_attention_heads, cfg.head_dim), torch.randn(n, cfg.num_key_value_heads, cfg.head_dim), torch.randn(n, cfg.num_key_value_heads, cfg.head_dim)
 cos, sin = rope_cos_sin(torch.arange(n), cfg.head_dim, cfg.rope_theta)
 parts = {
-    "rms_norm ×2": lambda: rms_norm(x, layer0["input_layernorm.weight"], cfg.rms_norm_eps),
+    "rms_norm": lambda: rms_norm(x, layer0["input_layernorm.weight"], cfg.rms_norm_eps),
     "q, k, v, o projections": lambda: [F.linear(x, layer0[f"self_attn.{p}_proj.weight"]) for p in "qkvo"],
     "RoPE": lambda: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)),
     "attention (scores, softmax, mix)": lambda: causal_gqa_attention(q, k, v),
     "SwiGLU MLP": lambda: swiglu(x, layer0["mlp.gate_proj.weight"], layer0["mlp.up_proj.weight"], layer0["mlp.down_proj.weight"]),
 }
 with torch.no_grad():
-    ms = {name: median_seconds(fn) * 1e3 * (2 if name.endswith("×2") else 1) for name, fn in parts.items()}
+    ms = {name: median_seconds(fn) * 1e3 for name, fn in parts.items()}
 fig = go.Figure(go.Bar(x=list(ms.values()), y=list(ms), orientation="h"))
 fig.update_layout(title=f"One layer of yours at {n} tokens", xaxis_title="ms", height=300)
 fig.show()

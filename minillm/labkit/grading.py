@@ -45,7 +45,7 @@ def tests_dir() -> Path:
 
 
 @cache
-def test_module(lab: str):
+def grader_module(lab: str):
     """The grader module tests/labs/test_labNN_<slug>.py, imported under a private name."""
     found = sorted(tests_dir().glob(f"test_lab{lab}_*.py"))
     if not found:
@@ -131,7 +131,7 @@ def check(exercise_id: str) -> None:
     """Run the graded tests of one exercise against this notebook's current definitions and print
     the result. Call it in a notebook cell after the exercise: check("1.3")."""
     namespace = sys._getframe(1).f_globals
-    outcomes = run_graded(test_module(lab_of(exercise_id)), namespace, exercise_id, where="this notebook")
+    outcomes = run_graded(grader_module(lab_of(exercise_id)), namespace, exercise_id, where="this notebook")
     if not outcomes:
         print(f"There is no exercise {exercise_id} in lab {lab_of(exercise_id)}.")
         return

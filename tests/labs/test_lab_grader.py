@@ -1,0 +1,72 @@
+"""The grader is itself tested: labs/ is what solutions/ generates, every graded test fails on the
+learner stubs, every plausible wrong implementation in negatives/ is caught, every exercise is graded."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minillm.labkit.grading import graded_tests, grader_module, run_graded
+from minillm.labkit.loader import load_notebook
+from minillm.labkit.notebook import lab_sources, learner_copy, read_source, to_json
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = lab_sources(ROOT)
+LABS = [s.stem[3:5] for s in SOURCES]
+NEGATIVES = sorted((Path(__file__).parent / "negatives").glob("lab*.py"))
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_generated_notebooks_are_in_sync_with_their_source(source):
+    solution = read_source(source)
+    for path, expected in ((ROOT / "solutions" / f"{source.stem}.ipynb", to_json(solution)),
+                           (ROOT / "labs" / f"{source.stem}.ipynb", to_json(learner_copy(solution, source.stem)))):
+        assert path.is_file() and path.read_text() == expected, \
+            f"{path.relative_to(ROOT)} is not what {source.relative_to(ROOT)} generates: run `make labs`"
+
+
+def test_no_notebook_without_a_source():
+    stems = {s.stem for s in SOURCES}
+    for folder in ("labs", "solutions"):
+        strays = [p.name for p in (ROOT / folder).glob("lab*.ipynb") if p.stem not in stems]
+        assert not strays, f"{folder}/ has notebooks no solutions/*.py generates: {strays}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_exercise_is_graded_and_every_grade_has_an_exercise(lab):
+    module = grader_module(lab)
+    in_notebook = load_notebook(next((ROOT / "solutions").glob(f"lab{lab}_*.ipynb"))).exercises
+    tested = {fn.exercise for fn in graded_tests(module)}
+    assert in_notebook == tested == set(module.EXERCISES), \
+        f"lab {lab}: notebook exercises {sorted(in_notebook)}, graded {sorted(tested)}, listed {sorted(module.EXERCISES)}"
+    assert 4 <= len(in_notebook) <= 8, f"lab {lab} has {len(in_notebook)} exercises; a lab has 4 to 8"
+
+
+@pytest.mark.timeout(300)
+def test_every_graded_test_fails_on_the_learner_stubs(tmp_path):
+    """The real grader (`pytest --target DIR`) on freshly generated stubs: all fail, nothing errors."""
+    for source in SOURCES:
+        (tmp_path / f"{source.stem}.ipynb").write_text(to_json(learner_copy(read_source(source), source.stem)))
+    graders = [str(p) for lab in LABS for p in (ROOT / "tests" / "labs").glob(f"test_lab{lab}_*.py")]
+    expected = sum(len(graded_tests(grader_module(lab))) for lab in LABS)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--target", str(tmp_path),
+                          *graders], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    summary = run.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(rf"{expected} failed in .*", summary), f"expected {expected} failures, got: {summary}\n{run.stdout[-3000:]}"
+    assert "not implemented yet" in run.stdout and "gradebook" in run.stdout
+    for lab in LABS:
+        assert re.search(rf"^{lab}\s+total\s+0/\d+$", run.stdout, re.M), f"lab {lab} scored points on stubs"
+
+
+@pytest.mark.parametrize("negative", NEGATIVES, ids=lambda p: p.stem)
+def test_wrong_implementation_is_caught(negative):
+    lab = negative.stem[3:5]
+    loaded = load_notebook(next((ROOT / "solutions").glob(f"lab{lab}_*.ipynb")))
+    assert not loaded.problems, loaded.problems
+    scope = {}
+    exec(compile(negative.read_text(), str(negative), "exec"), loaded.namespace, scope)
+    loaded.namespace.update(scope)
+    outcomes = run_graded(grader_module(lab), loaded.namespace, scope["EXERCISE"])
+    assert outcomes, f"no graded tests for exercise {scope['EXERCISE']}"
+    assert not all(o.passed for o in outcomes), f"{negative.name} passes every test of exercise {scope['EXERCISE']}"
