@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
 
@@ -46,7 +47,7 @@ def _generate(args) -> int:
     from minillm import LLM, SamplingParams
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, seed=args.seed)
+                                top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
         llm = LLM(args.model, device=args.device, dtype=args.dtype)
         start = time.perf_counter()
         print(args.prompt, end="", flush=True)

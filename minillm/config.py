@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-KV_CACHES = ("contiguous",)
+KV_CACHES = ("paged", "contiguous")
 SCHEDULERS = ("sequential",)
 
 
@@ -15,7 +15,11 @@ class EngineConfig:
     device: str = "auto"           # auto: cuda when available, else cpu
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0                  # seeds requests that give no seed of their own
-    kv_cache: str = "contiguous"
+    kv_cache: str = "paged"        # paged: one block pool shared by all sequences; contiguous: the baseline
+    block_size: int = 16           # token slots per KV block (paged)
+    num_kv_blocks: int | None = None     # pool size in blocks; None: from kv_cache_memory
+    kv_cache_memory: int | None = None   # pool size in bytes; None: 256 MiB on CPU, half the free GPU memory
+    enable_prefix_caching: bool = True   # reuse the K/V of prompt prefixes seen before (paged)
     scheduler: str = "sequential"
 
     def __post_init__(self) -> None:
@@ -31,6 +35,10 @@ class EngineConfig:
                 raise ValueError(f"device {self.device!r} was asked for, but torch sees no CUDA GPU")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}")
+        for name, value in (("block_size", self.block_size), ("num_kv_blocks", self.num_kv_blocks),
+                            ("kv_cache_memory", self.kv_cache_memory)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name, value, allowed in (("kv_cache", self.kv_cache, KV_CACHES), ("scheduler", self.scheduler, SCHEDULERS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")

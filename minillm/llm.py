@@ -44,20 +44,21 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for chunk in self.engine.step():
-                if chunk.finished:
-                    done[chunk.request_id] = chunk.output
+                if chunk.request is not None:
+                    done[chunk.request_id] = chunk.request
         return [done[i] for i in ids]
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        """Yield the request's text as it is generated; the last chunk has finished=True and .output.
-        Stopping the iteration early aborts the request and frees its cache."""
+        """Yield the request's text as it is generated (chunk.index tells the samples apart when
+        n > 1); each sample's last chunk has finished=True and its Completion in .output.
+        Stopping the iteration early aborts the request and frees its blocks."""
         rid = self.engine.add_request(prompt, params)
         finished = False
         try:
             while not finished:
                 for chunk in self.engine.step():
                     if chunk.request_id == rid:
-                        finished = chunk.finished
+                        finished = chunk.request is not None
                         yield chunk
         finally:
             if not finished:

@@ -21,6 +21,7 @@ class SamplingParams:
     stop: list[str] | str | None = None   # stop strings; the output is cut before the first match
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    n: int = 1                  # samples of the prompt; they share its KV blocks. Sample i uses seed + i
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -28,6 +29,7 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids)
         checks = [
+            (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"),
             (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
             (isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}"),

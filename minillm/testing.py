@@ -13,14 +13,14 @@ SMOLLM2_135M_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1
 
 
 def make_tokenizer_json(path: Path, vocab_size: int) -> None:
-    """A byte-level BPE tokenizer of at most `vocab_size` entries, its merges learned from minillm's source."""
+    """A byte-level BPE tokenizer of at most `vocab_size` entries, its merges learned from a fixed text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = "\n".join(p.read_text() for p in sorted(Path(__file__).parent.rglob("*.py")))
+    text = " ".join(f"def f{i}(x, y):\n    return x * {i} + y  # the {i}th line of a small corpus" for i in range(400))
     tok.train_from_iterator([text], trainer)
     tok.save(str(path))
 

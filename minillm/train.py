@@ -22,6 +22,7 @@ from minillm.layers.attention import AttentionContext
 from minillm.models.config import ModelConfig
 from minillm.models.export import save_checkpoint
 from minillm.models.llama import LlamaForCausalLM
+from minillm.modelcard import write_card
 
 EOT = "<|endoftext|>"
 EXCLUDED_DIRS = {"test", "tests", "idlelib", "site-packages"}
@@ -229,3 +230,4 @@ def train_all(out_root: Path, names: list[str], seed: int = 0, bf16: bool = True
                                      f"{torch.get_num_threads()} threads, torch {torch.__version__}",
         })
         (out / "training_log.json").write_text(json.dumps(info, indent=1) + "\n")
+        write_card(out)

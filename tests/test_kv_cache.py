@@ -28,6 +28,7 @@ def test_cached_logits_match_recompute_at_every_position(llama_llm):
         torch.testing.assert_close(logits, full[pos - 1], atol=1e-4, rtol=0)
         seq.num_computed_tokens = pos
         seq.token_ids.append(ids[pos])
+        assert engine.cache_manager.reserve(seq, 1)
         batch = [ScheduledSeq(seq, 1)]
     engine.abort(seq.request_id)
     assert not engine.has_unfinished()

@@ -6,34 +6,39 @@ the whole request, which is exactly what paged attention (cache/paged.py) fixes.
 import torch
 
 from minillm.engine.sequence import Sequence
+from minillm.engine.telemetry import KVStats
 from minillm.layers.attention import AttentionContext, causal_attention
 from minillm.models.config import ModelConfig
 
 
 class ContiguousKVCache:
-    """One sequence's keys and values for every layer: [layers, max_len, kv_heads, head_dim] each."""
+    """One sequence's keys and values for every layer: [layers, kv_heads, max_len, head_dim] each.
+
+    Head-major, so each head's keys are one contiguous [len, head_dim] matrix: decode attention
+    then reads them with a plain batched matmul instead of a strided gather.
+    """
 
     def __init__(self, cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (cfg.num_hidden_layers, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2]
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
     def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the K/V of positions start .. start + len(k) - 1."""
-        self.k[layer, start:start + k.shape[0]] = k
-        self.v[layer, start:start + v.shape[0]] = v
+        """Write the K/V of positions start .. start + n - 1; k, v: [n, kv_heads, head_dim]."""
+        self.k[layer, :, start:start + k.shape[0]] = k.transpose(0, 1)
+        self.v[layer, :, start:start + v.shape[0]] = v.transpose(0, 1)
 
     def view(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of positions 0 .. end - 1: [end, kv_heads, head_dim] each (views, no copy)."""
-        return self.k[layer, :end], self.v[layer, :end]
+        """K/V of positions 0 .. end - 1 as [end, kv_heads, head_dim] views (no copy)."""
+        return self.k[layer, :, :end].transpose(0, 1), self.v[layer, :, :end].transpose(0, 1)
 
 
 class ContiguousContext(AttentionContext):
@@ -61,10 +66,27 @@ class ContiguousCacheManager:
         self.cfg, self.dtype, self.device = cfg, dtype, device
         self.reserved_bytes = 0
 
-    def allocate(self, seq: Sequence) -> None:
+    def fits(self, prompt_len: int, total_len: int, n: int) -> bool:
+        return True  # allocated on demand from the process's memory
+
+    def allocate(self, seq: Sequence) -> bool:
         seq.kv_cache = ContiguousKVCache(self.cfg, seq.num_prompt_tokens + seq.params.max_tokens,
                                          self.dtype, self.device)
         self.reserved_bytes += seq.kv_cache.nbytes
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """A parallel sample gets its own full-length copy: contiguous caches cannot share."""
+        self.allocate(child)
+        n = parent.num_computed_tokens
+        child.kv_cache.k[:, :, :n] = parent.kv_cache.k[:, :, :n]
+        child.kv_cache.v[:, :, :n] = parent.kv_cache.v[:, :, :n]
+
+    def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return True  # everything was reserved up front
+
+    def computed(self, seq: Sequence) -> None:
+        pass
 
     def free(self, seq: Sequence) -> None:
         if seq.kv_cache is not None:
@@ -73,3 +95,11 @@ class ContiguousCacheManager:
 
     def context(self, seqs: list[Sequence], query_lens: list[int]) -> ContiguousContext:
         return ContiguousContext([s.kv_cache for s in seqs], query_lens, [s.num_computed_tokens for s in seqs])
+
+    def stats(self, seqs: list[Sequence]) -> KVStats:
+        """Each sequence is one 'block' of its reserved length; fragmentation is reserved-but-empty."""
+        reserved = sum(s.kv_cache.max_len for s in seqs if s.kv_cache is not None)
+        held = sum(s.num_computed_tokens for s in seqs if s.kv_cache is not None)
+        return KVStats("contiguous", len(seqs), len(seqs), 0, 0, 0, 0, self.reserved_bytes,
+                       1 - held / reserved if reserved else 0.0, 0.0, {s.request_id: 1 for s in seqs},
+                       [s.request_id for s in seqs])

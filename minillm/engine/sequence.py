@@ -70,7 +70,12 @@ class Sequence:
         self.output_text = ""
         self.emitted_chars = 0  # how much of output_text has been streamed to the caller
         self.finish_reason: str | None = None
-        self.kv_cache = None  # set by the cache manager when the sequence is admitted
+        self.kv_cache = None  # contiguous cache: this sequence's own tensors
+        self.block_table: list[int] = []  # paged cache: the blocks holding this sequence's tokens
+        self.num_cached_prompt_tokens = 0  # prompt tokens found in the prefix cache
+        self.num_registered_blocks = 0  # leading blocks already named in the prefix cache
+        self.index = 0  # which of the request's n samples this is
+        self.forks: list["Sequence"] = []  # samples 1..n-1, forked from this one after its prefill
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
 
     @property

@@ -30,19 +30,27 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     q: [q_len, heads, d]; k, v: [kv_len, kv_heads, d] with kv_len >= q_len -> [q_len, heads, d].
     Query i sits at absolute position kv_len - q_len + i and may see keys 0 .. that position.
     """
-    q_len, kv_len = q.shape[0], k.shape[0]
-    if q_len == 1 or q_len == kv_len:
-        mask, causal = None, q_len > 1  # decode sees everything; full prefill is plain causal
+    q_len, heads, d = q.shape
+    kv_len, kv_heads = k.shape[0], k.shape[1]
+    k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, kv_len, d]
+    if q_len == 1:
+        # Decode: one query may see every key, so no mask. Fold each group of query heads that
+        # shares a kv head into one matrix, [kv_heads, group, d], so K/V are read in place rather
+        # than repeated per query head. Written out (not SDPA): at this size SDPA's CPU path
+        # spends longer on bookkeeping, and on its enable_gqa copy, than on the arithmetic.
+        scores = torch.matmul(q.view(kv_heads, heads // kv_heads, d), k.transpose(1, 2)) * d ** -0.5
+        out = torch.matmul(scores.softmax(-1), v)  # [kv_heads, group, d]
+        return out.reshape(1, heads, d)
+    if q_len == kv_len:
+        mask, causal = None, True  # a whole prompt: plain causal
     else:
         # Queries are the *last* q_len positions: the diagonal is offset by kv_len - q_len.
         # (is_causal=True would align it top-left, the classic bug with a cache.)
         q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
         mask, causal = q_pos[:, None] >= torch.arange(kv_len, device=q.device)[None, :], False
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),  # [heads, len, d]
-        attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return out.transpose(0, 1)  # [q_len, heads, d]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, is_causal=causal,
+                                         enable_gqa=heads != kv_heads)  # [heads, q_len, d]
+    return out.transpose(0, 1)
 
 
 class Attention(nn.Module):

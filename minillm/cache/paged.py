@@ -1,0 +1,136 @@
+"""The paged KV cache: one preallocated pool of blocks, read and written through block tables.
+
+Memory is reserved once, for the whole engine, as `num_blocks` blocks of `block_size` token slots
+per layer. A sequence holds only the blocks its tokens fill, so the waste is at most the unused
+tail of its last block, instead of everything between its length and its maximum length.
+"""
+import torch
+
+from minillm.cache.block_manager import BlockManager
+from minillm.engine.sequence import Sequence
+from minillm.engine.telemetry import KVStats
+from minillm.layers.attention import AttentionContext, causal_attention
+from minillm.models.config import ModelConfig
+
+
+def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of K and V for one block across all layers."""
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    return per_token * block_size * torch.finfo(dtype).bits // 8
+
+
+class PagedKVPool:
+    """k, v: [layers, num_blocks * block_size, kv_heads, head_dim]; slot = block * block_size + offset."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        shape = (cfg.num_hidden_layers, num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.block_size = block_size
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy-on-write: give a sequence its own copy of a shared block, in every layer."""
+        s, d, n = src * self.block_size, dst * self.block_size, self.block_size
+        self.k[:, d:d + n] = self.k[:, s:s + n]
+        self.v[:, d:d + n] = self.v[:, s:s + n]
+
+
+class PagedContext(AttentionContext):
+    """A step's batch over the paged pool: slot_mapping says where each new token's K/V go,
+    token_slots[i] lists every slot of sequence i in position order (its block table, unrolled)."""
+
+    def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, token_slots: list[torch.Tensor],
+                 query_lens: list[int]) -> None:
+        self.pool, self.slot_mapping, self.token_slots, self.query_lens = pool, slot_mapping, token_slots, query_lens
+
+    def attend(self, layer_idx, q, k, v):
+        k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]  # [slots, kv_heads, d]
+        k_cache[self.slot_mapping] = k
+        v_cache[self.slot_mapping] = v
+        outs, start = [], 0
+        for slots, n in zip(self.token_slots, self.query_lens):
+            # Gather this sequence's K/V through its block table: [context_len, kv_heads, d].
+            outs.append(causal_attention(q[start:start + n], k_cache[slots], v_cache[slots]))
+            start += n
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+class PagedCacheManager:
+    """Glues sequences to the BlockManager (who owns which block) and the pool (the tensors)."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device, enable_prefix_caching: bool) -> None:
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
+        self.block_size, self.device = block_size, device
+        self.bytes_per_block = block_bytes(cfg, block_size, dtype)
+
+    def blocks_needed(self, prompt_len: int, total_len: int, n: int) -> int:
+        """Most blocks a request can hold: its n samples share the prompt's full blocks."""
+        shared = prompt_len // self.block_size
+        return shared + n * (self.blocks.blocks_for(total_len) - shared)
+
+    def fits(self, prompt_len: int, total_len: int, n: int) -> bool:
+        return self.blocks_needed(prompt_len, total_len, n) <= self.blocks.num_blocks
+
+    def allocate(self, seq: Sequence) -> bool:
+        """Blocks for a new sequence's prompt; prefix-cache hits skip computing those tokens."""
+        got = self.blocks.allocate(seq.token_ids)
+        if got is None:
+            return False
+        seq.block_table, seq.num_computed_tokens = got
+        seq.num_cached_prompt_tokens = seq.num_computed_tokens
+        seq.num_registered_blocks = len(seq.block_table) if seq.num_computed_tokens else 0
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.block_table = self.blocks.fork(parent.block_table)
+        child.num_registered_blocks = parent.num_registered_blocks
+
+    def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for the sequence's next num_new_tokens tokens (copying a shared block first
+        if one would be written). -> False if the pool has no room; nothing changes then."""
+        result = self.blocks.append(seq.block_table, seq.num_computed_tokens + num_new_tokens)
+        if result is False:
+            return False
+        if result is not None:
+            self.pool.copy_block(*result)
+        return True
+
+    def computed(self, seq: Sequence) -> None:
+        """After a step: name the sequence's newly full blocks for the prefix cache."""
+        seq.num_registered_blocks = self.blocks.register(seq.block_table, seq.token_ids,
+                                                         seq.num_registered_blocks, seq.num_computed_tokens)
+
+    def free(self, seq: Sequence) -> None:
+        if seq.block_table:
+            self.blocks.free(seq.block_table)
+
+    def context(self, seqs: list[Sequence], query_lens: list[int]) -> PagedContext:
+        bs, token_slots, new_slots = self.block_size, [], []
+        for seq, n in zip(seqs, query_lens):
+            table = torch.tensor(seq.block_table, dtype=torch.long)
+            end = seq.num_computed_tokens + n
+            slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]  # [context_len]
+            token_slots.append(slots.to(self.device))
+            new_slots.append(slots[seq.num_computed_tokens:])
+        return PagedContext(self.pool, torch.cat(new_slots).to(self.device), token_slots, query_lens)
+
+    def stats(self, seqs: list[Sequence]) -> KVStats:
+        bm, bs = self.blocks, self.block_size
+        owner: list[str | None] = [None] * bm.num_blocks
+        fill = [0] * bm.num_blocks
+        per_request: dict[str, int] = {}
+        for b in bm.evictable:
+            owner[b], fill[b] = "cached", bs
+        for seq in seqs:
+            per_request[seq.request_id] = per_request.get(seq.request_id, 0) + len(seq.block_table)
+            for i, b in enumerate(seq.block_table):
+                owner[b] = seq.request_id if bm.ref_counts[b] == 1 else "shared"
+                fill[b] = max(fill[b], min(bs, max(0, seq.num_computed_tokens - i * bs)))
+        used = [b for b in range(bm.num_blocks) if bm.ref_counts[b] > 0]
+        slots = len(used) * bs
+        return KVStats("paged", bm.num_blocks, len(used), len(bm.evictable), len(bm.free_blocks), bs,
+                       self.bytes_per_block, len(used) * self.bytes_per_block,
+                       1 - sum(fill[b] for b in used) / slots if slots else 0.0, bm.hit_rate, per_request, owner)
