@@ -60,8 +60,10 @@ def test_cache_stores_each_layers_keys_at_their_positions(lab):
     mine, ref = lab.KVCache(model.config, 12), ReferenceCache(model.config, 12)
     run_chunks(model, mine, ids, [6, 1])
     run_chunks(model, ref, ids, [6, 1])
-    assert_close(mine.k[:, :7], ref.cache.k[:, :7], "KVCache.k[:, :7]", atol=1e-4)
-    assert_close(mine.v[:, :7], ref.cache.v[:, :7], "KVCache.v[:, :7]", atol=1e-4)
+    for layer in range(model.config.num_hidden_layers):
+        keys, values = ref.cache.view(layer, 7)  # [7, kv_heads, head_dim]
+        assert_close(mine.k[layer, :7], keys, f"KVCache.k[{layer}, :7]", atol=1e-4)
+        assert_close(mine.v[layer, :7], values, f"KVCache.v[{layer}, :7]", atol=1e-4)
 
 
 @exercise("2.1")
