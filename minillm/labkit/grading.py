@@ -137,8 +137,15 @@ def check(exercise_id: str) -> None:
         return
     failed = [o for o in outcomes if not o.passed]
     if not failed:
-        print(f"✅ Exercise {exercise_id}: all {len(outcomes)} checks pass.")
+        print(f"✅ Exercise {exercise_id}: {_checks(len(outcomes))} pass.")
         return
-    print(f"❌ Exercise {exercise_id}: {len(failed)} of {len(outcomes)} checks fail.")
+    if all(o.message.startswith("not implemented yet") for o in outcomes):
+        print(f"⏳ Exercise {exercise_id}: not implemented yet ({_checks(len(outcomes))} waiting).")
+        return
+    print(f"❌ Exercise {exercise_id}: {len(failed)} of {_checks(len(outcomes))} fail.")
     for o in failed:
         print(f"   ✗ {o.prop}\n     {o.message}")
+
+
+def _checks(n: int) -> str:
+    return f"{n} check" if n == 1 else f"{n} checks"
