@@ -296,8 +296,8 @@ fig.show()
 #
 # Build decoders of growing size with random weights, time one decode step (one token through
 # every weight), and compare with your roofline prediction from the measured ceilings. The first
-# model is the bundled one, whose weights are small enough that fixed per-step overheads (Python,
-# launching ~100 small ops) weigh as much as the memory traffic.
+# has the bundled model's shape: its weights are so small that fixed per-step overheads (Python,
+# ~100 small operator calls) weigh more than the memory traffic.
 
 # %%
 base = LLM(MODEL).model.config
@@ -327,9 +327,12 @@ for label, predicted, measured in rows:
 print(f"minillm's engine on the bundled model (sampling and bookkeeping included): {1 / out.metrics['tpot']:.1f} tok/s")
 
 # %% [markdown]
-# As the weights grow, measurement approaches the bandwidth prediction: decode is memory-bound.
-# For the smallest model the prediction is far too optimistic; its time goes to overheads that
-# the roofline does not model (on GPUs, kernel launches; engines remove them with CUDA graphs).
+# The larger the weights, the larger the share of the prediction the measurement reaches: memory
+# traffic dominates more and more, and decode is memory-bound. For the smallest model the
+# prediction is far too optimistic: its time goes to fixed overheads that the roofline does not
+# model (on GPUs, kernel launches; engines remove them with CUDA graphs). The rest of the gap is
+# honest too: matrix-vector products rarely sustain the bandwidth of a plain copy, and a busy
+# machine gives less of both.
 #
 # ## How production engines do it
 #

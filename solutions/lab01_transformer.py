@@ -6,8 +6,8 @@
 # A language model's forward pass is a short program: look up one vector per token, push the
 # vectors through a stack of identical *decoder blocks*, and turn the last vectors into scores over
 # the vocabulary. In this lab you write that program yourself, piece by piece, load the weights of
-# the course's bundled model into it, and check that your logits match `minillm`'s to the fourth
-# decimal.
+# the course's bundled model into it, and check that your logits match `minillm`'s up to float
+# rounding.
 #
 # ## Learning objectives
 # By the end you can

@@ -51,8 +51,8 @@ print(f"{cfg.num_hidden_layers} layers, {cfg.num_key_value_heads} kv heads of {c
 # ## The concept: prefill, then decode
 #
 # Without a cache, producing token `t+1` runs the model over all `t` tokens again, although the keys
-# and values of the first `t` positions have not changed (a token's K and V depend only on the
-# tokens before it). With a cache:
+# and values of the first `t` positions have not changed (a token's K and V depend only on that
+# token and the ones before it). With a cache:
 #
 # * **prefill** runs the whole prompt once, filling the cache: many tokens per weight read, so it
 #   is compute-heavy and sets the **time to first token**;
@@ -388,9 +388,9 @@ for c, a, b, s in zip(contexts, cached_ms, recompute_ms, speedup):
     print(f"{c:7d}  {a:9.2f}  {b:12.2f}  {s:6.1f}x")
 
 # %% [markdown]
-# The speedup grows roughly linearly with the context: recompute does `c + 1` tokens of work per
-# step, the cached step about one (plus attention over `c` positions, which is small for this model
-# at these lengths). Over a whole generation, recompute is quadratic in the sequence length and
+# The speedup grows with the context: recompute does `c + 1` tokens of work per step, the cached
+# step about one (plus attention over `c` positions, which is small for this model at these
+# lengths). Over a whole generation, recompute is quadratic in the sequence length and
 # the cache makes it linear. The price is memory: `2 × layers × kv_heads × head_dim × bytes` per
 # token, held for the request's whole life. That memory, not compute, is what limits how many
 # requests a server can run at once; labs 03 and 04 are about spending it well.
