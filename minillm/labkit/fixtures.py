@@ -38,6 +38,9 @@ def assert_close(actual, expected: torch.Tensor, what: str, atol: float = 1e-5, 
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     actual, expected = actual.detach().double(), expected.detach().double()
     assert not actual.isnan().any(), f"{what}: the output contains NaN"
-    err = (actual - expected).abs().max().item()
+    inf = expected.isinf()
+    mismatched = int((actual.isinf() != inf).sum() + (actual[inf] != expected[inf]).sum())
+    assert not mismatched, f"{what}: {mismatched} entries are infinite where the reference is not, or the other way round"
+    err = (actual - expected)[~inf].abs().max().item() if (~inf).any() else 0.0
     assert torch.allclose(actual, expected, atol=atol, rtol=rtol), \
         f"{what}: differs from the reference by up to {err:.3g} (allowed {atol:g} + {rtol:g}*|reference|)"
