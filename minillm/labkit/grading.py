@@ -69,7 +69,6 @@ def property_of(fn) -> str:
 @dataclass
 class Outcome:
     exercise: str
-    test: str
     prop: str
     passed: bool
     message: str = ""
@@ -85,11 +84,11 @@ def run_graded(module, namespace: dict, exercise_id: str | None = None, problems
         try:
             with time_limit(fn.timeout):
                 fn(lab)
-            outcomes.append(Outcome(fn.exercise, fn.__name__, property_of(fn), True))
+            outcomes.append(Outcome(fn.exercise, property_of(fn), True))
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # any failure (pytest.raises' too) is a failed test, in words
-            outcomes.append(Outcome(fn.exercise, fn.__name__, property_of(fn), False, describe(e)))
+            outcomes.append(Outcome(fn.exercise, property_of(fn), False, describe(e)))
     return outcomes
 
 
