@@ -5,6 +5,8 @@ import sys
 
 BENCHMARKS = {
     "decode": "single-stream decode: minillm vs transformers vs no KV cache (SmolLM2-135M shape)",
+    "memory": "KV memory waste and concurrency: contiguous max-length allocation vs paged blocks",
+    "prefix": "requests sharing a long system prompt: prefill work and TTFT with and without prefix caching",
 }
 
 
