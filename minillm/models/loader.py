@@ -81,7 +81,7 @@ def _target(params: dict, cfg: ModelConfig, name: str):
 
 def load_weights(model: torch.nn.Module, files: list[Path], cfg: ModelConfig) -> None:
     params = dict(model.named_parameters())  # tied weights appear once, under the embedding's name
-    expected = {n for n in _checkpoint_names(params, cfg)}
+    expected = set(_checkpoint_names(params, cfg))
     seen: set[str] = set()
     with torch.no_grad():
         for path in files:
@@ -95,7 +95,7 @@ def load_weights(model: torch.nn.Module, files: list[Path], cfg: ModelConfig) ->
                     target = _target(params, cfg, name)
                     if target is None:
                         continue
-                    _, dest = target
+                    dest = target[1]
                     try:
                         tensor = f.get_tensor(name)
                     except SafetensorError as e:
