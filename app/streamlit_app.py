@@ -22,5 +22,5 @@ page = st.navigation({"The engine, live": RUN_PAGES,
                       "Models of performance": [st.Page("views/roofline.py", title="Roofline", icon="📈")]})
 keep_knobs()
 if page.title in [p.title for p in RUN_PAGES]:
-    st.session_state["knob_values"] = knobs()
+    knobs()
 page.run()

@@ -11,7 +11,7 @@ intro("Requests stream through the engine as you watch: each one's text grows, i
       "and time to first token, inter-token latency and throughput are measured per step. Change the knobs "
       "on the left and run again to see what the KV cache and the scheduler do to memory and latency.",
       "04", "batching & scheduling")
-run_controls(st.session_state["knob_values"])
+run_controls()
 
 
 def request_table(run: EngineRun, records, samples) -> pd.DataFrame:

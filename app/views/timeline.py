@@ -15,7 +15,7 @@ intro("Each row is a request and each column an engine step: blue when the sched
       "green for a decode token, yellow when it held its blocks but got no tokens, grey while queued and red "
       "after a preemption. Below, the queues and how much of each step's token budget was used.",
       "04", "batching & scheduling")
-run_controls(st.session_state["knob_values"])
+run_controls()
 
 
 def step_log(records) -> list[dict]:
@@ -29,7 +29,7 @@ def render(run: EngineRun) -> None:
     if not records:
         st.info("No step has run yet.")
         return
-    i = step_cursor(records, "timeline_cursor")
+    i = step_cursor(records, "timeline_cursor", run.active)
     cursor = records[i].event.step
     st.plotly_chart(gantt(records, list(samples), cursor), key="gantt")
     left, right = st.columns(2)

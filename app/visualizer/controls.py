@@ -63,6 +63,10 @@ def knobs() -> dict:
         st.checkbox("Chunked prefill", key="k_chunked_prefill")
     sb.slider("Slow motion (ms between steps)", 0, 500, step=10, key="k_pace_ms",
               help="Idle time after each step, to watch it happen. Latencies include it.")
+    return knob_values()
+
+
+def knob_values() -> dict:
     return {name: st.session_state[f"k_{name}"] for name in {**DEFAULTS, "model": None}}
 
 
@@ -80,7 +84,10 @@ def current_run() -> EngineRun | None:
     return st.session_state.get("run")
 
 
-def start_run(values: dict) -> None:
+def start_run() -> None:
+    """Build an engine with the knobs' settings and start it (a button callback: it runs before
+    the page is drawn, so the page draws the new run's buttons and view)."""
+    values = knob_values()
     stop_run()
     st.session_state.pop("run_error", None)
     try:
@@ -103,13 +110,12 @@ def stop_run() -> None:
         run.stop()
 
 
-def run_controls(values: dict) -> None:
+def run_controls() -> None:
     """Run / Pause / Step / Resume / Stop, the run's status, and any message for the learner."""
     run = current_run()
     active, paused = run is not None and run.active, run is not None and run.status == "paused"
     cols = st.columns([1.2, 1, 1, 1, 1, 4])
-    if cols[0].button("▶ Run", type="primary", key="b_run"):
-        start_run(values)
+    cols[0].button("▶ Run", type="primary", key="b_run", on_click=start_run)
     cols[1].button("⏸ Pause", key="b_pause", disabled=not active or paused, on_click=lambda: run.pause())
     cols[2].button("⏭ Step", key="b_step", disabled=not paused, on_click=lambda: run.step_once())
     cols[3].button("⏵ Resume", key="b_resume", disabled=not paused, on_click=lambda: run.resume())

@@ -65,3 +65,32 @@ def _ram_bytes() -> float:
 
 def _sync(device: torch.device):
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def measure_engine(engine, batch: int, context: int, decode_steps: int = 16) -> dict[str, float]:
+    """Time an engine's steps: one prefill of `batch` random prompts of `context` tokens, then
+    `decode_steps` decode steps of the whole batch. The engine must admit the batch in one step
+    (max_num_seqs >= batch, a token budget >= batch * context, chunked prefill off).
+    -> prefill_s (that step), decode_s (median decode step), decode_context (mean tokens attended)."""
+    from minillm.sampling import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = engine.model_config.vocab_size
+    engine.add_request([1] * 8, SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up, unmeasured
+    while engine.has_unfinished():
+        engine.step()
+    steps = []
+    engine.subscribe(lambda event: steps.append(event))
+    for _ in range(batch):
+        prompt = torch.randint(1, vocab, (context,), generator=gen).tolist()
+        engine.add_request(prompt, SamplingParams(max_tokens=decode_steps + 1, temperature=0, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    prefill = [e.duration for e in steps if any(w.phase == "prefill" for w in e.scheduled)]
+    decode = sorted(e.duration for e in steps if all(w.phase == "decode" for w in e.scheduled)
+                    and len(e.scheduled) == batch)
+    if len(prefill) != 1 or not decode:
+        raise ValueError(f"the batch of {batch} x {context} tokens did not prefill in one step: raise "
+                         f"max_num_seqs and max_num_batched_tokens, and turn chunked prefill off")
+    return {"prefill_s": prefill[0], "decode_s": decode[len(decode) // 2],
+            "decode_context": context + decode_steps / 2}

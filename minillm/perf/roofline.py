@@ -37,8 +37,9 @@ def param_count(cfg: ModelConfig) -> int:
     return cfg.num_hidden_layers * per_layer + h * cfg.vocab_size
 
 
-def _kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * _bytes(dtype)
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
+    """K and V of one token, all layers."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes(dtype)
 
 
 def _attention_flops(cfg: ModelConfig, positions: float) -> float:
@@ -50,7 +51,7 @@ def decode_cost(cfg: ModelConfig, batch: int, context: int, dtype: str) -> OpCos
     """One decode step: `batch` sequences each add one token after `context` cached ones."""
     _check(batch, context)
     flops = batch * (2 * param_count(cfg) + _attention_flops(cfg, context))
-    moved = param_count(cfg) * _bytes(dtype) + batch * context * _kv_bytes_per_token(cfg, dtype)
+    moved = param_count(cfg) * dtype_bytes(dtype) + batch * context * kv_bytes_per_token(cfg, dtype)
     return OpCost(flops, moved, batch)
 
 
@@ -59,7 +60,7 @@ def prefill_cost(cfg: ModelConfig, batch: int, prompt_len: int, dtype: str) -> O
     _check(batch, prompt_len)
     attention = _attention_flops(cfg, (prompt_len + 1) / 2) * prompt_len  # query i sees i + 1 keys
     flops = batch * (2 * param_count(cfg) * prompt_len + attention)
-    moved = param_count(cfg) * _bytes(dtype) + batch * prompt_len * _kv_bytes_per_token(cfg, dtype)
+    moved = param_count(cfg) * dtype_bytes(dtype) + batch * prompt_len * kv_bytes_per_token(cfg, dtype)
     return OpCost(flops, moved, batch * prompt_len)
 
 
@@ -77,7 +78,7 @@ def bound(hw: HardwareProfile, cost: OpCost, dtype: str) -> str:
     return "compute" if cost.flops / hw.peak(dtype) >= cost.bytes / hw.bandwidth else "memory"
 
 
-def _bytes(dtype: str) -> int:
+def dtype_bytes(dtype: str) -> int:
     if dtype not in BYTES:
         raise ValueError(f"dtype must be one of {', '.join(BYTES)}, got {dtype!r}")
     return BYTES[dtype]
