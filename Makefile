@@ -30,7 +30,7 @@ APP_PORT ?= 8501
 APP_ADDRESS ?= localhost
 app: $(STAMP)
 	$(VENV)/bin/streamlit run app/streamlit_app.py --server.headless true --server.port $(APP_PORT) \
-		--server.address $(APP_ADDRESS) --browser.gatherUsageStats false
+		--server.address $(APP_ADDRESS) --browser.gatherUsageStats false --client.toolbarMode minimal
 # --- end of the visualizer ---
 
 test: $(STAMP)

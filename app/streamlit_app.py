@@ -11,15 +11,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `visualizer` sits be
 
 from visualizer.controls import keep_knobs, knobs  # noqa: E402
 
-st.set_page_config(page_title="minillm visualizer", page_icon="🔬", layout="wide")
+st.set_page_config(page_title="minillm visualizer", page_icon=":material/memory:", layout="wide")
 
 RUN_PAGES = [
-    st.Page("views/live.py", title="Live engine", icon="⚡", default=True),
-    st.Page("views/timeline.py", title="Scheduler timeline", icon="🗓️"),
-    st.Page("views/memory.py", title="Paged memory explorer", icon="🧱"),
+    st.Page("views/live.py", title="Live engine", icon=":material/bolt:", default=True),
+    st.Page("views/timeline.py", title="Scheduler timeline", icon=":material/view_timeline:"),
+    st.Page("views/memory.py", title="Paged memory explorer", icon=":material/grid_view:"),
 ]
 page = st.navigation({"The engine, live": RUN_PAGES,
-                      "Models of performance": [st.Page("views/roofline.py", title="Roofline", icon="📈")]})
+                      "Models of performance": [st.Page("views/roofline.py", title="Roofline", icon=":material/show_chart:")]})
 keep_knobs()
 if page.title in [p.title for p in RUN_PAGES]:
     knobs()

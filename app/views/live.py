@@ -6,7 +6,7 @@ from visualizer.controls import current_run, intro, live, run_controls
 from visualizer.live_charts import block_map, itl_chart, memory_gauge, request_colors, throughput_chart, ttft_chart
 from visualizer.run import EngineRun
 
-st.title("⚡ Live engine")
+st.title("Live engine")
 intro("Requests stream through the engine as you watch: each one's text grows, its KV blocks fill the pool, "
       "and time to first token, inter-token latency and throughput are measured per step. Change the knobs "
       "on the left and run again to see what the KV cache and the scheduler do to memory and latency.",

@@ -9,7 +9,7 @@ from visualizer.live_charts import block_map, request_colors
 from visualizer.memory_charts import pool_over_time, waste_chart, waste_rows, workload_of
 from visualizer.run import EngineRun
 
-st.title("🧱 Paged memory explorer")
+st.title("Paged memory explorer")
 intro("Every sequence reaches its tokens through a block table, a list of block ids in the shared pool; blocks "
       "of a common prompt prefix are shared, and finished prompts stay cached for the next request. At the "
       "bottom, the same requests replayed through a contiguous allocator show the memory paging saves.",

@@ -16,7 +16,7 @@ from visualizer.roofline_chart import roofline_chart
 THIS_MACHINE = "This machine (measured)"
 DECODE_STEPS = 16
 
-st.title("📈 Roofline")
+st.title("Roofline")
 intro("A model step does a number of FLOPs and moves a number of bytes, and the hardware's peak compute and "
       "memory bandwidth bound how fast it can go: prefill (many tokens per weight read) sits right, under the "
       "compute roof, while decode (one token per sequence per weight read) sits left, under the bandwidth slope. "
@@ -102,8 +102,8 @@ if not can_measure:
 elif batch * context > 16384 or context + DECODE_STEPS + 1 > cfg.max_position_embeddings:
     st.warning(f"Measuring {batch} x {context} tokens is too much for this page: keep batch x context within "
                f"16,384 tokens and context within {cfg.max_position_embeddings - DECODE_STEPS - 1} for {model}.")
-elif st.button(f"⏱ Measure {model}: prefill {batch} x {context} tokens, then {DECODE_STEPS} decode steps",
-               key="b_measure"):
+elif st.button(f"Measure {model}: prefill {batch} x {context} tokens, then {DECODE_STEPS} decode steps",
+               key="b_measure", icon=":material/timer:"):
     blocks = batch * (-(-(context + DECODE_STEPS + 1) // 16) + 1)
     engine = build_engine(EngineConfig(model=model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
                                        enable_chunked_prefill=False, enable_prefix_caching=False, num_kv_blocks=blocks))

@@ -10,7 +10,7 @@ from visualizer.cursor import step_cursor
 from visualizer.run import EngineRun
 from visualizer.schedule_charts import budget_chart, gantt, queue_chart
 
-st.title("🗓️ Scheduler timeline")
+st.title("Scheduler timeline")
 intro("Each row is a request and each column an engine step: blue when the scheduler gave it a prefill chunk, "
       "green for a decode token, yellow when it held its blocks but got no tokens, grey while queued and red "
       "after a preemption. Below, the queues and how much of each step's token budget was used.",

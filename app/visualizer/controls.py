@@ -17,7 +17,7 @@ LABS = {"00": "labs/lab00_roofline.ipynb", "03": "labs/lab03_paged_kv.ipynb", "0
 def intro(text: str, lab: str, topic: str) -> None:
     """Two sentences on what the page shows, and the lab that teaches it."""
     st.markdown(text)
-    st.caption(f"📓 Taught in **lab {lab}, {topic}**: `{LABS[lab]}` (open the labs with `make lab`).")
+    st.caption(f":material/menu_book: Taught in **lab {lab}, {topic}**: `{LABS[lab]}` (open the labs with `make lab`).")
 
 
 def keep_knobs() -> None:
@@ -115,11 +115,11 @@ def run_controls() -> None:
     run = current_run()
     active, paused = run is not None and run.active, run is not None and run.status == "paused"
     cols = st.columns([1.2, 1, 1, 1, 1, 4])
-    cols[0].button("▶ Run", type="primary", key="b_run", on_click=start_run)
-    cols[1].button("⏸ Pause", key="b_pause", disabled=not active or paused, on_click=lambda: run.pause())
-    cols[2].button("⏭ Step", key="b_step", disabled=not paused, on_click=lambda: run.step_once())
-    cols[3].button("⏵ Resume", key="b_resume", disabled=not paused, on_click=lambda: run.resume())
-    cols[4].button("⏹ Stop", key="b_stop", disabled=not active, on_click=stop_run)
+    cols[0].button("Run", type="primary", key="b_run", icon=":material/play_arrow:", on_click=start_run)
+    cols[1].button("Pause", key="b_pause", icon=":material/pause:", disabled=not active or paused, on_click=lambda: run.pause())
+    cols[2].button("Step", key="b_step", icon=":material/skip_next:", disabled=not paused, on_click=lambda: run.step_once())
+    cols[3].button("Resume", key="b_resume", icon=":material/resume:", disabled=not paused, on_click=lambda: run.resume())
+    cols[4].button("Stop", key="b_stop", icon=":material/stop:", disabled=not active, on_click=stop_run)
     if st.session_state.get("run_error"):
         st.error(f"Cannot run: {st.session_state['run_error']}")
 
@@ -144,7 +144,7 @@ def live(render) -> None:
     def view() -> None:
         now = current_run()
         if now is None:
-            st.info("Press **▶ Run** to start the engine with the settings on the left.")
+            st.info("Press **Run** to start the engine with the settings on the left.")
             return
         status_line(now)
         render(now)

@@ -55,8 +55,9 @@ def memory_gauge(kv: KVStats) -> go.Figure:
         size = kv.used_bytes if name == "used" else blocks * kv.bytes_per_block
         fig.add_bar(y=["KV"], x=[size / MIB], name=f"{name}: {size / MIB:.2f} MiB", orientation="h",
                     marker_color=color, hovertemplate=f"{name}: %{{x:.2f}} MiB ({blocks} blocks)<extra></extra>")
-    fig.update_layout(barmode="stack", height=140, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="MiB",
-                      title="Memory", legend=dict(orientation="h", y=-0.6), yaxis=dict(visible=False))
+    fig.update_layout(barmode="stack", height=170, margin=dict(l=10, r=10, t=40, b=10),
+                      title=f"Memory: {kv.kind} KV cache", legend=dict(orientation="h", y=-0.35),
+                      yaxis=dict(visible=False), xaxis=dict(ticksuffix=" MiB"))
     return fig
 
 

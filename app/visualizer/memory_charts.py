@@ -21,7 +21,7 @@ def pool_over_time(records: list[StepRecord], cursor: int | None = None) -> go.F
     fig.update_layout(title="The pool over the run", height=300, margin=dict(l=10, r=10, t=40, b=10),
                       xaxis_title="engine step")
     fig.update_yaxes(title_text="blocks", secondary_y=False)
-    fig.update_yaxes(title_text="% of used slots empty", secondary_y=True, range=[0, 100])
+    fig.update_yaxes(title_text="% of used slots empty", secondary_y=True, range=[0, 100], dtick=20, showgrid=False)
     if cursor is not None:
         fig.add_vline(x=cursor, line_color="#212529", line_width=2)
     return fig
