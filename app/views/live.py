@@ -30,7 +30,7 @@ def request_table(run: EngineRun, records, samples) -> pd.DataFrame:
 def render(run: EngineRun) -> None:
     records, samples = run.snapshot()
     kv = records[-1].event.kv if run.active and records else (run.final_kv or (records[-1].event.kv if records else None))
-    tokens = sum(r.tokens for r in records)
+    tokens = sum(r.event.output_tokens for r in records)
     last = records[-1].event if records else None
     m = st.columns(7)
     m[0].metric("Steps", len(records))
@@ -39,7 +39,7 @@ def render(run: EngineRun) -> None:
     m[3].metric("KV used", f"{kv.used_bytes / 2**20:.2f} MiB" if kv else "-")
     m[4].metric("Fragmentation", f"{kv.fragmentation:.0%}" if kv else "-", help="Slots in used blocks holding no token")
     m[5].metric("Prefix hit rate", f"{kv.prefix_hit_rate:.0%}" if kv else "-")
-    m[6].metric("Preemptions", records[-1].preemptions if records else 0)
+    m[6].metric("Preemptions", records[-1].event.num_preemptions if records else 0)
     if kv is not None:
         colors = request_colors([s.request_id for s in samples.values()])
         left, right = st.columns([3, 2])

@@ -20,7 +20,8 @@ run_controls()
 
 def step_log(records) -> list[dict]:
     return [{"step": r.event.step, "duration_ms": round(1000 * r.event.duration, 3), "waiting": r.event.waiting,
-             "running": r.event.running, "tokens_sampled": r.tokens, "preemptions_so_far": r.preemptions,
+             "running": r.event.running, "tokens_sampled": r.event.output_tokens,
+             "preempted": r.event.preempted, "preemptions_so_far": r.event.num_preemptions,
              "scheduled": [asdict(w) for w in r.event.scheduled], "states": r.states} for r in records]
 
 

@@ -85,7 +85,7 @@ def throughput_chart(records: list[StepRecord], t0: float, bin_s: float = 0.25) 
     bins: dict[int, int] = {}
     for rec in records:
         b = int((rec.event.start + rec.event.duration - t0) / bin_s)
-        bins[b] = bins.get(b, 0) + rec.tokens
+        bins[b] = bins.get(b, 0) + rec.event.output_tokens
     xs = list(range(max(bins) + 1)) if bins else []
     fig = go.Figure(go.Scatter(x=[(b + 1) * bin_s for b in xs], y=[bins.get(b, 0) / bin_s for b in xs],
                                mode="lines", line_shape="hv", fill="tozeroy", line_color="#4c72b0",

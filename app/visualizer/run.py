@@ -44,8 +44,6 @@ class StepRecord:
     event: StepEvent
     states: dict[str, str]        # sample key -> prefill | decode | running | waiting | preempted
     tables: dict[str, list[int]]  # sample key -> block table (paged cache)
-    tokens: int = 0               # tokens sampled in this step
-    preemptions: int = 0          # preemptions so far
 
 
 class EngineRun:
@@ -186,7 +184,7 @@ class EngineRun:
             tables[key] = list(seq.block_table)
         for seq in self.engine.scheduler.waiting:
             states[self._key(seq.request_id, seq.index)] = "preempted" if seq.num_preemptions else "waiting"
-        self._record = StepRecord(event, states, tables, preemptions=self.engine.scheduler.num_preemptions)
+        self._record = StepRecord(event, states, tables)
 
     def _key(self, request_id: str, index: int) -> str:
         return request_id if request_id in self.samples else f"{request_id}.{index}"
@@ -204,7 +202,6 @@ class EngineRun:
                 sample.token_times.extend([end] * len(chunk.token_ids))
                 if chunk.output is not None:
                     sample.finish_reason, sample.metrics = chunk.output.finish_reason, chunk.output.metrics
-            record.tokens = sum(len(c.token_ids) for c in chunks)
             self.records.append(record)
 
     def _release(self) -> None:

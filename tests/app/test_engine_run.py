@@ -23,7 +23,7 @@ def test_latencies_are_the_engines_own():
     for s in samples.values():
         assert len(s.token_times) == 12
         assert s.token_times[0] - s.arrival == s.metrics["ttft"]
-    assert sum(r.tokens for r in run.records) == 36
+    assert sum(r.event.output_tokens for r in run.records) == 36
 
 
 def test_requests_arrive_at_their_times():

@@ -35,7 +35,7 @@ def test_a_small_kv_pool_shows_preemptions(app):
     open_timeline(app)
     app.session_state["k_kv_mib"] = 0.5  # 16 blocks of pico: not enough for 8 growing requests
     run = run_to_end(app)
-    assert run.records[-1].preemptions > 0
+    assert run.records[-1].event.num_preemptions > 0
     assert STATES["preempted"][0] + 0.5 in codes(figures(app)["What each request did, step by step"])
 
 
