@@ -53,7 +53,9 @@ def render(run: EngineRun) -> None:
     c[1].plotly_chart(itl_chart(samples, run.start_time), key="itl")
     c[2].plotly_chart(throughput_chart(records, run.start_time), key="throughput")
     table = request_table(run, records, samples)
-    streaming = [k for k, s in samples.items() if s.text][-6:]
+    running = [k for k, s in samples.items() if s.text and s.finish_reason is None]
+    done = [k for k, s in samples.items() if s.text and s.finish_reason is not None]
+    streaming = (running + done[::-1])[:6]  # the texts still growing first, then the latest finished
     if streaming:
         st.subheader("Streams")
         cols = st.columns(3)

@@ -1,9 +1,10 @@
 """A real browser: `streamlit run` on a loopback port, headless Chromium driven by Playwright.
 
-It presses Run, waits for tokens to stream, visits every page, and saves screenshots under the
+It presses Run, waits for tokens to stream, pauses and resumes, visits every page, and saves screenshots under the
 test's temporary directory (the path is printed). Skips, saying why, where no Chromium can be had.
 """
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -78,8 +79,13 @@ def test_a_generation_streams_in_a_real_browser(server, tmp_path):
             page.wait_for_timeout(1000)
             page.get_by_role("button", name="Run", exact=False).first.click(timeout=60_000)
             page.get_by_text("Streams", exact=True).wait_for(timeout=60_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=tmp_path / "live_streaming.png", full_page=True)
+            page.get_by_role("button", name="Pause").click()  # hold the run mid-way for a steady picture
+            # On a busy machine the run may end before the click lands; then there is nothing to pause.
+            page.get_by_text(re.compile("Run (paused|finished)")).wait_for(timeout=60_000)
+            page.wait_for_timeout(2000)
+            page.screenshot(path=tmp_path / "live_mid_run.png", full_page=True)
+            if page.get_by_text("Run paused").count():
+                page.get_by_role("button", name="Resume").click()
             page.get_by_text("Run finished").wait_for(timeout=120_000)
             codes = page.locator('[data-testid="stCode"]')
             assert codes.count() > 0 and codes.first.inner_text().strip(), "tokens should be on the page"
