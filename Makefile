@@ -24,14 +24,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# --- the visualizer (app/) ---
 # Headless-friendly: no browser is opened and no usage statistics are sent; open the printed URL.
 APP_PORT ?= 8501
 APP_ADDRESS ?= localhost
 app: $(STAMP)
 	$(VENV)/bin/streamlit run app/streamlit_app.py --server.headless true --server.port $(APP_PORT) \
 		--server.address $(APP_ADDRESS) --browser.gatherUsageStats false --client.toolbarMode minimal
-# --- end of the visualizer ---
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,22 +1,14 @@
 """Engines for the page: the model's weights are loaded once per process and shared by every run.
 
-LLMEngine loads its model in its constructor. Building a fresh engine for each run (new knobs, an
-empty KV pool) would reload the weights each time, so while one is built we hand it the weights
-already loaded instead. (An LLMEngine(config, model=...) argument would make this unnecessary.)
+Each run gets a fresh engine (new knobs, an empty KV pool) built around the same loaded weights.
 """
-import threading
-from unittest import mock
-
 import streamlit as st
 import torch
 
-import minillm.engine.engine as engine_module
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.loader import load_model
 from minillm.models.registry import DEFAULT_MODEL, bundled_models, resolve_model_path
-
-_building = threading.Lock()
 
 
 def model_choices() -> list[str]:
@@ -32,5 +24,4 @@ def load_weights(model: str, dtype: str, device: str) -> torch.nn.Module:
 
 def build_engine(config: EngineConfig) -> LLMEngine:
     weights = load_weights(config.model, str(config.torch_dtype).removeprefix("torch."), str(config.torch_device))
-    with _building, mock.patch.object(engine_module, "load_model", lambda *args, **kwargs: weights):
-        return LLMEngine(config)
+    return LLMEngine(config, model=weights)
