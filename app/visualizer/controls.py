@@ -11,7 +11,7 @@ from visualizer.run import EngineRun
 from visualizer.settings import DEFAULTS, engine_config, request_specs
 
 REFRESH_S = 0.25
-LABS = {"00": "labs/lab00_roofline.ipynb", "03": "labs/lab03_paged_kv.ipynb", "04": "labs/lab04_batching.ipynb"}
+LABS = {"00": "labs/lab00_roofline.ipynb", "03": "labs/lab03_paged.ipynb", "04": "labs/lab04_batching.ipynb"}
 
 
 def intro(text: str, lab: str, topic: str) -> None:

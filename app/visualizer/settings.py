@@ -17,7 +17,7 @@ DEFAULTS = {
     "source": "Seeded workload", "prompts": "def fibonacci(n):\nimport os\nclass Stack:\nfor i in range(10):",
     "n_requests": 24, "workload_seed": 0, "rate": 12.0, "shared_prefix": 32,
     "max_tokens": 48, "temperature": 0.8, "top_p": 0.95, "n_samples": 1, "seed": 0,
-    "kv_cache": "paged", "block_size": 16, "kv_mib": 3.0, "prefix_caching": True,
+    "kv_cache": "paged", "block_size": 16, "kv_mib": 6.0, "prefix_caching": True,
     "scheduler": "continuous", "max_num_seqs": 16, "max_batched_tokens": 256, "chunked_prefill": True,
     "pace_ms": 0,
 }
