@@ -25,8 +25,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Headless-friendly: no browser is opened and no usage statistics are sent; open the printed URL.
+APP_PORT ?= 8501
+APP_ADDRESS ?= localhost
 app: $(STAMP)
-	$(PY) -m minillm generate --prompt "def fibonacci(n):" --max-tokens 80
+	$(VENV)/bin/streamlit run app/streamlit_app.py --server.headless true --server.port $(APP_PORT) \
+		--server.address $(APP_ADDRESS) --browser.gatherUsageStats false --client.toolbarMode minimal
 
 test: $(STAMP)
 	$(PY) -m pytest -q

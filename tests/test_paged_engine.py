@@ -92,3 +92,18 @@ def test_kv_stats_account_for_every_block(hf_llama):
     assert kv.used_blocks + kv.cached_blocks + kv.free_blocks == 64
     assert kv.used_blocks == 3 and kv.fragmentation == pytest.approx(1 - 10 / 12)
     assert kv.block_owner.count(events[0].scheduled[0].request_id) == 3
+
+
+def test_engines_can_share_loaded_weights_and_observers_can_leave(hf_llama):
+    from minillm.config import EngineConfig
+    from minillm.engine.engine import LLMEngine
+    first = LLMEngine(EngineConfig(model=str(hf_llama[0])))
+    second = LLMEngine(EngineConfig(model=str(hf_llama[0]), block_size=4), model=first.model)
+    assert second.model is first.model
+    seen = []
+    second.subscribe(seen.append)
+    second.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    second.step()
+    second.unsubscribe(seen.append)
+    second.step()
+    assert len(seen) == 1

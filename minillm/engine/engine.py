@@ -28,11 +28,13 @@ from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model: torch.nn.Module | None = None) -> None:
+        """model: weights already loaded from config.model (on config's device and dtype), to
+        share one copy between engines with different knobs; None loads them."""
         self.config = config
         self.model_dir = resolve_model_path(config.model)
         self.device, self.dtype = config.torch_device, config.torch_dtype
-        self.model = load_model(self.model_dir, self.dtype, self.device)
+        self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.device)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = Tokenizer(self.model_dir)
         limit = self.model_config.max_position_embeddings
@@ -101,6 +103,9 @@ class LLMEngine:
     def subscribe(self, observer) -> None:
         """Call observer(StepEvent) after every step (see engine/telemetry.py)."""
         self._observers.append(observer)
+
+    def unsubscribe(self, observer) -> None:
+        self._observers.remove(observer)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

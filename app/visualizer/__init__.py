@@ -1,0 +1,1 @@
+"""The visualizer's building blocks: the engine run in the background, the knobs, the charts."""

@@ -1,0 +1,59 @@
+"""Fixtures for the visualizer's tests: the app under Streamlit's AppTest, on the small bundled model."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+APP_DIR = Path(__file__).resolve().parents[2] / "app"
+APP = APP_DIR / "streamlit_app.py"
+sys.path.insert(0, str(APP_DIR))  # the app's own modules (`visualizer`)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The page's thread and the engine's share two cores: one torch thread each avoids thrashing."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def app():
+    """The app, on `pico`, with a small workload that arrives at once (fast, and the same every run)."""
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.session_state["k_model"] = "pico"
+    at.session_state["k_n_requests"] = 8
+    at.session_state["k_rate"] = 0.0
+    at.run()
+    yield at
+    run = at.session_state["run"] if "run" in at.session_state else None
+    if run is not None:
+        run.stop()
+
+
+def run_to_end(at, timeout: float = 60):
+    """Press Run, wait for the engine to finish, redraw; -> the EngineRun."""
+    at.button(key="b_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    run = at.session_state["run"]
+    assert run.wait(timeout), "the run did not finish in time"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return run
+
+
+def figures(at) -> dict[str, dict]:
+    """The page's Plotly figures by title: {"data": [...traces], "layout": {...}}."""
+    out = {}
+    for chart in at.get("plotly_chart"):
+        spec = json.loads(chart.proto.spec)
+        out[spec["layout"]["title"]["text"]] = spec
+    return out
+
+
+def errors(at) -> list[str]:
+    return [e.value for e in at.error]
