@@ -33,10 +33,9 @@ import plotly.graph_objects as go
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.labkit.fixtures import lab_model
 from minillm.models.llama import LlamaForCausalLM
 
-MODEL = lab_model()  # the bundled model
+MODEL = "tiny"  # the bundled model: a 6-layer Llama-style decoder trained on Python code
 
 # %% [markdown]
 # ## The concept: two ceilings

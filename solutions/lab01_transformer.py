@@ -41,9 +41,8 @@ import plotly.graph_objects as go
 from safetensors.torch import load_file
 
 from minillm import LLM
-from minillm.labkit.fixtures import lab_model
 
-MODEL = lab_model()  # the bundled model: a 6-layer Llama-style decoder trained on Python code
+MODEL = "tiny"  # the bundled model: a 6-layer Llama-style decoder trained on Python code
 torch.manual_seed(0)
 
 # %% [markdown]

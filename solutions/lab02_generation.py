@@ -40,9 +40,8 @@ import time
 import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams
-from minillm.labkit.fixtures import lab_model
 
-llm = LLM(lab_model())  # the bundled model
+llm = LLM("tiny")  # the bundled model: a 6-layer Llama-style decoder trained on Python code
 model, cfg = llm.model, llm.model.config
 print(f"{cfg.num_hidden_layers} layers, {cfg.num_key_value_heads} kv heads of {cfg.head_dim} dims, "
       f"up to {cfg.max_position_embeddings} positions")

@@ -5,11 +5,6 @@ from pathlib import Path
 
 import torch
 
-TINY_SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
-                  tie_word_embeddings=True)
-
-
 def randn(seed: int, *shape: int, scale: float = 1.0) -> torch.Tensor:
     """Float32 normal values of both signs, from their own seed (not the notebook's)."""
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
@@ -25,11 +20,6 @@ def checkpoint(kind: str = "llama", seed: int = 0, **overrides) -> tuple[Path, t
     logging.disable_progress_bar()
     folder = Path(tempfile.mkdtemp(prefix=f"minillm-lab-{kind}-"))
     return folder, make_hf_model(folder, kind, seed=seed, **overrides)
-
-
-def lab_model() -> str:
-    """The model the labs run on."""
-    return str(checkpoint("llama", 7, **TINY_SHAPE)[0])
 
 
 def assert_close(actual, expected: torch.Tensor, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:

@@ -4,7 +4,7 @@ from safetensors.torch import load_file
 
 from minillm import LLM
 from minillm.labkit import exercise
-from minillm.labkit.fixtures import assert_close, checkpoint, lab_model, randn
+from minillm.labkit.fixtures import assert_close, checkpoint, randn
 from minillm.layers.attention import causal_attention
 from minillm.layers.mlp import SwiGLUMLP
 from minillm.layers.rmsnorm import RMSNorm
@@ -209,11 +209,11 @@ def test_forward_matches_transformers_on_untied_checkpoint(lab):
 
 
 @exercise("1.7", timeout=120)
-def test_forward_matches_minillm_on_the_lab_model(lab):
-    """logits match minillm's on the lab's model (tied embeddings, 6 layers)"""
-    llm = LLM(lab_model())
+def test_forward_matches_minillm_on_the_bundled_model(lab):
+    """logits match minillm's on the bundled tiny model (tied embeddings, 6 layers)"""
+    llm = LLM("tiny")
     cfg = llm.model.config
     ids = torch.randint(1, cfg.vocab_size, (20,), generator=torch.Generator().manual_seed(82))
     weights = load_file(llm.engine.model_dir / "model.safetensors")
     actual = lab.transformer_forward(ids, weights, cfg)
-    assert_close(actual, llm.logits(ids), "logits of a 20-token prompt, lab model", atol=1e-3)
+    assert_close(actual, llm.logits(ids), "logits of a 20-token prompt, tiny", atol=1e-3)

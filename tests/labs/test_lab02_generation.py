@@ -7,7 +7,7 @@ from minillm import LLM, SamplingParams
 from minillm.cache.contiguous import ContiguousContext, ContiguousKVCache
 from minillm.engine.sequence import RequestMetrics
 from minillm.labkit import exercise
-from minillm.labkit.fixtures import assert_close, lab_model, randn
+from minillm.labkit.fixtures import assert_close, randn
 from minillm.layers.attention import AttentionContext
 from minillm.sampling import filter_logits
 
@@ -17,7 +17,7 @@ EXERCISES = {"2.1": "KVCache", "2.2": "forward_step", "2.3": "top_k_filter", "2.
 
 @cache
 def llm() -> LLM:
-    return LLM(lab_model())
+    return LLM("tiny")
 
 
 def prompt(n: int, seed: int) -> torch.Tensor:
