@@ -1,8 +1,11 @@
 """minillm: a compact, readable LLM inference engine for learning inference engineering."""
+from minillm.async_llm import AsyncLLM
 from minillm.config import EngineConfig
 from minillm.llm import LLM
 from minillm.outputs import RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "StreamChunk", "EngineConfig"]
+from minillm.outputs import Completion
+
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "Completion", "StreamChunk", "EngineConfig"]
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHES = ("paged", "contiguous")
-SCHEDULERS = ("sequential",)
+SCHEDULERS = ("continuous", "static", "sequential")
 
 
 @dataclass
@@ -20,7 +20,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None     # pool size in blocks; None: from kv_cache_memory
     kv_cache_memory: int | None = None   # pool size in bytes; None: 256 MiB on CPU, half the free GPU memory
     enable_prefix_caching: bool = True   # reuse the K/V of prompt prefixes seen before (paged)
-    scheduler: str = "sequential"
+    scheduler: str = "continuous"  # continuous | static | sequential (see engine/scheduler.py)
+    max_num_seqs: int = 64               # sequences running at once
+    max_num_batched_tokens: int = 1024   # tokens computed per step (the step's token budget)
+    enable_chunked_prefill: bool = True  # split long prompts across steps (continuous only)
 
     def __post_init__(self) -> None:
         self.model = str(self.model)
@@ -36,7 +39,8 @@ class EngineConfig:
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}")
         for name, value in (("block_size", self.block_size), ("num_kv_blocks", self.num_kv_blocks),
-                            ("kv_cache_memory", self.kv_cache_memory)):
+                            ("kv_cache_memory", self.kv_cache_memory), ("max_num_seqs", self.max_num_seqs),
+                            ("max_num_batched_tokens", self.max_num_batched_tokens)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name, value, allowed in (("kv_cache", self.kv_cache, KV_CACHES), ("scheduler", self.scheduler, SCHEDULERS)):

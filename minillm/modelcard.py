@@ -3,7 +3,9 @@ import json
 import sys
 from pathlib import Path
 
-SAMPLE_PROMPTS = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n", "class Stack:\n    def __init__(self):\n"]
+# No trailing newline: in training, a newline and the next line's indentation are usually one
+# token, so a prompt that ends in a bare newline starts the model off an unusual token boundary.
+SAMPLE_PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef list_files(path):", "class Stack:\n    def __init__(self):"]
 SAMPLE_TOKENS = 48
 
 
@@ -26,8 +28,7 @@ def write_card(model_dir: Path) -> None:
     if picks[-1] is not curve[-1]:
         picks.append(curve[-1])
     rows = "\n".join(f"| {c['step']} | {c['train_loss']:.3f} | {c['heldout_loss']:.3f} | {c['seconds']:.0f} |" for c in picks)
-    samples = "\n\n".join(f"Prompt:\n```python\n{prompt}```\nGreedy completion ({SAMPLE_TOKENS} tokens):\n```python\n"
-                          f"{prompt}{text}\n```" for prompt, text in greedy_samples(model_dir))
+    samples = "\n\n".join(f"```python\n{prompt}{text}\n```" for prompt, text in greedy_samples(model_dir))
     card = f"""# minillm `{name}`
 
 A {log['parameters'] / 1e6:.2f}M-parameter Llama-architecture language model of Python code, trained by
@@ -70,6 +71,10 @@ Held-out per-token perplexity over non-overlapping {p['seq_len']}-token windows 
 **{log['heldout_perplexity']:.2f}**. A unigram model (token frequencies of the training split) scores
 {log['unigram_perplexity']:.1f} on the same tokens. `tests/test_bundled_models.py` recomputes both from the
 committed weights.
+
+## Greedy samples
+Each block is a prompt (its first lines, up to the colon) and the model's greedy continuation of
+{SAMPLE_TOKENS} tokens, reproduced by `python -m minillm generate --model {name} --prompt ... --max-tokens {SAMPLE_TOKENS}`.
 
 {samples}
 

@@ -9,7 +9,6 @@ schedule is a fixed number of steps, so the same machine reproduces the same wei
 import hashlib
 import json
 import math
-import platform
 import sysconfig
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minillm.bench import machine
 from minillm.layers.attention import AttentionContext
 from minillm.models.config import ModelConfig
 from minillm.models.export import save_checkpoint
@@ -48,7 +48,7 @@ class Preset:
 
 PRESETS = {
     "pico": Preset(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, steps=1500, batch=16, lr=3e-3),
-    "tiny": Preset(hidden=256, layers=6, heads=8, kv_heads=4, intermediate=768, steps=2000, batch=16, lr=2e-3),
+    "tiny": Preset(hidden=256, layers=6, heads=8, kv_heads=4, intermediate=768, steps=1600, batch=16, lr=2e-3),
 }
 
 
@@ -226,8 +226,7 @@ def train_all(out_root: Path, names: list[str], seed: int = 0, bf16: bool = True
             "heldout_perplexity": round(ppl, 3), "unigram_perplexity": round(unigram, 3),
             "heldout_digest": digest, "heldout_tokens": len(heldout_ids), "train_tokens": len(train_ids),
             "bytes_per_token": round(sum(len(t.encode()) for t in train_texts) / len(train_ids), 3),
-            "seed": seed, "machine": f"{platform.processor() or platform.machine()}, "
-                                     f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+            "seed": seed, "machine": machine(),
         })
         (out / "training_log.json").write_text(json.dumps(info, indent=1) + "\n")
         write_card(out)

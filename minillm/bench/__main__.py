@@ -5,6 +5,10 @@ import sys
 
 BENCHMARKS = {
     "decode": "single-stream decode: minillm vs transformers vs no KV cache (SmolLM2-135M shape)",
+    "memory": "KV memory waste and concurrency: contiguous max-length allocation vs paged blocks",
+    "throughput": "offline throughput: continuous vs static vs sequential batching vs transformers padded batches",
+    "chunked": "inter-token latency of running decodes while long prompts arrive, with and without chunked prefill",
+    "prefix": "requests sharing a long system prompt: prefill work and TTFT with and without prefix caching",
 }
 
 
@@ -14,9 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(BENCHMARKS))
     parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute on 2 CPU cores")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    parser.add_argument("--model", help="model for the benchmarks that run a trained one (prefix, throughput, "
+                                        "chunked): a bundled name or a directory; default tiny")
     args = parser.parse_args(argv)
     module = importlib.import_module(f"minillm.bench.{args.name}")
-    module.run(quick=args.quick, json_path=args.json)
+    extra = {"model": args.model} if args.model else {}
+    module.run(quick=args.quick, json_path=args.json, **extra)
     return 0
 
 

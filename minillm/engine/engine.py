@@ -42,7 +42,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or limit
         self.eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
         self.cache_manager = make_cache_manager(config, self.model_config, self.dtype, self.device)
-        self.scheduler = Scheduler(self.cache_manager)
+        self.scheduler = Scheduler(config, self.cache_manager)
         self.runner = ModelRunner(self.model, self.cache_manager, self.device)
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._finished: dict[str, list[Completion]] = {}  # per live request: its finished samples
@@ -115,13 +115,20 @@ class LLMEngine:
         phases = ["decode" if b.seq.num_computed_tokens >= b.seq.num_prompt_tokens and b.num_tokens == 1
                   else "prefill" for b in batch]  # a recomputed (preempted) sequence prefills too
         logits = self.runner.execute(batch)  # [num_seqs, vocab]
-        work = [(b.seq, b.num_tokens, row) for row, b in enumerate(batch)]
-        for row, b in enumerate(batch):
-            if b.seq.forks and b.seq.num_computed_tokens + b.num_tokens == len(b.seq):
-                work += [(child, b.num_tokens, row) for child in self._fork(b.seq)]
+        # Only a sequence whose step reaches its last token samples; a prefill chunk that stops
+        # short of the prompt's end just fills the cache.
+        work = [(b.seq, b.num_tokens, row) for row, b in enumerate(batch)
+                if b.seq.num_computed_tokens + b.num_tokens == len(b.seq)]
+        for seq, n, row in list(work):
+            if seq.forks:
+                work += [(child, n, row) for child in self._fork(seq)]
         seqs = [seq for seq, _, _ in work]
         tokens = sample(logits[[row for _, _, row in work]], [s.params for s in seqs], [s.generator for s in seqs])
         now = time.perf_counter()
+        for b in batch:
+            if b.seq.num_computed_tokens + b.num_tokens < len(b.seq):
+                b.seq.num_computed_tokens += b.num_tokens
+                self.cache_manager.computed(b.seq)
         chunks = [self._update(seq, n, token, now) for (seq, n, _), token in zip(work, tokens)]
         if self._observers:
             self._emit(start, now, batch, phases, chunks)

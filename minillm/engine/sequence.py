@@ -10,7 +10,7 @@ from minillm.tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(Enum):
-    WAITING = "waiting"
+    WAITING = "waiting"    # queued, or preempted and waiting to be recomputed
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -76,6 +76,7 @@ class Sequence:
         self.num_registered_blocks = 0  # leading blocks already named in the prefix cache
         self.index = 0  # which of the request's n samples this is
         self.forks: list["Sequence"] = []  # samples 1..n-1, forked from this one after its prefill
+        self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
 
     @property

@@ -60,7 +60,8 @@ def _shard_sizes(cfg: ModelConfig, fused: str) -> list[int]:
 
 
 def _target(params: dict, cfg: ModelConfig, name: str):
-    """Map a checkpoint tensor name to (parameter, destination slice) or None if it is not used."""
+    """The tensor (a parameter, or the slice of a fused one) that checkpoint tensor `name` fills;
+    None for a tensor minillm does not use."""
     if name.endswith(IGNORED_SUFFIXES) or (cfg.tie_word_embeddings and name == "lm_head.weight"):
         return None
     parts = name.split(".")
@@ -72,16 +73,16 @@ def _target(params: dict, cfg: ModelConfig, name: str):
                 break
             sizes = _shard_sizes(cfg, fused)
             start = sum(sizes[:idx])
-            return pname, params[pname][start:start + sizes[idx]]
+            return params[pname][start:start + sizes[idx]]
     if name not in params:
         raise ValueError(f"checkpoint tensor {name!r} has no place in a {cfg.architecture} with this "
                          f"config.json (is the config for another model?)")
-    return name, params[name]
+    return params[name]
 
 
 def load_weights(model: torch.nn.Module, files: list[Path], cfg: ModelConfig) -> None:
     params = dict(model.named_parameters())  # tied weights appear once, under the embedding's name
-    expected = {n for n in _checkpoint_names(params, cfg)}
+    expected = set(_checkpoint_names(params, cfg))
     seen: set[str] = set()
     with torch.no_grad():
         for path in files:
@@ -92,10 +93,9 @@ def load_weights(model: torch.nn.Module, files: list[Path], cfg: ModelConfig) ->
                                  f"(truncated or corrupt?): {e}") from None
             with handle as f:
                 for name in f.keys():
-                    target = _target(params, cfg, name)
-                    if target is None:
+                    dest = _target(params, cfg, name)
+                    if dest is None:
                         continue
-                    _, dest = target
                     try:
                         tensor = f.get_tensor(name)
                     except SafetensorError as e:
