@@ -57,17 +57,19 @@ def test_blocks_for_rounds_up_exactly_at_block_boundaries(lab):
 def test_allocate_gives_distinct_blocks_and_refuses_without_change(lab):
     """allocate hands out ceil(n / bs) distinct blocks; when too few are free it returns None and changes nothing"""
     alloc = lab.BlockAllocator(10, 4)
-    a, b = alloc.allocate(9), alloc.allocate(28)
-    assert a is not None and b is not None, "allocate(9) then allocate(28) in a pool of 10 blocks of 4 returned None"
-    assert (len(a), len(b)) == (3, 7), f"tables of {len(a)} and {len(b)} blocks for 9 and 28 tokens of block size 4"
-    check_invariants(alloc, [a, b], "after allocate(9), allocate(28)")
+    a, b = alloc.allocate(9), alloc.allocate(24)
+    assert a is not None and b is not None, "allocate(9) then allocate(24) in a pool of 10 blocks of 4 returned None"
+    assert (len(a), len(b)) == (3, 6), f"tables of {len(a)} and {len(b)} blocks for 9 and 24 tokens of block size 4"
+    check_invariants(alloc, [a, b], "after allocate(9), allocate(24)")
+    assert alloc.allocate(5) is None, "allocate(5) (2 blocks) succeeded with 1 block free"
+    check_invariants(alloc, [a, b], "after a refused allocate(5) with 1 block free")
+    c = alloc.allocate(4)
+    assert c is not None and len(c) == 1, f"allocate(4) with 1 block free gave {c}"
     assert alloc.allocate(1) is None, "allocate(1) succeeded in a full pool"
-    check_invariants(alloc, [a, b], "after a refused allocate")
     alloc.free(a)
-    c = alloc.allocate(12)
-    assert c is not None and len(c) == 3, f"after freeing 3 blocks, allocate(12) gave {c}"
-    assert alloc.allocate(5) is None, "allocate(5) (2 blocks) succeeded with 0 free"
-    check_invariants(alloc, [b, c], "after free, allocate, a refused allocate")
+    d = alloc.allocate(12)
+    assert d is not None and len(d) == 3, f"after freeing 3 blocks, allocate(12) gave {d}"
+    check_invariants(alloc, [b, c, d], "after free, then allocate")
 
 
 @exercise("3.1")
@@ -238,9 +240,11 @@ def test_block_hashes_follow_the_chain_over_full_blocks(lab):
     """one name per full block, h_i = hash(h_{i-1}, block i), for lengths on and off block boundaries"""
     for bs, n in ((4, 17), (4, 16), (7, 6), (1, 5), (16, 50)):
         ids = tokens(400 + n, n)
-        got = lab.block_hashes(ids, bs)
-        expected = reference_hashes(ids, bs)
-        assert list(got) == expected, f"block_hashes of {n} tokens, block size {bs}: {len(got)} names, not the chain"
+        got, expected = list(lab.block_hashes(ids, bs)), reference_hashes(ids, bs)
+        what = f"block_hashes of {n} tokens, block size {bs}"
+        assert len(got) == len(expected), f"{what}: {len(got)} names for {len(expected)} full blocks"
+        wrong = [i for i, (g, e) in enumerate(zip(got, expected)) if g != e]
+        assert not wrong, f"{what}: names {wrong} differ from the chain h_i = hash(h_(i-1), tokens of block i)"
 
 
 @exercise("3.4")
