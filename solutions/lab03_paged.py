@@ -558,7 +558,8 @@ print("outputs identical with and without prefix caching:", all(same))
 # * **Automatic prefix caching** in vLLM names each full block by hashing its parent block's hash,
 #   its tokens and extra keys (a LoRA adapter, image inputs, a cache salt per tenant), keeps freed
 #   blocks in an LRU free queue, and frees a sequence's blocks tail first so that shared heads
-#   stay longest. It offers SHA-256 as the block hash so that collisions are practically impossible.
+#   stay longest. Recent versions name blocks with a cryptographic hash (SHA-256), which makes a
+#   collision practically impossible, even for prompts chosen by an adversary.
 # * **SGLang's RadixAttention** stores cached prefixes in a radix tree keyed by the token ids
 #   themselves: matching walks the tree and compares tokens, so there is nothing to collide, and
 #   eviction removes least recently used *leaves*. Its scheduler can order waiting requests to

@@ -363,7 +363,11 @@ POLICIES = {
     "continuous + chunked": lambda run, wait: continuous_step(run, wait, budget=64, max_num_seqs=6),
 }
 
+# %% [markdown]
+# The simulator: requests join the queue when the clock passes their arrival; each step asks the
+# policy for a plan, charges its cost, and records who computed what and when each token came out.
 
+# %%
 def simulate(policy) -> dict:
     """Play the workload on the simulated clock; -> steps [(start, seconds, [(rid, n, phase)])] and
     each request's arrival and token times."""
@@ -386,7 +390,12 @@ def simulate(policy) -> dict:
     arrivals = {r.rid: r.arrival for r in make_workload()}
     return {"steps": steps, "arrivals": arrivals, "times": times}
 
+# %% [markdown]
+# What to report (the definitions of lab 02): output tokens per second over the whole run; TTFT and
+# end-to-end latency per request; inter-token latency (ITL), every gap between two tokens of one
+# request. Percentiles, because users feel the tail: p90 or p99 is the experience of the unlucky.
 
+# %%
 def summary(arrivals: dict, times: dict, elapsed: float) -> dict:
     ttft = [times[i][0] - arrivals[i] for i in times]
     itl = [b - a for t in times.values() for a, b in zip(t, t[1:])]
@@ -422,7 +431,7 @@ def gantt(runs: dict, title: str) -> go.Figure:
     fig.update_xaxes(title_text="time (ms)", row=len(runs), col=1)
     return fig
 
-
+# %%
 sims = {name: simulate(policy) for name, policy in POLICIES.items()}
 gantt({name: s["steps"] for name, s in sims.items()}, "Simulated clock: who computes what, step by step").show()
 print_summaries({name: summary(s["arrivals"], s["times"], s["steps"][-1][0] + s["steps"][-1][1])
@@ -446,11 +455,12 @@ print_summaries({name: summary(s["arrivals"], s["times"], s["steps"][-1][0] + s[
 # %% [markdown]
 # ## Measure it on the real engine
 #
-# Now the same comparison on `minillm`, with its telemetry: the engine calls
-# `engine.subscribe(observer)` observers after every step with a `StepEvent`: when it started, how
-# long it took, and what it scheduled (`ScheduledWork`: request, tokens, prefill or decode). A
-# step of this small model on this CPU is a few milliseconds; every number is measured, so
-# expect noise (this machine may be shared), and read the ratios.
+# Now the same comparison on `minillm`, read from its telemetry: `engine.subscribe(observer)`
+# registers a function that the engine calls after every step with a `StepEvent` (when the step
+# started, how long it took, and what it scheduled: a `ScheduledWork` per sequence, with its
+# tokens and whether they were prefill or decode). The requests all arrive at once here, an
+# offline batch. A step of this small model on this CPU takes a few milliseconds; every number is
+# measured, so expect noise (this machine may be shared) and read the ratios.
 
 # %%
 llm_policies = {
