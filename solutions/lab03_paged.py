@@ -56,7 +56,6 @@ class CachedBlock:
 
 # %%
 import statistics
-import time
 
 import plotly.graph_objects as go
 

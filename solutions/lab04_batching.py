@@ -65,7 +65,6 @@ class Request:
 
 
 # %%
-import statistics
 import time
 
 import plotly.graph_objects as go
@@ -470,14 +469,14 @@ llm_policies = {
     "continuous + chunked": dict(scheduler="continuous", max_num_seqs=6, max_num_batched_tokens=64),
 }
 workload = make_workload()
-gen = torch.Generator().manual_seed(1)
-prompts = [torch.randint(1, 4000, (r.prompt_len,), generator=gen).tolist() for r in workload]
 params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in workload]
 
 
 def measure(config: dict, repeats: int = 2) -> dict:
     """The fastest of `repeats` runs (other processes on this machine only ever slow a run down)."""
     llm = LLM(lab_model(), **config)
+    gen = torch.Generator().manual_seed(1)  # the same random prompts for every policy
+    prompts = [torch.randint(1, llm.model.config.vocab_size, (r.prompt_len,), generator=gen).tolist() for r in workload]
     llm.generate(prompts[:2], params[:2])  # warm-up
     events, best = [], None
     llm.engine.subscribe(events.append)
