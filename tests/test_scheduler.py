@@ -66,9 +66,13 @@ def test_chunked_prefill_splits_prompts_under_the_token_budget(hf_llama, referen
 
 def test_preemption_under_a_small_pool_keeps_outputs_and_leaks_nothing(hf_llama, reference):
     llm = LLM(str(hf_llama[0]), block_size=4, num_kv_blocks=40)  # room for about two requests
+    events = []
+    llm.engine.subscribe(events.append)
     prompts, params = workload()
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
     assert llm.engine.scheduler.num_preemptions > 0
+    assert sum(len(e.preempted) for e in events) == events[-1].num_preemptions == llm.engine.scheduler.num_preemptions
+    assert sum(e.output_tokens for e in events) == sum(p.max_tokens for p in params)
     blocks = llm.engine.cache_manager.blocks
     assert blocks.num_used == 0 and blocks.num_free == 40 and sum(blocks.ref_counts) == 0
 

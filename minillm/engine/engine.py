@@ -140,7 +140,8 @@ class LLMEngine:
         event = StepEvent(self.num_steps, start, end - start, scheduled,
                           [c.request_id for c in chunks if c.request is not None],
                           len(self.scheduler.waiting), len(self.scheduler.running),
-                          self.cache_manager.stats(self.scheduler.running))
+                          self.cache_manager.stats(self.scheduler.running), list(self.scheduler.preempted_now),
+                          self.scheduler.num_preemptions, len(chunks))
         for observer in self._observers:
             observer(event)
 

@@ -29,6 +29,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the newest is last
         self.num_preemptions = 0
+        self.preempted_now: list[str] = []  # request ids preempted by the latest schedule()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -43,6 +44,7 @@ class Scheduler:
         self.running.append(seq)
 
     def schedule(self, now: float) -> list[ScheduledSeq]:
+        self.preempted_now = []
         batch: list[ScheduledSeq] = []
         budget = self.budget
         for seq in list(self.running):
@@ -95,6 +97,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        self.preempted_now.append(seq.request_id)
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:

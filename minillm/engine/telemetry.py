@@ -43,3 +43,6 @@ class StepEvent:
     waiting: int
     running: int
     kv: KVStats
+    preempted: list[str] = field(default_factory=list)  # request ids preempted while scheduling this step
+    num_preemptions: int = 0      # since the engine started
+    output_tokens: int = 0        # tokens sampled in this step (output_tokens / duration = tokens/s)
