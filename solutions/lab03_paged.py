@@ -70,8 +70,8 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 # %% [markdown]
 # ## The concept: block tables
 #
-# The pool is one big tensor per layer, `[num_blocks * block_size, kv_heads, head_dim]`, allocated
-# once when the engine starts. A *slot* is one token's row in it; block `b` owns slots
+# The pool holds, for every layer, one big tensor of keys and one of values, each
+# `[num_blocks * block_size, kv_heads, head_dim]`, allocated once when the engine starts. A *slot* is one token's row in it; block `b` owns slots
 # `b * block_size .. b * block_size + block_size - 1`. A sequence's block table lists its blocks in
 # token order, so token `t` lives in block `table[t // block_size]` at offset `t % block_size`:
 #
