@@ -40,39 +40,40 @@ class PagedContext(AttentionContext):
     """A step's batch over the paged pool.
 
     slot_mapping: [num_tokens] where each new token's K/V go.
-    Decode rows (one new token each) are attended together: decode_slots [B, max_len] lists each
-    sequence's slots in position order, padded with slot 0 where decode_valid [B, max_len] is
-    False. Prefill chunks are attended one by one: (first row, rows, slots of the whole context).
+    Decode rows (one new token each) are attended in groups of similar context length, so little
+    is padded: each group is (rows, slots [B, max_len] in position order padded with slot 0,
+    valid [B, max_len]). Prefill chunks are attended one by one: (first row, rows, context slots).
     """
 
-    def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, decode_rows: torch.Tensor,
-                 decode_slots: torch.Tensor, decode_valid: torch.Tensor,
+    def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor,
+                 decode_groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                  prefills: list[tuple[int, int, torch.Tensor]]) -> None:
         self.pool, self.slot_mapping = pool, slot_mapping
-        self.decode_rows, self.decode_slots, self.decode_valid = decode_rows, decode_slots, decode_valid
-        self.prefills = prefills
+        self.decode_groups, self.prefills = decode_groups, prefills
 
     def attend(self, layer_idx, q, k, v):
         k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]  # [slots, kv_heads, d]
         k_cache[self.slot_mapping] = k
         v_cache[self.slot_mapping] = v
         out = torch.empty_like(q)
-        if len(self.decode_rows):
-            out[self.decode_rows] = self._decode(q[self.decode_rows], k_cache, v_cache)
+        for rows, slots, valid in self.decode_groups:
+            out[rows] = paged_decode(q[rows], k_cache, v_cache, slots, valid)
         for start, n, slots in self.prefills:
             # Gather this sequence's K/V through its block table: [context_len, kv_heads, d].
             out[start:start + n] = causal_attention(q[start:start + n], k_cache[slots], v_cache[slots])
         return out
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """q: [B, heads, d], one query per sequence, over its whole context -> [B, heads, d]."""
-        b, heads, d = q.shape
-        keys, values = k_cache[self.decode_slots], v_cache[self.decode_slots]  # [B, max_len, kv_heads, d]
-        kv_heads = keys.shape[2]
-        q = q.view(b, kv_heads, heads // kv_heads, d)  # query heads grouped by the kv head they share
-        scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * d ** -0.5  # [B, kv_heads, group, max_len]
-        scores = scores.masked_fill(~self.decode_valid[:, None, None, :], float("-inf"))
-        return torch.matmul(scores.softmax(-1), values.transpose(1, 2)).reshape(b, heads, d)
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """q: [B, heads, d], one query per sequence, over the slots of its whole context -> [B, heads, d]."""
+    b, heads, d = q.shape
+    keys, values = k_cache[slots], v_cache[slots]  # [B, max_len, kv_heads, d]: the gather
+    kv_heads = keys.shape[2]
+    q = q.view(b, kv_heads, heads // kv_heads, d)  # query heads grouped by the kv head they share
+    scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * d ** -0.5  # [B, kv_heads, group, max_len]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    return torch.matmul(scores.softmax(-1), values.transpose(1, 2)).reshape(b, heads, d)
 
 
 class PagedCacheManager:
@@ -127,7 +128,7 @@ class PagedCacheManager:
             self.blocks.free(seq.block_table)
 
     def context(self, seqs: list[Sequence], query_lens: list[int]) -> PagedContext:
-        bs, new_slots, prefills, decode_rows, decode_slots = self.block_size, [], [], [], []
+        bs, new_slots, prefills, decodes = self.block_size, [], [], []
         row = 0
         for seq, n in zip(seqs, query_lens):
             table = torch.tensor(seq.block_table, dtype=torch.long)
@@ -135,19 +136,28 @@ class PagedCacheManager:
             slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]  # [context_len]
             new_slots.append(slots[seq.num_computed_tokens:])
             if n == 1:
-                decode_rows.append(row)
-                decode_slots.append(slots)
+                decodes.append((row, slots))
             else:
                 prefills.append((row, n, slots.to(self.device)))
             row += n
-        longest = max((len(s) for s in decode_slots), default=0)
-        padded = torch.zeros(len(decode_slots), longest, dtype=torch.long)
-        valid = torch.zeros(len(decode_slots), longest, dtype=torch.bool)
-        for i, slots in enumerate(decode_slots):
-            padded[i, :len(slots)], valid[i, :len(slots)] = slots, True
-        to = lambda t: t.to(self.device)  # noqa: E731
-        return PagedContext(self.pool, to(torch.cat(new_slots)), to(torch.tensor(decode_rows, dtype=torch.long)),
-                            to(padded), to(valid), prefills)
+        return PagedContext(self.pool, torch.cat(new_slots).to(self.device), self._group(decodes), prefills)
+
+    DECODE_GROUP = 8  # sequences per padded decode batch: fewer matmuls vs less padding
+
+    def _group(self, decodes: list[tuple[int, torch.Tensor]]) -> list[tuple[torch.Tensor, ...]]:
+        """Sort decode rows by context length and pad each run of DECODE_GROUP to its longest."""
+        decodes = sorted(decodes, key=lambda d: len(d[1]))
+        groups = []
+        for i in range(0, len(decodes), self.DECODE_GROUP):
+            part = decodes[i:i + self.DECODE_GROUP]
+            longest = len(part[-1][1])
+            slots = torch.zeros(len(part), longest, dtype=torch.long)
+            valid = torch.zeros(len(part), longest, dtype=torch.bool)
+            for j, (_, s) in enumerate(part):
+                slots[j, :len(s)], valid[j, :len(s)] = s, True
+            rows = torch.tensor([r for r, _ in part], dtype=torch.long)
+            groups.append((rows.to(self.device), slots.to(self.device), valid.to(self.device)))
+        return groups
 
     def stats(self, seqs: list[Sequence]) -> KVStats:
         bm, bs = self.blocks, self.block_size
