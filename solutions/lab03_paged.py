@@ -63,7 +63,6 @@ from minillm import LLM, SamplingParams
 from minillm.bench.memory import concurrency
 from minillm.bench.workload import chat_workload
 from minillm.cache.block_manager import BlockManager
-from minillm.labkit.fixtures import lab_model
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
 
@@ -509,7 +508,7 @@ for name, n in fits.items():
 # blocks it did not find, so the time to first token (TTFT) should fall as the hit rate rises.
 
 # %%
-llm = LLM(lab_model())  # the bundled model
+llm = LLM("tiny")  # the bundled model
 vocab = llm.model.config.vocab_size
 gen = torch.Generator().manual_seed(0)
 PROMPT, REQUESTS = 384, 6
@@ -542,7 +541,7 @@ fig.show()
 # and off:
 
 # %%
-off = LLM(lab_model(), enable_prefix_caching=False)
+off = LLM("tiny", enable_prefix_caching=False)
 long = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 same = [llm.generate([p], long)[0].token_ids == off.generate([p], long)[0].token_ids for p in prompts[:3]]
 print("outputs identical with and without prefix caching:", all(same))

@@ -72,7 +72,6 @@ from plotly.subplots import make_subplots
 
 from minillm import LLM, SamplingParams
 from minillm.bench.chunked import percentile
-from minillm.labkit.fixtures import lab_model
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
 
@@ -474,7 +473,7 @@ params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True
 
 def measure(config: dict, repeats: int = 2) -> dict:
     """The fastest of `repeats` runs (other processes on this machine only ever slow a run down)."""
-    llm = LLM(lab_model(), **config)
+    llm = LLM("tiny", **config)
     gen = torch.Generator().manual_seed(1)  # the same random prompts for every policy
     prompts = [torch.randint(1, llm.model.config.vocab_size, (r.prompt_len,), generator=gen).tolist() for r in workload]
     llm.generate(prompts[:2], params[:2])  # warm-up
