@@ -26,12 +26,23 @@ class RotaryEmbedding(nn.Module):
         # Tables are buffers (not parameters) so .to(device) moves them; never saved in checkpoints.
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        self._last: tuple | None = None  # (positions, dtype, cos, sin) of the latest call
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions: [num_tokens]; q: [num_tokens, heads, d]; k: [num_tokens, kv_heads, d]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, d]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cos, sin = self._tables(positions, q.dtype)  # [num_tokens, 1, d] each
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype):
+        # Every layer shares this module and receives the same positions tensor in a forward, so
+        # the lookup is done once per forward, not once per layer (holding the tensor keeps its
+        # identity from being reused by another).
+        last = self._last
+        if last is None or last[0] is not positions or last[1] != dtype:
+            cos = self.cos[positions].unsqueeze(1).to(dtype)
+            sin = self.sin[positions].unsqueeze(1).to(dtype)
+            last = self._last = (positions, dtype, cos, sin)
+        return last[2], last[3]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
