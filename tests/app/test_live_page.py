@@ -1,6 +1,8 @@
 """The Live engine page: tokens stream, charts fill, knobs change the engine, mistakes get messages."""
 import time
 
+import pytest
+
 from conftest import errors, figures, run_to_end
 from visualizer.controls import REFRESH_S
 
@@ -81,29 +83,18 @@ def test_sequential_scheduler_runs_one_request_at_a_time(app):
     assert max(r.event.running for r in sequential.records) == 1
 
 
-def test_empty_prompt_list_gets_a_message(app):
-    app.session_state["k_source"] = "My prompts"
-    app.session_state["k_prompts"] = "   \n"
+@pytest.mark.parametrize("state, message", [
+    ({"k_source": "My prompts", "k_prompts": "   \n"}, "prompt list is empty"),
+    ({"k_kv_mib": 0.01}, "holds no block"),
+    ({"k_block_size": 0}, "block_size must be a positive integer"),
+], ids=["empty prompt list", "KV budget under one block", "block size 0"])
+def test_invalid_input_gets_a_message_not_a_traceback(app, state, message):
+    for key, value in state.items():
+        app.session_state[key] = value
     app.run()
     app.button(key="b_run").click().run()
     assert not app.exception
-    assert any("prompt list is empty" in e for e in errors(app))
-
-
-def test_kv_budget_smaller_than_a_block_gets_a_message(app):
-    app.session_state["k_kv_mib"] = 0.01
-    app.run()
-    app.button(key="b_run").click().run()
-    assert not app.exception
-    assert any("holds no block" in e for e in errors(app))
-
-
-def test_nonsense_numbers_get_a_message(app):
-    app.session_state["k_block_size"] = 0
-    app.run()
-    app.button(key="b_run").click().run()
-    assert not app.exception
-    assert any("block_size must be a positive integer" in e for e in errors(app))
+    assert any(message in e for e in errors(app))
 
 
 def test_a_request_too_long_for_the_context_is_refused_with_the_reason(app):
