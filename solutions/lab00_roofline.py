@@ -228,21 +228,14 @@ check("0.6")
 # Compute: a large float32 matmul. Both are medians of a few runs; a busy machine measures lower.
 
 # %%
-def median_seconds(fn, repeats: int = 5) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+from minillm.bench import median_time  # median of `repeats` timed runs after one warm-up
 
 
 src = torch.empty(32 * 2**20)  # 128 MiB of float32
 dst = torch.empty_like(src)
-cpu_bandwidth = 2 * src.nbytes / median_seconds(lambda: dst.copy_(src))
+cpu_bandwidth = 2 * src.nbytes / median_time(lambda: dst.copy_(src), 5)
 a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-cpu_flops = matmul_cost(1024, 1024, 1024, 4)[0] / median_seconds(lambda: a @ b)
+cpu_flops = matmul_cost(1024, 1024, 1024, 4)[0] / median_time(lambda: a @ b, 5)
 print(f"this machine: {cpu_bandwidth / 1e9:.1f} GB/s, {cpu_flops / 1e9:.1f} GFLOP/s (float32, "
       f"{torch.get_num_threads()} threads), ridge {cpu_flops / cpu_bandwidth:.1f} FLOP/byte")
 del src, dst
@@ -310,7 +303,7 @@ with torch.inference_mode():
                           tie_word_embeddings=True)
         model = LlamaForCausalLM(cfg).eval()
         one = torch.tensor([1])
-        measured = 1 / median_seconds(lambda: model.compute_logits(model(one, one)), repeats=7)
+        measured = 1 / median_time(lambda: model.compute_logits(model(one, one)), repeats=7)
         predicted = decode_tokens_per_s(cfg, 1, 1, cpu_flops, cpu_bandwidth, 4)
         megabytes = decode_step_cost(cfg, 1, 1, 4)[1] / 1e6
         rows.append((f"{megabytes:.0f} MB of weights", predicted, measured))

@@ -345,14 +345,7 @@ print(repr(llm.tokenizer.decode(generated)))
 # attention's share grows with length, because each query looks at every earlier key.
 
 # %%
-def median_seconds(fn, repeats: int = 3) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+from minillm.bench import median_time  # median of `repeats` timed runs after one warm-up
 
 
 lengths = [16, 64, 256]
@@ -360,8 +353,8 @@ yours, engine = [], []
 with torch.no_grad():
     for n in lengths:
         x_ids = torch.randint(1, cfg.vocab_size, (n,))
-        yours.append(median_seconds(lambda: transformer_forward(x_ids, weights, cfg)) / n * 1e3)
-        engine.append(median_seconds(lambda: llm.logits(x_ids)) / n * 1e3)
+        yours.append(median_time(lambda: transformer_forward(x_ids, weights, cfg), 3) / n * 1e3)
+        engine.append(median_time(lambda: llm.logits(x_ids), 3) / n * 1e3)
 fig = go.Figure([go.Scatter(x=lengths, y=yours, name="your transformer_forward", mode="lines+markers"),
                  go.Scatter(x=lengths, y=engine, name="minillm (fused qkv, SDPA)", mode="lines+markers")])
 fig.update_layout(title="Forward pass cost per prompt token", xaxis_title="prompt length (tokens)",
@@ -382,7 +375,7 @@ parts = {
     "SwiGLU MLP": lambda: swiglu(x, layer0["mlp.gate_proj.weight"], layer0["mlp.up_proj.weight"], layer0["mlp.down_proj.weight"]),
 }
 with torch.no_grad():
-    ms = {name: median_seconds(fn) * 1e3 for name, fn in parts.items()}
+    ms = {name: median_time(fn, 3) * 1e3 for name, fn in parts.items()}
 fig = go.Figure(go.Bar(x=list(ms.values()), y=list(ms), orientation="h"))
 fig.update_layout(title=f"One layer of yours at {n} tokens", xaxis_title="ms", height=300)
 fig.show()
