@@ -1,29 +1,56 @@
-"""EngineConfig: every knob of the engine in one dataclass, validated once when it is built."""
-from dataclasses import dataclass
+"""EngineConfig: every knob of the engine in one dataclass, validated once when it is built.
+
+`Components` swaps parts of the engine for other implementations of the same interface: the labs
+plug the learner's sampler, block allocator, prefix cache and step policy in through it
+(`minillm.labkit.plug`), so the learner's code runs inside the real engine.
+"""
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 import torch
 
+from minillm.models.registry import DEFAULT_MODEL
+from minillm.state import CacheKind, SchedulerPolicy
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-KV_CACHES = ("paged", "contiguous")
-SCHEDULERS = ("continuous", "static", "sequential")
+
+
+@dataclass(frozen=True)
+class Components:
+    """Replacements for parts of the engine; None keeps the engine's own. Each must implement the
+    interface of the part it replaces (see the module named in each comment)."""
+    sample: Callable | None = None            # sampling.sample(logits [rows, vocab], temperature, top_k, top_p, generator)
+    block_allocator: Callable | None = None   # cache/allocator.BlockAllocator(num_blocks, block_size)
+    match_prefix: Callable | None = None      # cache/prefix.match_prefix(token_ids, block_size, cache, hash_fn)
+    evictable_blocks: Callable | None = None  # cache/prefix.EvictableBlocks()
+    hash_fn: Callable | None = None           # cache/prefix.chain_hash(parent_hash, tokens): names a full block
+    continuous_step: Callable | None = None   # engine/policy.continuous_step(sched, budget, max_num_seqs, chunked)
+    static_step: Callable | None = None       # engine/policy.static_step(sched, max_num_seqs)
+    make_room: Callable | None = None         # engine/policy.make_room(sched, seq, num_tokens)
+    source: str = "minillm"                   # whose parts these are, for messages
+
+    def replaced(self) -> list[str]:
+        """Names of the parts this replaces."""
+        return [f.name for f in fields(self) if f.name != "source" and getattr(self, f.name) is not None]
 
 
 @dataclass
 class EngineConfig:
-    model: str = "tiny"            # a bundled model name or a Hugging Face model directory
+    model: str = DEFAULT_MODEL     # a bundled model name or a Hugging Face model directory
     dtype: str = "auto"            # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"           # auto: cuda when available, else cpu
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0                  # seeds requests that give no seed of their own
-    kv_cache: str = "paged"        # paged: one block pool shared by all sequences; contiguous: the baseline
+    kv_cache: CacheKind = CacheKind.PAGED  # paged: one block pool shared by all sequences; contiguous: the baseline
     block_size: int = 16           # token slots per KV block (paged)
     num_kv_blocks: int | None = None     # pool size in blocks; None: from kv_cache_memory
     kv_cache_memory: int | None = None   # pool size in bytes; None: 256 MiB on CPU, half the free GPU memory
     enable_prefix_caching: bool = True   # reuse the K/V of prompt prefixes seen before (paged)
-    scheduler: str = "continuous"  # continuous | static | sequential (see engine/scheduler.py)
+    scheduler: SchedulerPolicy = SchedulerPolicy.CONTINUOUS  # continuous | static | sequential (engine/policy.py)
     max_num_seqs: int = 64               # sequences running at once
     max_num_batched_tokens: int = 1024   # tokens computed per step (the step's token budget)
     enable_chunked_prefill: bool = True  # split long prompts across steps (continuous only)
+    components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
     def __post_init__(self) -> None:
         self.model = str(self.model)
@@ -43,9 +70,10 @@ class EngineConfig:
                             ("max_num_batched_tokens", self.max_num_batched_tokens)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, value, allowed in (("kv_cache", self.kv_cache, KV_CACHES), ("scheduler", self.scheduler, SCHEDULERS)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        self.kv_cache = _choice("kv_cache", self.kv_cache, CacheKind)
+        self.scheduler = _choice("scheduler", self.scheduler, SchedulerPolicy)
+        if not isinstance(self.components, Components):
+            raise TypeError(f"components must be a minillm.config.Components, got {type(self.components).__name__}")
 
     @property
     def torch_device(self) -> torch.device:
@@ -58,3 +86,10 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+
+def _choice(name: str, value, enum):
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {', '.join(e.value for e in enum)}, got {value!r}") from None

@@ -46,31 +46,50 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Apply temperature, top-k and top-p to one row of logits: [vocab] -> [vocab], -inf where cut."""
-    logits = logits.float() / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Mass strictly before each token: a token is kept while that is below top_p, so the
-        # token whose probability crosses the threshold stays in (and the first one always does).
-        before = probs.cumsum(-1) - probs
-        drop = torch.zeros_like(logits, dtype=torch.bool).scatter(0, order, before >= top_p)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep each row's k largest logits, -inf elsewhere (ties with the k-th all stay); k = 0 keeps all.
+    logits: [rows, vocab] -> [rows, vocab]"""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]  # [rows, 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
-    """logits: [batch, vocab] (one row per sequence) -> one token id per row."""
-    greedy = logits.argmax(-1).tolist()
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep each row's nucleus: its most likely tokens until their probability reaches p (the
+    token that crosses p stays, so the first one always does); p = 1 keeps all.
+    logits: [rows, vocab] -> [rows, vocab]"""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass strictly before each token
+    drop = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, before >= p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+           generator: torch.Generator) -> torch.Tensor:
+    """One token per row: argmax when temperature is 0, else a draw from the filtered distribution.
+    logits: [rows, vocab] -> [rows] int64"""
+    if temperature == 0:
+        return logits.argmax(-1)
+    z = top_p_filter(top_k_filter(logits.float() / temperature, top_k), top_p)
+    return torch.multinomial(z.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+def sample_requests(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                    sample_fn=None) -> list[int]:
+    """logits: [rows, vocab], one row per sequence with its own params and generator -> a token
+    per row. Greedy rows share one argmax; a replaced sampler (sample_fn) gets every row."""
+    if sample_fn is None:
+        greedy, sample_fn = logits.argmax(-1).tolist(), sample
+    else:
+        greedy = [None] * len(params)
     out = []
-    for row, p, gen, best in zip(logits, params, generators, greedy):
-        if p.greedy:
-            out.append(best)
-            continue
-        probs = filter_logits(row, p.temperature, p.top_k, p.top_p).softmax(-1)
-        out.append(int(torch.multinomial(probs, 1, generator=gen)))
+    for i, (p, gen) in enumerate(zip(params, generators)):
+        if p.greedy and greedy[i] is not None:
+            out.append(greedy[i])
+        else:
+            out.append(int(sample_fn(logits[i:i + 1], p.temperature, p.top_k, p.top_p, gen)[0]))
     return out

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from minillm.bench import machine
+from minillm.perf import machine
 from minillm.layers.attention import AttentionContext
 from minillm.models.config import ModelConfig
 from minillm.models.export import save_checkpoint

@@ -224,21 +224,18 @@ check("0.6")
 # %% [markdown]
 # ## Measure it: this machine's two ceilings
 #
-# Bandwidth: copy a tensor far larger than the caches (every byte is read once and written once).
-# Compute: a large float32 matmul. Both are medians of a few runs; a busy machine measures lower.
+# Bandwidth: copy a tensor far larger than the caches (256 MiB; every byte is read once and
+# written once). Compute: a 1024 × 1024 float32 matmul (2 · 1024³ FLOPs). `minillm.perf` measures
+# both as the median of five runs, the same functions the visualizer's roofline page calls, so
+# the two show the same "this machine". A busy machine measures lower.
 
 # %%
-from minillm.bench import median_time  # median of `repeats` timed runs after one warm-up
+from minillm.perf import measure_bandwidth, measure_flops, median_time
 
-
-src = torch.empty(32 * 2**20)  # 128 MiB of float32
-dst = torch.empty_like(src)
-cpu_bandwidth = 2 * src.nbytes / median_time(lambda: dst.copy_(src), 5)
-a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-cpu_flops = matmul_cost(1024, 1024, 1024, 4)[0] / median_time(lambda: a @ b, 5)
+cpu_bandwidth = measure_bandwidth(torch.device("cpu"))
+cpu_flops = measure_flops(torch.device("cpu"), torch.float32)
 print(f"this machine: {cpu_bandwidth / 1e9:.1f} GB/s, {cpu_flops / 1e9:.1f} GFLOP/s (float32, "
       f"{torch.get_num_threads()} threads), ridge {cpu_flops / cpu_bandwidth:.1f} FLOP/byte")
-del src, dst
 
 # %% [markdown]
 # ## Hardware profiles

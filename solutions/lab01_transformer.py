@@ -345,7 +345,7 @@ print(repr(llm.tokenizer.decode(generated)))
 # attention's share grows with length, because each query looks at every earlier key.
 
 # %%
-from minillm.bench import median_time  # median of `repeats` timed runs after one warm-up
+from minillm.perf import median_time  # median of `repeats` timed runs after one warm-up
 
 
 lengths = [16, 64, 256]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from minillm.cache.block_manager import chain_hash
+from minillm.cache.prefix import chain_hash
 from minillm.labkit import check
 from minillm.layers.attention import causal_attention
 
@@ -62,7 +62,7 @@ import plotly.graph_objects as go
 from minillm import LLM, SamplingParams
 from minillm.bench.memory import concurrency
 from minillm.bench.workload import chat_workload
-from minillm.cache.block_manager import BlockManager
+from minillm.cache.allocator import BlockAllocator
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
 
@@ -86,20 +86,20 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 #
 # Blocks need not be adjacent or in order: the table is the only map. Each sequence wastes at
 # most `block_size - 1` slots (its last block's empty tail). Here is a pool drawn by the engine's
-# own `BlockManager`: four requests decoded side by side (so their blocks interleave), then B
+# own `BlockAllocator`: four requests decoded side by side (so their blocks interleave), then B
 # finished and E arrived:
 
 # %%
-manager = BlockManager(num_blocks=24, block_size=8, enable_prefix_caching=False)
+manager = BlockAllocator(num_blocks=24, block_size=8)
 lengths = {"A": 9, "B": 3, "C": 17, "D": 6}
-tables = {name: manager.allocate([0] * n)[0] for name, n in lengths.items()}
+tables = {name: manager.allocate(n) for name, n in lengths.items()}
 for step in range(14):  # they decode together, each growing by one token per step
     for name in tables:
         lengths[name] += 1
         manager.append(tables[name], lengths[name])
 manager.free(tables.pop("B"))  # B finished: its blocks go back to the free list
 del lengths["B"]
-tables["E"], lengths["E"] = manager.allocate([0] * 20)[0], 20
+tables["E"], lengths["E"] = manager.allocate(20), 20
 names = sorted(tables)
 fill = [[math.nan] * 8 for _ in range(24)]  # [block, offset]: which request's token sits in the slot
 for i, name in enumerate(names):

@@ -52,7 +52,7 @@ def test_abort_frees_blocks_at_once_and_ends_the_stream(hf_llama):
 
     got = asyncio.run(main())
     assert 3 <= len(got) < 200
-    assert llm.engine.cache_manager.blocks.num_used == 0 and not llm.engine.has_unfinished()
+    assert llm.engine.kv_stats().used_blocks == 0 and not llm.engine.has_unfinished()
 
 
 def test_leaving_a_stream_early_aborts_the_request(hf_llama):
@@ -65,7 +65,7 @@ def test_leaving_a_stream_early_aborts_the_request(hf_llama):
         await stream.aclose()
 
     asyncio.run(main())
-    assert not llm.engine.has_unfinished() and llm.engine.cache_manager.blocks.num_used == 0
+    assert not llm.engine.has_unfinished() and llm.engine.kv_stats().used_blocks == 0
 
 
 def test_bad_request_raises_before_queueing(hf_llama):

@@ -76,7 +76,7 @@ def test_breaking_out_of_a_stream_aborts_and_frees_the_cache(llama_llm):
     next(stream), next(stream)
     stream.close()
     assert not llama_llm.engine.has_unfinished()
-    assert llama_llm.engine.cache_manager.blocks.num_used == 0
+    assert llama_llm.engine.kv_stats().used_blocks == 0
 
 
 def test_generate_keeps_prompt_order_and_per_prompt_params(llama_llm):

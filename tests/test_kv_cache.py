@@ -14,21 +14,26 @@ def test_cached_decode_equals_recompute_every_step(llama_llm):
 
 
 def test_cached_logits_match_recompute_at_every_position(llama_llm):
-    """Feed a fixed continuation through the engine's cache one token at a time and compare each
-    step's logits with a full forward: catches position offsets that greedy ties might hide."""
-    from minillm.engine.runner import ScheduledSeq
+    """Feed a fixed continuation through a paged cache one token at a time and compare each step's
+    logits with a full forward: catches position offsets that greedy ties might hide."""
+    from minillm.cache import make_cache_manager
+    from minillm.engine.runner import ModelRunner
+    from minillm.engine.scheduler import Scheduler
+    from minillm.state import Sequence
     engine = llama_llm.engine
+    cache = make_cache_manager(engine.config, engine.model_config, engine.dtype, engine.device)
+    scheduler, runner = Scheduler(engine.config, cache), ModelRunner(engine.model, cache, engine.device)
     ids = torch.randint(1, 320, (30,), generator=torch.Generator().manual_seed(12)).tolist()
-    engine.add_request(ids[:10], SamplingParams(max_tokens=25, temperature=0))
-    seq = engine.scheduler.waiting[0]
+    seq = Sequence("0", None, ids[:10], SamplingParams(max_tokens=25, temperature=0), torch.Generator(), None, ())
+    scheduler.add(seq)
     full = llama_llm.logits(ids)
-    batch = engine.scheduler.schedule(0.0)
+    batch = scheduler.schedule(0.0)
     for pos in range(10, 30):
-        logits = engine.runner.execute(batch)[0]
+        logits = runner.execute(batch)[0]
         torch.testing.assert_close(logits, full[pos - 1], atol=1e-4, rtol=0)
-        seq.num_computed_tokens = pos
+        scheduler.advance(batch)
         seq.token_ids.append(ids[pos])
-        assert engine.cache_manager.reserve(seq, 1)
-        batch = [ScheduledSeq(seq, 1)]
-    engine.abort(seq.request_id)
-    assert not engine.has_unfinished()
+        batch = scheduler.schedule(0.0)
+        assert [(b.seq, b.num_tokens, b.phase) for b in batch] == [(seq, 1, "decode")]
+    scheduler.abort("0")
+    assert not scheduler.has_unfinished() and cache.stats([]).used_blocks == 0

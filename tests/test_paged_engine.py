@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
+from minillm.config import Components
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -23,7 +24,7 @@ def test_paged_generation_is_token_identical_to_contiguous(block_size, hf_llama,
     batch = prompts([5, 23, 40])  # 40 spans blocks for every size; 23 is not a multiple of 7 or 16
     params = SamplingParams(max_tokens=30, **GREEDY)
     assert [o.token_ids for o in paged.generate(batch, params)] == [o.token_ids for o in contiguous.generate(batch, params)]
-    assert paged.engine.cache_manager.blocks.num_used == 0
+    assert paged.engine.kv_stats().used_blocks == 0
 
 
 def test_prefix_hit_gives_identical_output_and_skips_prefill_tokens(hf_llama):
@@ -40,19 +41,18 @@ def test_prefix_hit_gives_identical_output_and_skips_prefill_tokens(hf_llama):
     assert warm_b.token_ids == cold_b.token_ids
     assert warm_b.metrics["cached_prompt_tokens"] == 32  # four full 8-token blocks of the shared 37
     assert computed[0] == len(b) - 32
-    assert llm.engine.cache_manager.blocks.hit_rate > 0
+    assert llm.engine.kv_stats().prefix_hit_rate > 0
 
 
 def test_forced_hash_collision_never_reuses_wrong_blocks(hf_llama):
-    llm = LLM(str(hf_llama[0]), block_size=4)
-    llm.engine.cache_manager.blocks.hash_fn = lambda parent, tokens: 7  # every block collides
+    llm = LLM(str(hf_llama[0]), block_size=4, components=Components(hash_fn=lambda parent, tokens: 7))  # all collide
     params = SamplingParams(max_tokens=10, **GREEDY)
     first, second = prompts([20, 20], seed=2)
     llm.generate([first], params)
     out = llm.generate([second], params)[0]
     reference = LLM(str(hf_llama[0]), enable_prefix_caching=False).generate([second], params)[0]
     assert out.token_ids == reference.token_ids
-    assert out.metrics["cached_prompt_tokens"] == 0 and llm.engine.cache_manager.blocks.collisions >= 1
+    assert out.metrics["cached_prompt_tokens"] == 0 and llm.engine.kv_stats().prefix_collisions >= 1
 
 
 def test_n_samples_share_the_prompt_blocks_and_match_separate_seeded_requests(hf_llama):
@@ -68,7 +68,7 @@ def test_n_samples_share_the_prompt_blocks_and_match_separate_seeded_requests(hf
                                                         ignore_eos=True))[0].token_ids for i in range(3)]
     assert [c.token_ids for c in out.outputs] == separate
     assert [c.index for c in out.outputs] == [0, 1, 2]
-    assert llm.engine.cache_manager.blocks.num_used == 0
+    assert llm.engine.kv_stats().used_blocks == 0
 
 
 def test_request_that_cannot_fit_the_pool_is_rejected_up_front(hf_llama):

@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from minillm import SamplingParams
-from minillm.sampling import filter_logits, sample
+from minillm.sampling import sample_requests, top_k_filter, top_p_filter
 
 
 def draws(logits: torch.Tensor, params: SamplingParams, n: int, seed: int = 0) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
-    return [sample(logits[None], [params], [gen])[0] for _ in range(n)]
+    return [sample_requests(logits[None], [params], [gen])[0] for _ in range(n)]
 
 
 def test_top_k_never_emits_outside_the_k_largest():
@@ -27,10 +27,26 @@ def test_top_p_keeps_the_token_that_crosses_the_threshold():
 
 def test_filtered_distribution_is_softmax_of_tempered_logits_renormalised():
     logits = torch.tensor([1.0, -2.0, 0.5, 3.0, -0.5])
-    got = filter_logits(logits, temperature=0.7, top_k=3, top_p=1.0).softmax(-1)
+    got = top_p_filter(top_k_filter(logits[None] / 0.7, 3), 1.0)[0].softmax(-1)
     keep = torch.tensor([True, False, True, True, False])
     want = torch.where(keep, (logits / 0.7).exp(), torch.zeros(5))
     torch.testing.assert_close(got, want / want.sum())
+
+
+@pytest.mark.parametrize("k, p", [(1, 1.0), (5, 1.0), (0, 0.3), (0, 0.9), (7, 0.75), (40, 0.5)])
+def test_filters_match_the_transformers_logits_warpers(k, p):
+    """Random rows of both signs, batch > 1, against Hugging Face's TopK/TopP warpers (the
+    reference no one here wrote): the same tokens survive."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+    logits = torch.randn(6, 97, generator=torch.Generator().manual_seed(k * 100 + int(p * 10))) * 3
+    ours = top_p_filter(top_k_filter(logits, k), p)
+    theirs = logits
+    if k:
+        theirs = TopKLogitsWarper(top_k=k)(None, theirs)
+    if p < 1:
+        theirs = TopPLogitsWarper(top_p=p)(None, theirs)
+    assert torch.equal(ours.isinf(), theirs.isinf())
+    torch.testing.assert_close(ours[~ours.isinf()], logits[~ours.isinf()])
 
 
 def test_sampling_frequencies_follow_the_temperature():

@@ -4,7 +4,7 @@ import math
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from minillm.engine.telemetry import KVStats
+from minillm.state import KVStats
 from visualizer.run import SampleView, StepRecord
 
 FREE, CACHED, SHARED = "#e9ecef", "#a5c8e4", "#212529"

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 from minillm import SamplingParams
 from minillm.engine.engine import LLMEngine
-from minillm.engine.sequence import Sequence
-from minillm.engine.telemetry import KVStats, StepEvent
 from minillm.outputs import StreamChunk
+from minillm.state import KVStats, StepEvent
 
 
 @dataclass
@@ -166,24 +165,25 @@ class EngineRun:
             except ValueError as exc:
                 self.rejected.append(f"{spec.request_id}: {exc}")
                 continue
-            seq: Sequence = self.engine.scheduler.waiting[-1]
+            seq = next(s for s in self.engine.sequences() if s.request_id == spec.request_id)
             n = spec.params.n
             with self._lock:
                 for i in range(n):
                     key = spec.request_id if n == 1 else f"{spec.request_id}.{i}"
                     self.samples[key] = SampleView(key, spec.request_id, i, seq.num_prompt_tokens,
-                                                   spec.params.max_tokens, seq.metrics.arrival_time)
+                                                   spec.params.max_tokens, seq.arrival_time)
 
     def _observe(self, event: StepEvent) -> None:
-        """Called by the engine inside step(): read the queues while they are as the step left them."""
+        """Called by the engine after each step: what each live sample was doing, from the event."""
         scheduled = {(w.request_id, w.index): w.phase for w in event.scheduled}
         states, tables = {}, {}
-        for seq in self.engine.scheduler.running:
+        for seq in event.sequences:
             key = self._key(seq.request_id, seq.index)
-            states[key] = scheduled.get((seq.request_id, seq.index), "running")
-            tables[key] = list(seq.block_table)
-        for seq in self.engine.scheduler.waiting:
-            states[self._key(seq.request_id, seq.index)] = "preempted" if seq.num_preemptions else "waiting"
+            if seq.status == "running":
+                states[key] = scheduled.get((seq.request_id, seq.index), "running")
+                tables[key] = list(seq.block_table)
+            else:
+                states[key] = "preempted" if seq.num_preemptions else "waiting"
         self._record = StepRecord(event, states, tables)
 
     def _key(self, request_id: str, index: int) -> str:
@@ -212,4 +212,4 @@ class EngineRun:
                     if sample.request_id == request_id and sample.finish_reason is None:
                         sample.finish_reason = "abort"
         self._pending.clear()
-        self.final_kv = self.engine.cache_manager.stats(self.engine.scheduler.running)
+        self.final_kv = self.engine.kv_stats()

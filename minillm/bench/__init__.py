@@ -5,40 +5,9 @@ the ratios between variants, and names the machine: absolute numbers move with t
 its load, ratios measured together mostly do not.
 """
 import json
-import platform
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-
-def machine() -> str:
-    """One line naming the hardware the numbers were measured on."""
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()} (CUDA), torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
-
-
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median wall time of fn() over `repeats` runs after `warmup` unmeasured ones (seconds)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from minillm.perf.measure import machine
 
 
 def print_table(rows: list[dict], title: str) -> None:

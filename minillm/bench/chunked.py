@@ -12,7 +12,8 @@ import time
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import machine, print_table, write_json
+from minillm.bench import print_table, write_json
+from minillm.perf import machine
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import machine, median_time, print_table, write_json
+from minillm.bench import print_table, write_json
+from minillm.perf import machine
+from minillm.perf import median_time
 from minillm.testing import SMOLLM2_135M_SHAPE, make_hf_model
 
 

@@ -7,19 +7,20 @@ No model runs: the workload is replayed through the allocators themselves, token
 Contiguous caches reserve either max_model_len per request (what early serving systems did) or
 prompt + max_tokens (minillm's `contiguous` baseline); paged reserves whole blocks as tokens come.
 """
-from minillm.bench import machine, print_table, write_json
+from minillm.bench import print_table, write_json
+from minillm.perf import machine
 from minillm.bench.workload import Request, chat_workload
-from minillm.cache.block_manager import BlockManager
+from minillm.cache.allocator import BlockAllocator
 
 
 def paged_waste(workload: list[Request], block_size: int) -> float:
-    """Replay each request through a BlockManager: prompt allocation, then one append per token."""
-    bm = BlockManager(4096, block_size, enable_prefix_caching=False)
+    """Replay each request through a BlockAllocator: prompt allocation, then one append per token."""
+    bm = BlockAllocator(4096, block_size)
     reserved = stored = 0
     for r in workload:
-        table, _ = bm.allocate([0] * r.prompt_len)
+        table = bm.allocate(r.prompt_len)
         for length in range(r.prompt_len, r.prompt_len + r.output_len):
-            assert bm.append(table, length + 1) is not False
+            assert bm.append(table, length + 1)
             reserved += len(table) * block_size
             stored += length + 1
         bm.free(table)
@@ -42,7 +43,7 @@ def concurrency(workload: list[Request], pool_tokens: int, block_size: int, rese
     while the prompt's blocks fit with one block of headroom per running request; when a growing
     request still finds the pool full, the newest running request gives its blocks back and
     waits to be recomputed (preemption)."""
-    bm = BlockManager(pool_tokens // block_size, block_size, enable_prefix_caching=False)
+    bm = BlockAllocator(pool_tokens // block_size, block_size)
     waiting, running, steps, total, free_tokens = list(workload), [], 0, 0, pool_tokens
     while waiting or running:
         while waiting:
@@ -55,7 +56,7 @@ def concurrency(workload: list[Request], pool_tokens: int, block_size: int, rese
             else:
                 if bm.blocks_for(r.prompt_len) + len(running) > bm.num_free:
                     break
-                running.append([r, bm.allocate([0] * r.prompt_len)[0], r.prompt_len])
+                running.append([r, bm.allocate(r.prompt_len), r.prompt_len])
             waiting.pop(0)
         if waiting:  # saturated: memory, not demand, decides how many run
             steps, total = steps + 1, total + len(running)
@@ -63,7 +64,7 @@ def concurrency(workload: list[Request], pool_tokens: int, block_size: int, rese
             if item not in running:
                 continue  # preempted earlier in this step
             r, table, length = item
-            while table is not None and bm.append(table, length + 1) is False:
+            while table is not None and not bm.append(table, length + 1):
                 victim = running.pop()  # the newest request gives its blocks back and waits
                 bm.free(victim[1])
                 waiting.insert(0, victim[0])

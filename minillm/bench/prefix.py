@@ -9,7 +9,8 @@ import json
 import statistics
 
 from minillm import LLM, SamplingParams
-from minillm.bench import machine, print_table, write_json
+from minillm.bench import print_table, write_json
+from minillm.perf import machine
 
 
 def shared_prompt_workload(llm: LLM, system_tokens: int, n: int) -> list[list[int]]:
@@ -25,7 +26,7 @@ def measure(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
     outs = [llm.generate([p], params)[0] for p in prompts]
     ttfts = [o.metrics["ttft"] for o in outs[1:]]  # the first request only fills the cache
     return {"prompt_tokens": sum(map(len, prompts)), "computed_prompt_tokens": sum(computed),
-            "ttft_median_ms": statistics.median(ttfts) * 1e3, "hit_rate": llm.engine.cache_manager.blocks.hit_rate,
+            "ttft_median_ms": statistics.median(ttfts) * 1e3, "hit_rate": llm.engine.kv_stats().prefix_hit_rate,
             "outputs": [o.token_ids for o in outs]}
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import machine, print_table, write_json
+from minillm.bench import print_table, write_json
+from minillm.perf import machine
 from minillm.bench.workload import chat_workload
 from minillm.models.registry import resolve_model_path
 from minillm.testing import SMOLLM2_135M_SHAPE, make_hf_model

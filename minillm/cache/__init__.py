@@ -1,16 +1,20 @@
 """KV-cache layouts: paged blocks (the default) and contiguous per sequence (the baseline)."""
 import torch
 
+from minillm.cache.base import CacheManager
 from minillm.cache.contiguous import ContiguousCacheManager
 from minillm.cache.paged import PagedCacheManager, block_bytes
 from minillm.config import EngineConfig
 from minillm.models.config import ModelConfig
+from minillm.state import CacheKind
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 
+__all__ = ["CacheManager", "make_cache_manager", "block_bytes"]
 
-def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
-    if config.kv_cache == "contiguous":
+
+def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> CacheManager:
+    if config.kv_cache == CacheKind.CONTIGUOUS:
         return ContiguousCacheManager(cfg, dtype, device)
     per_block = block_bytes(cfg, config.block_size, dtype)
     num_blocks = config.num_kv_blocks
@@ -22,4 +26,5 @@ def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtyp
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory of {memory:,} bytes holds no block: one block of "
                              f"{config.block_size} tokens takes {per_block:,} bytes for this model")
-    return PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching)
+    return PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching,
+                             config.components)

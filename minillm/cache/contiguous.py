@@ -5,10 +5,9 @@ the whole request, which is exactly what paged attention (cache/paged.py) fixes.
 """
 import torch
 
-from minillm.engine.sequence import Sequence
-from minillm.engine.telemetry import KVStats
 from minillm.layers.attention import AttentionContext, causal_attention
 from minillm.models.config import ModelConfig
+from minillm.state import CacheKind, KVStats, ScheduledSeq, Sequence
 
 
 class ContiguousKVCache:
@@ -60,46 +59,56 @@ class ContiguousContext(AttentionContext):
 
 
 class ContiguousCacheManager:
-    """Gives each admitted sequence its own max-length cache and takes it back when it ends."""
+    """Gives each admitted sequence its own max-length cache (seq.kv) and takes it back when it ends."""
+    kind = CacheKind.CONTIGUOUS
+    num_blocks = None  # no fixed pool: each cache comes from the process's memory
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         self.cfg, self.dtype, self.device = cfg, dtype, device
         self.reserved_bytes = 0
 
     def fits(self, prompt_len: int, total_len: int, n: int) -> bool:
-        return True  # allocated on demand from the process's memory
-
-    def allocate(self, seq: Sequence) -> bool:
-        seq.kv_cache = ContiguousKVCache(self.cfg, seq.num_prompt_tokens + seq.params.max_tokens,
-                                         self.dtype, self.device)
-        self.reserved_bytes += seq.kv_cache.nbytes
         return True
+
+    def allocate(self, seq: Sequence) -> int:
+        seq.kv = ContiguousKVCache(self.cfg, seq.num_prompt_tokens + seq.params.max_tokens, self.dtype, self.device)
+        self.reserved_bytes += seq.kv.nbytes
+        return 0  # nothing is shared, so nothing is found already computed
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """A parallel sample gets its own full-length copy: contiguous caches cannot share."""
         self.allocate(child)
         n = parent.num_computed_tokens
-        child.kv_cache.k[:, :, :n] = parent.kv_cache.k[:, :, :n]
-        child.kv_cache.v[:, :, :n] = parent.kv_cache.v[:, :, :n]
+        child.kv.k[:, :, :n] = parent.kv.k[:, :, :n]
+        child.kv.v[:, :, :n] = parent.kv.v[:, :, :n]
 
     def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
         return True  # everything was reserved up front
+
+    def holds(self, seq: Sequence, num_tokens: int) -> bool:
+        return seq.kv is not None and seq.kv.max_len >= num_tokens
 
     def computed(self, seq: Sequence) -> None:
         pass
 
     def free(self, seq: Sequence) -> None:
-        if seq.kv_cache is not None:
-            self.reserved_bytes -= seq.kv_cache.nbytes
-            seq.kv_cache = None
+        if seq.kv is not None:
+            self.reserved_bytes -= seq.kv.nbytes
+            seq.kv = None
 
-    def context(self, seqs: list[Sequence], query_lens: list[int]) -> ContiguousContext:
-        return ContiguousContext([s.kv_cache for s in seqs], query_lens, [s.num_computed_tokens for s in seqs])
+    def block_table(self, seq: Sequence) -> list[int]:
+        return []
+
+    def context(self, batch: list[ScheduledSeq]) -> ContiguousContext:
+        return ContiguousContext([b.seq.kv for b in batch], [b.num_tokens for b in batch],
+                                 [b.seq.num_computed_tokens for b in batch])
 
     def stats(self, seqs: list[Sequence]) -> KVStats:
         """Each sequence is one 'block' of its reserved length; fragmentation is reserved-but-empty."""
-        reserved = sum(s.kv_cache.max_len for s in seqs if s.kv_cache is not None)
-        held = sum(s.num_computed_tokens for s in seqs if s.kv_cache is not None)
-        return KVStats("contiguous", len(seqs), len(seqs), 0, 0, 0, 0, self.reserved_bytes,
-                       1 - held / reserved if reserved else 0.0, 0.0, {s.request_id: 1 for s in seqs},
-                       [s.request_id for s in seqs])
+        held = [s for s in seqs if s.kv is not None]
+        reserved = sum(s.kv.max_len for s in held)
+        computed = sum(s.num_computed_tokens for s in held)
+        return KVStats(kind=self.kind, total_blocks=len(held), used_blocks=len(held), cached_blocks=0,
+                       free_blocks=0, block_size=0, bytes_per_block=0, used_bytes=self.reserved_bytes,
+                       fragmentation=1 - computed / reserved if reserved else 0.0, prefix_hit_rate=0.0,
+                       blocks_per_request={s.request_id: 1 for s in held}, block_owner=[s.request_id for s in held])

@@ -6,17 +6,17 @@ tail of its last block, instead of everything between its length and its maximum
 """
 import torch
 
-from minillm.cache.block_manager import BlockManager
-from minillm.engine.sequence import Sequence
-from minillm.engine.telemetry import KVStats
+from minillm.cache.block_manager import BlockManager, BlockTable
+from minillm.config import Components
 from minillm.layers.attention import AttentionContext, causal_attention
 from minillm.models.config import ModelConfig
+from minillm.state import CacheKind, KVStats, ScheduledSeq, Sequence
+from minillm.utils import cdiv
 
 
 def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of K and V for one block across all layers."""
-    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-    return per_token * block_size * torch.finfo(dtype).bits // 8
+    return cfg.kv_bytes_per_token(dtype.itemsize) * block_size
 
 
 class PagedKVPool:
@@ -77,61 +77,63 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 class PagedCacheManager:
-    """Glues sequences to the BlockManager (who owns which block) and the pool (the tensors)."""
+    """Glues sequences to the BlockManager (who holds which block) and the pool (the tensors)."""
+    kind = CacheKind.PAGED
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, enable_prefix_caching: bool) -> None:
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
+                 device: torch.device, enable_prefix_caching: bool, components: Components = Components()) -> None:
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, components)
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
-        self.block_size, self.device = block_size, device
+        self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
 
     def blocks_needed(self, prompt_len: int, total_len: int, n: int) -> int:
         """Most blocks a request can hold: its n samples share the prompt's full blocks."""
         shared = prompt_len // self.block_size
-        return shared + n * (self.blocks.blocks_for(total_len) - shared)
+        return shared + n * (cdiv(total_len, self.block_size) - shared)
 
     def fits(self, prompt_len: int, total_len: int, n: int) -> bool:
-        return self.blocks_needed(prompt_len, total_len, n) <= self.blocks.num_blocks
+        return self.blocks_needed(prompt_len, total_len, n) <= self.num_blocks
 
-    def allocate(self, seq: Sequence) -> bool:
-        """Blocks for a new sequence's prompt; prefix-cache hits skip computing those tokens."""
-        got = self.blocks.allocate(seq.token_ids)
-        if got is None:
-            return False
-        seq.block_table, seq.num_computed_tokens = got
-        seq.num_cached_prompt_tokens = seq.num_computed_tokens
-        seq.num_registered_blocks = len(seq.block_table) if seq.num_computed_tokens else 0
-        return True
-
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        child.block_table = self.blocks.fork(parent.block_table)
-        child.num_registered_blocks = parent.num_registered_blocks
+    def allocate(self, seq: Sequence) -> int | None:
+        table = self.blocks.allocate(seq.token_ids)
+        if table is None:
+            return None
+        seq.kv = table
+        return len(table.named) * self.block_size
 
     def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Make room for the sequence's next num_new_tokens tokens (copying a shared block first
-        if one would be written). -> False if the pool has no room; nothing changes then."""
-        result = self.blocks.append(seq.block_table, seq.num_computed_tokens + num_new_tokens)
+        """Room for the sequence's next tokens (copying a shared block first if one would be written)."""
+        result = self.blocks.append(seq.kv, seq.num_computed_tokens + num_new_tokens)
         if result is False:
             return False
         if result is not None:
             self.pool.copy_block(*result)
         return True
 
+    def holds(self, seq: Sequence, num_tokens: int) -> bool:
+        return seq.kv is not None and len(seq.kv.blocks) * self.block_size >= num_tokens
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.kv = self.blocks.fork(parent.kv)
+
     def computed(self, seq: Sequence) -> None:
-        """After a step: name the sequence's newly full blocks for the prefix cache."""
-        seq.num_registered_blocks = self.blocks.register(seq.block_table, seq.token_ids,
-                                                         seq.num_registered_blocks, seq.num_computed_tokens)
+        self.blocks.register(seq.kv, seq.token_ids, seq.num_computed_tokens)
 
     def free(self, seq: Sequence) -> None:
-        if seq.block_table:
-            self.blocks.free(seq.block_table)
+        if seq.kv is not None:
+            self.blocks.free(seq.kv)
+            seq.kv = None
 
-    def context(self, seqs: list[Sequence], query_lens: list[int]) -> PagedContext:
+    def block_table(self, seq: Sequence) -> list[int]:
+        return list(seq.kv.blocks) if isinstance(seq.kv, BlockTable) else []
+
+    def context(self, batch: list[ScheduledSeq]) -> "PagedContext":
         bs, new_slots, prefills, decodes = self.block_size, [], [], []
         row = 0
-        for seq, n in zip(seqs, query_lens):
-            table = torch.tensor(seq.block_table, dtype=torch.long)
+        for item in batch:
+            seq, n = item.seq, item.num_tokens
+            table = torch.tensor(seq.kv.blocks, dtype=torch.long)
             end = seq.num_computed_tokens + n
             slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]  # [context_len]
             new_slots.append(slots[seq.num_computed_tokens:])
@@ -161,18 +163,24 @@ class PagedCacheManager:
 
     def stats(self, seqs: list[Sequence]) -> KVStats:
         bm, bs = self.blocks, self.block_size
-        owner: list[str | None] = [None] * bm.num_blocks
-        fill = [0] * bm.num_blocks
+        owner: list[str | None] = [None] * self.num_blocks
+        fill = [0] * self.num_blocks
         per_request: dict[str, int] = {}
-        for b in bm.evictable:
+        for b in bm.evictable.entries:
             owner[b], fill[b] = "cached", bs
         for seq in seqs:
-            per_request[seq.request_id] = per_request.get(seq.request_id, 0) + len(seq.block_table)
-            for i, b in enumerate(seq.block_table):
-                owner[b] = seq.request_id if bm.ref_counts[b] == 1 else "shared"
+            if seq.kv is None:
+                continue
+            blocks = seq.kv.blocks
+            per_request[seq.request_id] = per_request.get(seq.request_id, 0) + len(blocks)
+            for i, b in enumerate(blocks):
+                owner[b] = seq.request_id if bm.holders(b) == 1 else "shared"
                 fill[b] = max(fill[b], min(bs, max(0, seq.num_computed_tokens - i * bs)))
-        used = [b for b in range(bm.num_blocks) if bm.ref_counts[b] > 0]
+        used = [b for b in range(self.num_blocks) if owner[b] not in (None, "cached")]
         slots = len(used) * bs
-        return KVStats("paged", bm.num_blocks, len(used), len(bm.evictable), len(bm.free_blocks), bs,
-                       self.bytes_per_block, len(used) * self.bytes_per_block,
-                       1 - sum(fill[b] for b in used) / slots if slots else 0.0, bm.hit_rate, per_request, owner)
+        return KVStats(kind=self.kind, total_blocks=self.num_blocks, used_blocks=bm.num_used,
+                       cached_blocks=len(bm.evictable), free_blocks=bm.allocator.num_free, block_size=bs,
+                       bytes_per_block=self.bytes_per_block, used_bytes=bm.num_used * self.bytes_per_block,
+                       fragmentation=1 - sum(fill[b] for b in used) / slots if slots else 0.0,
+                       prefix_hit_rate=bm.hit_rate, prefix_collisions=bm.collisions,
+                       blocks_per_request=per_request, block_owner=owner)

@@ -6,7 +6,8 @@
         for chunk in engine.step():
             print(chunk.text, end="")
 
-Synchronous on purpose: every step is one visible, testable unit of work.
+Synchronous on purpose: every step is one visible, testable unit of work. Observers (the
+visualizer, benchmarks) read the engine through its StepEvents and the public methods below.
 """
 import itertools
 import time
@@ -17,13 +18,13 @@ from minillm.cache import make_cache_manager
 from minillm.config import EngineConfig
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
-from minillm.engine.sequence import Sequence
-from minillm.engine.telemetry import ScheduledWork, StepEvent
 from minillm.models.config import ModelConfig
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, RequestOutput, StreamChunk
-from minillm.sampling import SamplingParams, sample
+from minillm.sampling import SamplingParams, sample_requests
+from minillm.state import (FinishReason, KVStats, ScheduledSeq, ScheduledWork, Sequence, SequenceSnapshot,
+                           StepEvent)
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -43,9 +44,10 @@ class LLMEngine:
                              f"max_position_embeddings ({limit})")
         self.max_model_len = config.max_model_len or limit
         self.eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
-        self.cache_manager = make_cache_manager(config, self.model_config, self.dtype, self.device)
-        self.scheduler = Scheduler(config, self.cache_manager)
-        self.runner = ModelRunner(self.model, self.cache_manager, self.device)
+        self.cache = make_cache_manager(config, self.model_config, self.dtype, self.device)
+        self.scheduler = Scheduler(config, self.cache)
+        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self._sample = config.components.sample
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._finished: dict[str, list[Completion]] = {}  # per live request: its finished samples
         self._observers = []
@@ -64,18 +66,17 @@ class LLMEngine:
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
                              f"exceeds the context length of {self.max_model_len} tokens")
-        if not self.cache_manager.fits(len(ids), total, params.n):
+        if not self.cache.fits(len(ids), total, params.n):
             raise ValueError(f"this request ({len(ids)} prompt tokens, max_tokens {params.max_tokens}, "
-                             f"n {params.n}) could never fit in the KV pool of "
-                             f"{self.cache_manager.blocks.num_blocks} blocks: raise num_kv_blocks or kv_cache_memory")
+                             f"n {params.n}) could never fit in the KV pool of {self.cache.num_blocks} "
+                             f"blocks: raise num_kv_blocks or kv_cache_memory")
         request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self._finished:
+            raise ValueError(f"request id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_rng))
-        samples = []
-        for i in range(params.n):
-            generator = torch.Generator(device=self.device).manual_seed(seed + i)
-            samples.append(Sequence(request_id, text, ids, params, generator,
-                                    IncrementalDetokenizer(self.tokenizer, ids), self.eos_token_ids))
-            samples[-1].index = i
+        samples = [Sequence(request_id, text, ids, params, torch.Generator(device=self.device).manual_seed(seed + i),
+                            IncrementalDetokenizer(self.tokenizer, ids), self.eos_token_ids, index=i)
+                   for i in range(params.n)]
         samples[0].forks = samples[1:]  # they join after the prompt's prefill, sharing its blocks
         self.scheduler.add(samples[0])
         self._finished[request_id] = []
@@ -100,8 +101,9 @@ class LLMEngine:
         self._finished.pop(request_id, None)
         return bool(self.scheduler.abort(request_id))
 
+    # -- what observers may read ------------------------------------------------------------
     def subscribe(self, observer) -> None:
-        """Call observer(StepEvent) after every step (see engine/telemetry.py)."""
+        """Call observer(StepEvent) after every step."""
         self._observers.append(observer)
 
     def unsubscribe(self, observer) -> None:
@@ -110,6 +112,31 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    def kv_stats(self) -> KVStats:
+        """The KV pool now: blocks used, cached and free, bytes, fragmentation, prefix hits."""
+        return self.cache.stats(self.scheduler.running)
+
+    def sequences(self) -> list[SequenceSnapshot]:
+        """Every live sample now: running ones in admission order, then the waiting queue."""
+        return [SequenceSnapshot(
+            request_id=s.request_id, index=s.index, status=s.status, num_prompt_tokens=s.num_prompt_tokens,
+            num_computed_tokens=s.num_computed_tokens, num_cached_prompt_tokens=s.num_cached_prompt_tokens,
+            num_output_tokens=len(s.token_ids) - s.num_prompt_tokens, num_preemptions=s.num_preemptions,
+            block_table=tuple(self.cache.block_table(s)), arrival_time=s.metrics.arrival_time)
+            for s in [*self.scheduler.running, *self.scheduler.waiting]]
+
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> list[StreamChunk]:
         start = time.perf_counter()
@@ -117,68 +144,44 @@ class LLMEngine:
         if not batch:
             return []
         self.num_steps += 1
-        phases = ["decode" if b.seq.num_computed_tokens >= b.seq.num_prompt_tokens and b.num_tokens == 1
-                  else "prefill" for b in batch]  # a recomputed (preempted) sequence prefills too
         logits = self.runner.execute(batch)  # [num_seqs, vocab]
-        # Only a sequence whose step reaches its last token samples; a prefill chunk that stops
-        # short of the prompt's end just fills the cache.
-        work = [(b.seq, b.num_tokens, row) for row, b in enumerate(batch)
-                if b.seq.num_computed_tokens + b.num_tokens == len(b.seq)]
-        for seq, n, row in list(work):
-            if seq.forks:
-                work += [(child, n, row) for child in self._fork(seq)]
-        seqs = [seq for seq, _, _ in work]
-        tokens = sample(logits[[row for _, _, row in work]], [s.params for s in seqs], [s.generator for s in seqs])
+        sampling = self.scheduler.advance(batch)
+        seqs = [seq for seq, _ in sampling]
+        tokens = sample_requests(logits[[row for _, row in sampling]], [s.params for s in seqs],
+                                 [s.generator for s in seqs], self._sample)
         now = time.perf_counter()
-        for b in batch:
-            if b.seq.num_computed_tokens + b.num_tokens < len(b.seq):
-                b.seq.num_computed_tokens += b.num_tokens
-                self.cache_manager.computed(b.seq)
-        chunks = [self._update(seq, n, token, now) for (seq, n, _), token in zip(work, tokens)]
+        chunks = [self._append(seq, token, now) for seq, token in zip(seqs, tokens)]
         if self._observers:
-            self._emit(start, now, batch, phases, chunks)
+            self._emit(start, now, batch, chunks)
         return chunks
 
-    def _emit(self, start: float, end: float, batch, phases: list[str], chunks: list[StreamChunk]) -> None:
-        scheduled = [ScheduledWork(b.seq.request_id, b.seq.index, b.num_tokens, phase)
-                     for b, phase in zip(batch, phases)]
-        event = StepEvent(self.num_steps, start, end - start, scheduled,
-                          [c.request_id for c in chunks if c.request is not None],
-                          len(self.scheduler.waiting), len(self.scheduler.running),
-                          self.cache_manager.stats(self.scheduler.running), list(self.scheduler.preempted_now),
-                          self.scheduler.num_preemptions, len(chunks))
+    def _emit(self, start: float, end: float, batch: list[ScheduledSeq], chunks: list[StreamChunk]) -> None:
+        event = StepEvent(
+            step=self.num_steps, start=start, duration=end - start,
+            scheduled=[ScheduledWork(b.seq.request_id, b.seq.index, b.num_tokens, b.phase) for b in batch],
+            finished=[c.request_id for c in chunks if c.request is not None],
+            waiting=self.num_waiting, running=self.num_running, kv=self.kv_stats(), sequences=self.sequences(),
+            preempted=list(self.scheduler.preempted_now), num_preemptions=self.num_preemptions,
+            output_tokens=len(chunks))
         for observer in self._observers:
             observer(event)
 
-    def _fork(self, parent: Sequence) -> list[Sequence]:
-        """After the prompt's prefill, the request's other samples start from the same K/V (the
-        same blocks, shared) and draw their first token from the same logits."""
-        children, parent.forks = parent.forks, []
-        for child in children:
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
-            self.cache_manager.fork(parent, child)
-            self.scheduler.start(child, parent.metrics.first_scheduled_time)
-        return children
-
-    def _update(self, seq: Sequence, computed: int, token: int, now: float) -> StreamChunk:
-        seq.num_computed_tokens += computed
-        self.cache_manager.computed(seq)
+    def _append(self, seq: Sequence, token: int, now: float) -> StreamChunk:
+        """Add a sampled token to its sequence, detokenize it, and finish the sequence if it stops."""
         seq.token_ids.append(token)
         seq.metrics.token_times.append(now)
         seq.output_text += seq.detokenizer.push(token)
-        if token in seq.stop_token_ids:
-            seq.finish_reason = "stop"
-        elif self._cut_at_stop_string(seq):
-            seq.finish_reason = "stop"
-        elif len(seq.output_token_ids) >= seq.params.max_tokens:
-            seq.finish_reason = "length"
-        if seq.finish_reason is not None:
-            if seq.finish_reason == "length" or token in seq.stop_token_ids:
+        reason = None
+        if token in seq.stop_token_ids or self._cut_at_stop_string(seq):
+            reason = FinishReason.STOP
+        elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            if reason == FinishReason.LENGTH or token in seq.stop_token_ids:
                 seq.output_text += seq.detokenizer.flush()
                 self._cut_at_stop_string(seq)
             seq.metrics.finished_time = now
-            self.scheduler.finish(seq)
+            self.scheduler.finish(seq, reason)
         return self._chunk(seq, [token])
 
     def _cut_at_stop_string(self, seq: Sequence) -> bool:

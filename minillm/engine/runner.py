@@ -4,23 +4,15 @@ A step's sequences are flattened into one batch without padding: the tokens of e
 back to back in `input_ids`, each with its absolute `positions`; the cache's AttentionContext
 records how many tokens belong to each sequence.
 """
-from dataclasses import dataclass
-
 import torch
 
-from minillm.engine.sequence import Sequence
-
-
-@dataclass
-class ScheduledSeq:
-    """One sequence's share of a step: compute `num_tokens` tokens starting at its first uncached one."""
-    seq: Sequence
-    num_tokens: int
+from minillm.cache.base import CacheManager
+from minillm.state import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache_manager, device: torch.device) -> None:
-        self.model, self.cache_manager, self.device = model, cache_manager, device
+    def __init__(self, model: torch.nn.Module, cache: CacheManager, device: torch.device) -> None:
+        self.model, self.cache, self.device = model, cache, device
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """-> input_ids [num_tokens], positions [num_tokens], index of each sequence's last token."""
@@ -37,6 +29,6 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Run one forward over the batch; -> logits of each sequence's last token [num_seqs, vocab]."""
         input_ids, positions, last = self.prepare(batch)
-        ctx = self.cache_manager.context([b.seq for b in batch], [b.num_tokens for b in batch])
+        ctx = self.cache.context(batch)
         hidden = self.model(input_ids, positions, ctx)  # [num_tokens, hidden]
         return self.model.compute_logits(hidden[last]).float()  # [num_seqs, vocab]

@@ -1,119 +1,153 @@
-"""The scheduler decides, every step, which sequences run and how many tokens each computes.
+"""The scheduler: the queues, and every change of a sequence's status and computed tokens.
 
-Policies (EngineConfig.scheduler):
-  * sequential — one request at a time: the baseline with no batching at all.
-  * static     — admit up to max_num_seqs requests, run them together until the *last* one
-                 finishes, only then admit more (request-level batching, as with padded batches).
-  * continuous — iteration-level batching (Orca, Yu et al. 2022; vLLM): every step, running
-                 sequences go first, then waiting ones join while the step's token budget
-                 (max_num_batched_tokens) and max_num_seqs allow; finished ones leave at once.
-With chunked prefill (Sarathi-Serve, Agrawal et al. 2024) a long prompt is split across steps so
-its prefill shares each step with the running decodes instead of stalling them.
-When the KV pool cannot grow a running sequence, the newest running sequence is preempted: its
-blocks are freed and it goes back to the front of the queue, to be recomputed from its tokens.
+Each step a policy (engine/policy.py) decides who runs and how many tokens each computes; it acts
+only through the transitions below, so a sequence's state changes in one place. When the KV pool
+cannot grow a running sequence, the policy preempts: the victim's blocks are freed and it goes
+back to the front of the queue, to be recomputed from its tokens (recompute preemption).
 """
 from collections import deque
 
+from minillm.cache.base import CacheManager
 from minillm.config import EngineConfig
-from minillm.engine.runner import ScheduledSeq
-from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.engine import policy
+from minillm.state import FinishReason, Phase, SchedulerPolicy, ScheduledSeq, Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache_manager) -> None:
+    def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
         self.policy = config.scheduler
-        self.max_num_seqs = 1 if self.policy == "sequential" else config.max_num_seqs
+        parts = config.components
+        self._continuous_step = parts.continuous_step or policy.continuous_step
+        self._static_step = parts.static_step or policy.static_step
+        self._make_room = parts.make_room or policy.make_room
+        self._source = parts.source
+        self.max_num_seqs = 1 if self.policy == SchedulerPolicy.SEQUENTIAL else config.max_num_seqs
         self.budget = config.max_num_batched_tokens
-        self.chunked = config.enable_chunked_prefill and self.policy == "continuous"
-        self.cache_manager = cache_manager
+        self.chunked = config.enable_chunked_prefill and self.policy == SchedulerPolicy.CONTINUOUS
+        self.cache = cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the newest is last
         self.num_preemptions = 0
         self.preempted_now: list[str] = []  # request ids preempted by the latest schedule()
-
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._now = 0.0
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def start(self, seq: Sequence, now: float) -> None:
-        seq.status = SequenceStatus.RUNNING
-        if seq.metrics.first_scheduled_time is None:
-            seq.metrics.first_scheduled_time = now
-        self.running.append(seq)
-
+    # -- the step ---------------------------------------------------------------------------
     def schedule(self, now: float) -> list[ScheduledSeq]:
-        self.preempted_now = []
-        batch: list[ScheduledSeq] = []
-        budget = self.budget
-        for seq in list(self.running):
-            if seq.status != SequenceStatus.RUNNING:
-                continue  # preempted while making room for an older sequence this step
-            n = len(seq) - seq.num_computed_tokens  # 1 to decode; the rest of the prompt to prefill
-            if self.chunked:
-                n = min(n, budget)
-            if n == 0 or (n > budget and batch):
-                continue  # no budget left this step; it keeps its blocks and waits
-            if not self._reserve(seq, n):
-                continue  # it was itself the newest, and was preempted
-            batch.append(ScheduledSeq(seq, n))
-            budget -= n
-        if self.policy == "static":
-            if self.running:
-                return batch  # a static batch admits no one until it has drained
-            budget = float("inf")  # and prefills all its prompts at once, like a padded batch
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            if not self.cache_manager.allocate(seq):
-                break  # the pool is full: wait for blocks to come back
-            n = len(seq) - seq.num_computed_tokens
-            if self.chunked:
-                n = min(n, budget)
-            elif n > budget and batch:
-                self.cache_manager.free(seq)
-                break  # unchunked, the whole prompt must fit in one step's budget
-            self.start(self.waiting.popleft(), now)
-            batch.append(ScheduledSeq(seq, n))
-            budget -= n
-        return batch
+        """Decide this step's work (the policy), and check the decision before anything runs."""
+        self._now, self.preempted_now = now, []
+        if self.policy == SchedulerPolicy.STATIC:
+            plan = self._static_step(self, self.max_num_seqs)
+        else:
+            plan = self._continuous_step(self, self.budget, self.max_num_seqs, self.chunked)
+        self._check(plan)
+        return [ScheduledSeq(seq, n, Phase.DECODE if n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+                             else Phase.PREFILL, samples=seq.num_computed_tokens + n == len(seq))
+                for seq, n in plan]
 
-    def _reserve(self, seq: Sequence, n: int) -> bool:
-        """Room for n more tokens of seq, preempting the newest running sequences if need be.
-        -> False if seq itself had to be preempted."""
-        while not self.cache_manager.reserve(seq, n):
-            victim = self.running[-1]
-            self.preempt(victim)
-            if victim is seq:
-                return False
+    def advance(self, batch: list[ScheduledSeq]) -> list[tuple[Sequence, int]]:
+        """After the model ran the batch: its tokens are computed. -> the sequences that sample a
+        token now, each with its row of the step's logits (a request's other samples start here,
+        after its prompt's prefill, from the same row)."""
+        sampling = []
+        for row, item in enumerate(batch):
+            seq = item.seq
+            seq.num_computed_tokens += item.num_tokens
+            self.cache.computed(seq)
+            if item.samples:
+                sampling.append((seq, row))
+                sampling += [(child, row) for child in self._fork(seq)]
+        return sampling
+
+    # -- transitions (the policy calls these) ------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def admit(self, seq: Sequence) -> bool:
+        if seq.status != SequenceStatus.WAITING or seq not in self.waiting:
+            raise RuntimeError(f"{self._who()} admitted {seq!r}, which is not waiting")
+        if len(self.running) >= self.max_num_seqs:
+            raise RuntimeError(f"{self._who()} admitted {seq!r} while {len(self.running)} sequences run "
+                               f"(max_num_seqs = {self.max_num_seqs})")
+        cached = self.cache.allocate(seq)
+        if cached is None:
+            return False
+        self.waiting.remove(seq)
+        seq.num_computed_tokens = seq.num_cached_prompt_tokens = cached
+        self._start(seq)
         return True
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.cache.reserve(seq, num_tokens)
+
+    def make_room(self, seq: Sequence, num_tokens: int) -> bool:
+        return self._make_room(self, seq, num_tokens)
 
     def preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop the K/V, keep the tokens, requeue at the front."""
+        if seq not in self.running:
+            raise RuntimeError(f"{self._who()} preempted {seq!r}, which is not running")
         self.running.remove(seq)
-        self.cache_manager.free(seq)
+        self.cache.free(seq)
         seq.num_computed_tokens = 0
-        seq.num_registered_blocks = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.preempted_now.append(seq.request_id)
         self.waiting.appendleft(seq)
 
-    def finish(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.FINISHED
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         if seq in self.running:
             self.running.remove(seq)
-        self.cache_manager.free(seq)
+        self.cache.free(seq)
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Finish every sample of the request now, freeing its blocks. -> the sequences aborted."""
-        aborted = []
-        for seq in list(self.waiting) + list(self.running):
-            if seq.request_id == request_id:
-                if seq in self.waiting:
-                    self.waiting.remove(seq)
-                seq.finish_reason = "abort"
-                self.finish(seq)
-                aborted.append(seq)
+        aborted = [s for s in list(self.waiting) + self.running if s.request_id == request_id]
+        for seq in aborted:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self.finish(seq, FinishReason.ABORT)
         return aborted
+
+    def _start(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        if seq.metrics.first_scheduled_time is None:
+            seq.metrics.first_scheduled_time = self._now
+        self.running.append(seq)
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """The request's other samples start from the parent's K/V (shared where the layout can)."""
+        children, parent.forks = parent.forks, []
+        for child in children:
+            self.cache.fork(parent, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+            self._start(child)
+        return children
+
+    # -- checking a policy's decision --------------------------------------------------------
+    def _check(self, plan: list[tuple[Sequence, int]]) -> None:
+        """A step policy's plan must be runnable: distinct running sequences, each computing
+        1 .. its uncomputed tokens with KV room for them, within the budget (a lone sequence may
+        exceed it: unchunked, a prompt longer than the budget could otherwise never run)."""
+        problems, seen = [], set()
+        for seq, n in plan:
+            if seq.status != SequenceStatus.RUNNING or id(seq) in seen:
+                problems.append(f"{seq!r} is {'listed twice' if id(seq) in seen else 'not running'}")
+            elif not isinstance(n, int) or not 1 <= n <= seq.num_tokens_to_compute:
+                problems.append(f"{seq!r} was given {n!r} tokens; it has {seq.num_tokens_to_compute} to compute")
+            elif not self.cache.holds(seq, seq.num_computed_tokens + n):
+                problems.append(f"{seq!r} was given {n} tokens without KV room for them (grow or make_room first)")
+            seen.add(id(seq))
+        total = sum(n for _, n in plan)
+        if self.policy != SchedulerPolicy.STATIC and total > self.budget and len(plan) > 1:
+            problems.append(f"the step computes {total} tokens, over the budget of {self.budget}")
+        if problems:
+            raise RuntimeError(f"{self._who()} made a step that cannot run: " + "; ".join(problems))
+
+    def _who(self) -> str:
+        return "the step policy" + ("" if self._source == "minillm" else f" from {self._source}")

@@ -24,6 +24,10 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
 
+    def kv_bytes_per_token(self, bytes_per_element: int) -> int:
+        """Bytes of K and V for one token across all layers."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_element
+
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
         archs = raw.get("architectures") or []

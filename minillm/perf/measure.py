@@ -1,33 +1,36 @@
-"""Measure this machine's roofline: memory bandwidth (a large copy) and FLOP/s (a large matmul).
-
-Best of a few repetitions, as a roofline wants the ceiling, not the typical case. On a laptop CPU
-the two take about a second together.
+"""Measure this machine: what it is, its memory bandwidth (a large copy) and FLOP/s (a large
+matmul), and an engine's step times. The median of a few repetitions (perf/timing.py), the same
+timing lab 00 and the benchmarks use; on a laptop CPU the two take about a second together.
 """
-import time
+import platform
+from pathlib import Path
 
 import torch
 
-from minillm.bench import machine
 from minillm.perf.hardware import HardwareProfile
+from minillm.perf.timing import median_time
 
 
-def _best_time(fn, repeats: int, sync) -> float:
-    fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+def machine() -> str:
+    """One line naming the hardware the numbers were measured on."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (CUDA), torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
 def measure_bandwidth(device: torch.device, mbytes: int = 256, repeats: int = 5) -> float:
     """Bytes/s of a device-to-device copy: each element is read once and written once."""
     n = mbytes * 2**20 // 4
     src, dst = torch.ones(n, device=device), torch.empty(n, device=device)
-    seconds = _best_time(lambda: dst.copy_(src), repeats, _sync(device))
+    seconds = median_time(lambda: dst.copy_(src), repeats, sync=_sync(device))
     return 2 * n * 4 / seconds
 
 
@@ -35,7 +38,7 @@ def measure_flops(device: torch.device, dtype: torch.dtype, size: int = 1024, re
     """FLOP/s of a square matmul (2 * size^3 FLOPs)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    seconds = _best_time(lambda: a @ b, repeats, _sync(device))
+    seconds = median_time(lambda: a @ b, repeats, sync=_sync(device))
     return 2 * size**3 / seconds
 
 
@@ -52,7 +55,7 @@ def measure_machine(device: str = "auto") -> HardwareProfile:
     bandwidth = measure_bandwidth(dev)
     return HardwareProfile(f"This machine ({dev.type})", peaks, bandwidth, memory,
                            f"measured now on {machine()}: "
-                           f"best of 5 (copy of 256 MiB; {'4096' if dev.type == 'cuda' else '1024'}-square matmul)")
+                           f"median of 5 (copy of 256 MiB; {'4096' if dev.type == 'cuda' else '1024'}-square matmul)")
 
 
 def _ram_bytes() -> float:

@@ -5,11 +5,11 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.cache.contiguous import ContiguousContext, ContiguousKVCache
-from minillm.engine.sequence import RequestMetrics
+from minillm.state import RequestMetrics
 from minillm.labkit import exercise
 from minillm.labkit.fixtures import assert_close, randn
 from minillm.layers.attention import AttentionContext
-from minillm.sampling import filter_logits
+from minillm.sampling import top_k_filter, top_p_filter
 
 EXERCISES = {"2.1": "KVCache", "2.2": "forward_step", "2.3": "top_k_filter", "2.4": "top_p_filter",
              "2.5": "sample", "2.6": "generate", "2.7": "latency_metrics"}
@@ -94,7 +94,7 @@ def rows(seed: int, batch: int = 4, vocab: int = 40) -> torch.Tensor:
 
 
 def reference_filter(logits: torch.Tensor, top_k: int, top_p: float, temperature: float = 1.0) -> torch.Tensor:
-    return torch.stack([filter_logits(row, temperature, top_k, top_p) for row in logits])
+    return top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
 
 
 @exercise("2.3")
@@ -147,7 +147,7 @@ def test_sample_draws_from_the_tempered_filtered_distribution(lab):
     row = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
     for temperature, top_k, top_p in ((0.5, 0, 1.0), (1.7, 0, 1.0), (1.0, 4, 1.0), (0.8, 0, 0.85)):
         tokens = lab.sample(row.expand(20000, -1), temperature, top_k, top_p, torch.Generator().manual_seed(2))
-        expected = filter_logits(row, temperature, top_k, top_p).softmax(-1)
+        expected = reference_filter(row[None], top_k, top_p, temperature)[0].softmax(-1)
         got = frequencies(torch.as_tensor(tokens), len(row))
         err = (got - expected).abs().max().item()
         assert err < 0.02, (f"with temperature {temperature}, top_k {top_k}, top_p {top_p} the token "

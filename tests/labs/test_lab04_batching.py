@@ -6,11 +6,12 @@ from collections import deque
 
 import torch
 
+from minillm.cache.block_manager import BlockTable
 from minillm.cache.paged import PagedCacheManager
 from minillm.config import EngineConfig
-from minillm.engine.runner import ModelRunner, ScheduledSeq
+from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
-from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.state import FinishReason, Phase, ScheduledSeq, Sequence, SequenceStatus
 from minillm.labkit import exercise
 from minillm.models.config import ModelConfig
 from minillm.sampling import SamplingParams
@@ -83,10 +84,16 @@ class RoomyCache:
     """A cache manager that always has room: the scheduler's decisions then depend on the budget only."""
 
     def allocate(self, seq):
-        return True
+        return 0
 
     def reserve(self, seq, n):
         return True
+
+    def holds(self, seq, n):
+        return True
+
+    def computed(self, seq):
+        pass
 
     def free(self, seq):
         pass
@@ -109,12 +116,10 @@ def play_minillm(specs, config: EngineConfig) -> list[list[tuple[int, int]]]:
     while scheduler.has_unfinished():
         batch = scheduler.schedule(0.0)
         steps.append([(int(b.seq.request_id), b.num_tokens) for b in batch])
-        for b in batch:
-            b.seq.num_computed_tokens += b.num_tokens
-            if b.seq.num_computed_tokens == len(b.seq):
-                b.seq.token_ids.append(1)
-                if len(b.seq.output_token_ids) >= outputs[b.seq.request_id]:
-                    scheduler.finish(b.seq)
+        for seq, _ in scheduler.advance(batch):
+            seq.token_ids.append(1)
+            if len(seq.output_token_ids) >= outputs[seq.request_id]:
+                scheduler.finish(seq, FinishReason.LENGTH)
     return steps
 
 
@@ -276,13 +281,13 @@ def flat_reference(token_ids, computed, num_tokens, tables, block_size):
     seqs = []
     for i, (ids, c, table) in enumerate(zip(token_ids, computed, tables)):
         seq = sequence(i, len(ids), c)
-        seq.token_ids, seq.block_table = list(ids), list(table)
+        seq.token_ids, seq.kv = list(ids), BlockTable(list(table))
         seqs.append(seq)
-    batch = [ScheduledSeq(s, n) for s, n in zip(seqs, num_tokens)]
+    batch = [ScheduledSeq(s, n, Phase.PREFILL, False) for s, n in zip(seqs, num_tokens)]
     ids, positions, _ = ModelRunner(None, None, torch.device("cpu")).prepare(batch)
     cfg = ModelConfig("LlamaForCausalLM", 64, 8, 8, 1, 1, 1, 4, 256)
     cache = PagedCacheManager(cfg, 1 + max(max(t) for t in tables), block_size, torch.float32, torch.device("cpu"), False)
-    slots = cache.context(seqs, list(num_tokens)).slot_mapping
+    slots = cache.context(batch).slot_mapping
     cu = torch.tensor([0] + list(num_tokens)).cumsum(0)
     return ids, positions, cu, slots
 

@@ -1,0 +1,217 @@
+"""The engine's shared state types: a sequence, a step's scheduled work, KV statistics, step events.
+
+Every layer reads these (the cache keeps per-sequence state on a Sequence, the scheduler moves it
+between queues, observers receive StepEvents), so this module imports nothing else of the package:
+the layers can then depend one way only, model <- cache <- engine <- facade <- app, bench, labs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from minillm.sampling import SamplingParams
+    from minillm.tokenizer import IncrementalDetokenizer
+
+
+class Label(str, Enum):
+    """An enum whose members are also their string values: `Phase.DECODE == "decode"`, and
+    f-strings print "decode" on every Python version."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SequenceStatus(Label):
+    WAITING = "waiting"    # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Phase(Label):
+    PREFILL = "prefill"    # computes prompt tokens (or recomputes a preempted sequence's tokens)
+    DECODE = "decode"      # computes the one token sampled last step
+
+
+class FinishReason(Label):
+    STOP = "stop"          # an end-of-sequence token, a stop token or a stop string
+    LENGTH = "length"      # max_tokens reached
+    ABORT = "abort"        # the caller gave up on it
+
+
+class CacheKind(Label):
+    PAGED = "paged"
+    CONTIGUOUS = "contiguous"
+
+
+class SchedulerPolicy(Label):
+    CONTINUOUS = "continuous"
+    STATIC = "static"
+    SEQUENTIAL = "sequential"
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (time.perf_counter seconds) and the serving metrics derived from them.
+
+    Definitions follow vLLM's benchmark: TTFT = first token - arrival; TPOT = (E2E - TTFT) /
+    (output tokens - 1); ITL = the gaps between consecutive tokens.
+    """
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished_time: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival_time if self.token_times else None
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else None
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    def as_dict(self) -> dict:
+        return {"queue_time": self.queue_time, "ttft": self.ttft, "tpot": self.tpot,
+                "e2e": self.e2e, "itl": self.itl, "output_tokens": len(self.token_times)}
+
+
+class Sequence:
+    """One sample of one request as the engine sees it: its tokens, status, cache state, timings.
+
+    The scheduler owns every change of `status` and `num_computed_tokens`; the cache layout owns
+    `kv` (its per-sequence state: a block table, or a sequence's own tensors).
+    """
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, generator: torch.Generator,
+                 detokenizer: IncrementalDetokenizer, eos_token_ids: tuple[int, ...], index: int = 0) -> None:
+        self.request_id = request_id
+        self.index = index  # which of the request's n samples this is
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)  # prompt + generated so far
+        self.params = params
+        self.generator = generator
+        self.detokenizer = detokenizer
+        self.stop_token_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_prompt_tokens = 0  # prompt tokens the prefix cache supplied when last admitted
+        self.kv: Any = None  # the cache layout's state for this sequence (None while it holds no cache)
+        self.output_text = ""
+        self.emitted_chars = 0  # how much of output_text has been streamed to the caller
+        self.finish_reason: FinishReason | None = None
+        self.forks: list[Sequence] = []  # samples 1..n-1, forked from this one after its prefill
+        self.num_preemptions = 0
+        self.metrics = RequestMetrics(arrival_time=time.perf_counter())
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens to compute before it can sample again: the rest of its prompt, or 1 to decode."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}.{self.index}, {self.status}, prompt={self.num_prompt_tokens}, "
+                f"output={len(self.output_token_ids)}, computed={self.num_computed_tokens})")
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: compute `num_tokens` tokens from its first uncomputed one.
+    `samples`: the step reaches the sequence's last token, so its logits give a new token."""
+    seq: Sequence
+    num_tokens: int
+    phase: Phase
+    samples: bool
+
+
+@dataclass
+class KVStats:
+    """The KV pool after a step. Fragmentation is the share of slots in used blocks that hold no
+    token (a sequence's unfilled last block); cached blocks are held by no sequence but still
+    findable by the prefix cache, and are taken back (evicted) when free ones run out."""
+    kind: CacheKind
+    total_blocks: int
+    used_blocks: int
+    cached_blocks: int
+    free_blocks: int
+    block_size: int
+    bytes_per_block: int
+    used_bytes: int
+    fragmentation: float
+    prefix_hit_rate: float
+    prefix_collisions: int = 0    # names found in the cache whose tokens or parent differed (each a miss)
+    blocks_per_request: dict[str, int] = field(default_factory=dict)
+    block_owner: list[str | None] = field(default_factory=list)  # per block: request id, "shared", "cached" or None
+
+
+@dataclass(frozen=True)
+class ScheduledWork:
+    """What a step did for one sample (a StepEvent's record of a ScheduledSeq)."""
+    request_id: str
+    index: int
+    num_tokens: int
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class SequenceSnapshot:
+    """One live sample as a step left it."""
+    request_id: str
+    index: int
+    status: SequenceStatus
+    num_prompt_tokens: int
+    num_computed_tokens: int      # tokens whose K/V are in the cache
+    num_cached_prompt_tokens: int  # of the prompt, supplied by the prefix cache
+    num_output_tokens: int
+    num_preemptions: int
+    block_table: tuple[int, ...]  # the blocks holding its tokens, in order (empty: contiguous, or none held)
+    arrival_time: float           # time.perf_counter() when the engine received it
+
+
+@dataclass
+class StepEvent:
+    step: int
+    start: float                  # time.perf_counter() when the step began
+    duration: float               # seconds
+    scheduled: list[ScheduledWork]
+    finished: list[str]           # request ids whose last sample finished in this step
+    waiting: int
+    running: int
+    kv: KVStats
+    sequences: list[SequenceSnapshot] = field(default_factory=list)  # running (admission order), then waiting
+    preempted: list[str] = field(default_factory=list)  # request ids preempted while scheduling this step
+    num_preemptions: int = 0      # since the engine started
+    output_tokens: int = 0        # tokens sampled in this step (output_tokens / duration = tokens/s)
