@@ -7,6 +7,7 @@
 from collections.abc import Iterator
 
 import torch
+from tqdm.auto import tqdm
 
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
@@ -31,9 +32,12 @@ class LLM:
         return self.engine.model
 
     def generate(self, prompts: str | list[str] | list[list[int]],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+                 params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of the prompts.
-        A prompt is text or a list of token ids; params is one SamplingParams or one per prompt."""
+        A prompt is text or a list of token ids; params is one SamplingParams or one per prompt.
+        use_tqdm: a progress bar over the requests (tqdm's TQDM_DISABLE=1 turns every bar off; the
+        test suite sets it)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(params, list):
@@ -42,10 +46,12 @@ class LLM:
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
         done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids):
-            for chunk in self.engine.step():
-                if chunk.request is not None:
-                    done[chunk.request_id] = chunk.request
+        with tqdm(total=len(ids), desc="Generating", unit="req", **({} if use_tqdm else {"disable": True})) as bar:
+            while len(done) < len(ids):
+                for chunk in self.engine.step():
+                    if chunk.request is not None:
+                        done[chunk.request_id] = chunk.request
+                        bar.update()
         return [done[i] for i in ids]
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamChunk]:

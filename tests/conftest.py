@@ -1,7 +1,11 @@
 """Shared fixtures: small random checkpoints saved by Hugging Face transformers (the reference)."""
+import os
+
 import pytest
 
 from minillm.testing import make_hf_model
+
+os.environ["TQDM_DISABLE"] = "1"  # no progress bars in test logs (LLM.generate shows one by default)
 
 
 @pytest.fixture(scope="session")
