@@ -8,7 +8,7 @@ import torch
 
 from minillm.cache.block_manager import BlockManager, BlockTable
 from minillm.config import Components
-from minillm.layers.attention import AttentionContext, causal_attention
+from minillm.layers.attention import AttentionContext, causal_attention, decode_attention
 from minillm.models.config import ModelConfig
 from minillm.state import CacheKind, KVStats, ScheduledSeq, Sequence
 from minillm.utils import cdiv
@@ -20,7 +20,12 @@ def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
 
 
 class PagedKVPool:
-    """k, v: [layers, num_blocks * block_size, kv_heads, head_dim]; slot = block * block_size + offset."""
+    """k, v: [layers, num_blocks * block_size, kv_heads, head_dim]; slot = block * block_size + offset.
+
+    Per layer, the same memory is also viewed as slots (`k_slots[layer]`: [slots, kv_heads, d], where
+    a step writes its new tokens) and as blocks (`k_blocks[layer]`: [num_blocks, block_size, kv_heads,
+    d], from which attention gathers a sequence's blocks whole).
+    """
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -28,6 +33,10 @@ class PagedKVPool:
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.block_size = block_size
+        self.k_slots, self.v_slots = list(self.k.unbind(0)), list(self.v.unbind(0))
+        by_block = (num_blocks, block_size, *shape[2:])
+        self.k_blocks = [layer.view(by_block) for layer in self.k_slots]
+        self.v_blocks = [layer.view(by_block) for layer in self.v_slots]
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy-on-write: give a sequence its own copy of a shared block, in every layer."""
@@ -39,41 +48,47 @@ class PagedKVPool:
 class PagedContext(AttentionContext):
     """A step's batch over the paged pool.
 
-    slot_mapping: [num_tokens] where each new token's K/V go.
+    slot_mapping: [num_tokens], where each new token's K/V go.
     Decode rows (one new token each) are attended in groups of similar context length, so little
-    is padded: each group is (rows, slots [B, max_len] in position order padded with slot 0,
-    valid [B, max_len]). Prefill chunks are attended one by one: (first row, rows, context slots).
+    is padded: each group is (rows: a slice when adjacent in the batch, else an index tensor;
+    blocks [B * max_blocks]: each row's block table padded with block 0; padding [B, max_blocks *
+    block_size]: True past a row's context, or None when nothing is padded).
+    Prefill chunks are attended one by one: (first row, rows, blocks, context length).
     """
 
-    def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor,
-                 decode_groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                 prefills: list[tuple[int, int, torch.Tensor]]) -> None:
+    def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, decode_groups: list[tuple],
+                 prefills: list[tuple[int, int, torch.Tensor, int]]) -> None:
         self.pool, self.slot_mapping = pool, slot_mapping
         self.decode_groups, self.prefills = decode_groups, prefills
+        self.decode_only = not prefills and len(decode_groups) == 1 and isinstance(decode_groups[0][0], slice)
 
     def attend(self, layer_idx, q, k, v):
-        k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]  # [slots, kv_heads, d]
-        k_cache[self.slot_mapping] = k
-        v_cache[self.slot_mapping] = v
+        pool = self.pool
+        pool.k_slots[layer_idx].index_copy_(0, self.slot_mapping, k)
+        pool.v_slots[layer_idx].index_copy_(0, self.slot_mapping, v)
+        k_blocks, v_blocks = pool.k_blocks[layer_idx], pool.v_blocks[layer_idx]
+        if self.decode_only:  # the common decode step: one group, its rows in batch order
+            _, blocks, padding = self.decode_groups[0]
+            return paged_decode(q, k_blocks, v_blocks, blocks, padding)
         out = torch.empty_like(q)
-        for rows, slots, valid in self.decode_groups:
-            out[rows] = paged_decode(q[rows], k_cache, v_cache, slots, valid)
-        for start, n, slots in self.prefills:
-            # Gather this sequence's K/V through its block table: [context_len, kv_heads, d].
-            out[start:start + n] = causal_attention(q[start:start + n], k_cache[slots], v_cache[slots])
+        for rows, blocks, padding in self.decode_groups:
+            out[rows] = paged_decode(q[rows], k_blocks, v_blocks, blocks, padding)
+        for start, n, blocks, context_len in self.prefills:
+            # Gather this sequence's blocks, in table order: [context_len, kv_heads, d].
+            keys = k_blocks.index_select(0, blocks).flatten(0, 1)[:context_len]
+            values = v_blocks.index_select(0, blocks).flatten(0, 1)[:context_len]
+            out[start:start + n] = causal_attention(q[start:start + n], keys, values)
         return out
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """q: [B, heads, d], one query per sequence, over the slots of its whole context -> [B, heads, d]."""
-    b, heads, d = q.shape
-    keys, values = k_cache[slots], v_cache[slots]  # [B, max_len, kv_heads, d]: the gather
-    kv_heads = keys.shape[2]
-    q = q.view(b, kv_heads, heads // kv_heads, d)  # query heads grouped by the kv head they share
-    scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * d ** -0.5  # [B, kv_heads, group, max_len]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    return torch.matmul(scores.softmax(-1), values.transpose(1, 2)).reshape(b, heads, d)
+def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, blocks: torch.Tensor,
+                 padding: torch.Tensor | None) -> torch.Tensor:
+    """q: [B, heads, d], one query per sequence, over the blocks [B * max_blocks] of their
+    contexts (whole blocks are gathered: one copy per block, not per token) -> [B, heads, d]."""
+    b, kv_heads, d = q.shape[0], k_blocks.shape[2], k_blocks.shape[3]
+    keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)  # [B, max_blocks * block_size, kv_heads, d]
+    values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)
+    return decode_attention(q, keys, values, padding)
 
 
 class PagedCacheManager:
@@ -128,37 +143,44 @@ class PagedCacheManager:
     def block_table(self, seq: Sequence) -> list[int]:
         return list(seq.kv.blocks) if isinstance(seq.kv, BlockTable) else []
 
-    def context(self, batch: list[ScheduledSeq]) -> "PagedContext":
-        bs, new_slots, prefills, decodes = self.block_size, [], [], []
+    def context(self, batch: list[ScheduledSeq]) -> PagedContext:
+        """The step's slot mapping and attention groups, built in Python and moved to the device
+        in a few tensors (per-token tensor ops here would cost more than the decode itself)."""
+        bs, slots, prefills, decodes = self.block_size, [], [], []
         row = 0
         for item in batch:
             seq, n = item.seq, item.num_tokens
-            table = torch.tensor(seq.kv.blocks, dtype=torch.long)
-            end = seq.num_computed_tokens + n
-            slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]  # [context_len]
-            new_slots.append(slots[seq.num_computed_tokens:])
+            start, end, table = seq.num_computed_tokens, seq.num_computed_tokens + n, seq.kv.blocks
+            slots += [table[t // bs] * bs + t % bs for t in range(start, end)]
+            blocks = table[:cdiv(end, bs)]
             if n == 1:
-                decodes.append((row, slots))
+                decodes.append((row, blocks, end))
             else:
-                prefills.append((row, n, slots.to(self.device)))
+                prefills.append((row, n, torch.tensor(blocks, device=self.device), end))
             row += n
-        return PagedContext(self.pool, torch.cat(new_slots).to(self.device), self._group(decodes), prefills)
+        slot_mapping = torch.tensor(slots, device=self.device)
+        return PagedContext(self.pool, slot_mapping, self._group(decodes), prefills)
 
     DECODE_GROUP = 8  # sequences per padded decode batch: fewer matmuls vs less padding
 
-    def _group(self, decodes: list[tuple[int, torch.Tensor]]) -> list[tuple[torch.Tensor, ...]]:
+    def _group(self, decodes: list[tuple[int, list[int], int]]) -> list[tuple]:
         """Sort decode rows by context length and pad each run of DECODE_GROUP to its longest."""
-        decodes = sorted(decodes, key=lambda d: len(d[1]))
-        groups = []
+        decodes = sorted(decodes, key=lambda d: d[2])
+        groups, bs = [], self.block_size
         for i in range(0, len(decodes), self.DECODE_GROUP):
             part = decodes[i:i + self.DECODE_GROUP]
-            longest = len(part[-1][1])
-            slots = torch.zeros(len(part), longest, dtype=torch.long)
-            valid = torch.zeros(len(part), longest, dtype=torch.bool)
-            for j, (_, s) in enumerate(part):
-                slots[j, :len(s)], valid[j, :len(s)] = s, True
-            rows = torch.tensor([r for r, _ in part], dtype=torch.long)
-            groups.append((rows.to(self.device), slots.to(self.device), valid.to(self.device)))
+            width = len(part[-1][1])  # blocks of the longest context
+            tables = [blocks + [0] * (width - len(blocks)) for _, blocks, _ in part]
+            lengths = [length for _, _, length in part]
+            padding = None
+            if min(lengths) < width * bs:
+                padding = torch.arange(width * bs, device=self.device) >= torch.tensor(lengths, device=self.device)[:, None]
+            rows = [r for r, _, _ in part]
+            if rows == list(range(rows[0], rows[0] + len(rows))):
+                rows = slice(rows[0], rows[0] + len(rows))
+            else:
+                rows = torch.tensor(rows, device=self.device)
+            groups.append((rows, torch.tensor(tables, device=self.device).flatten(), padding))
         return groups
 
     def stats(self, seqs: list[Sequence]) -> KVStats:

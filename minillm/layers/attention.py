@@ -32,15 +32,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     """
     q_len, heads, d = q.shape
     kv_len, kv_heads = k.shape[0], k.shape[1]
-    k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, kv_len, d]
     if q_len == 1:
-        # Decode: one query may see every key, so no mask. Fold each group of query heads that
-        # shares a kv head into one matrix, [kv_heads, group, d], so K/V are read in place rather
-        # than repeated per query head. Written out (not SDPA): at this size SDPA's CPU path
-        # spends longer on bookkeeping, and on its enable_gqa copy, than on the arithmetic.
-        scores = torch.matmul(q.view(kv_heads, heads // kv_heads, d), k.transpose(1, 2)) * d ** -0.5
-        out = torch.matmul(scores.softmax(-1), v)  # [kv_heads, group, d]
-        return out.reshape(1, heads, d)
+        return decode_attention(q, k[None], v[None])[0]
+    k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, kv_len, d]
     if q_len == kv_len:
         mask, causal = None, True  # a whole prompt: plain causal
     else:
@@ -51,6 +45,25 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, is_causal=causal,
                                          enable_gqa=heads != kv_heads)  # [heads, q_len, d]
     return out.transpose(0, 1)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     padding: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per sequence, over every key of that sequence (decode needs no causal mask).
+
+    q: [B, heads, d]; k, v: [B, L, kv_heads, d]; padding: [B, L] bool, True where sequence b has
+    no key at position l (shorter sequences padded to L), or None -> [B, heads, d].
+    Each group of query heads that shares a kv head is folded into one matrix, [B, kv_heads, group,
+    d], so K/V are read in place rather than repeated per query head. Written out (not SDPA): at
+    this size SDPA's CPU path spends longer on bookkeeping, and on its GQA copy, than on the math.
+    """
+    b, heads, d = q.shape
+    kv_heads = k.shape[2]
+    q = q.view(b, kv_heads, heads // kv_heads, d) * d ** -0.5
+    scores = torch.matmul(q, k.permute(0, 2, 3, 1))  # [B, kv_heads, group, L]
+    if padding is not None:
+        scores.masked_fill_(padding[:, None, None, :], float("-inf"))
+    return torch.matmul(scores.softmax(-1), v.transpose(1, 2)).reshape(b, heads, d)
 
 
 class Attention(nn.Module):
@@ -66,14 +79,15 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
         self.rotary = rotary
+        self.qk_width = (num_heads + num_kv_heads) * head_dim
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
         """positions: [num_tokens]; x: [num_tokens, hidden] -> [num_tokens, hidden]"""
-        n, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
-        q = q.view(n, self.num_heads, d)      # [num_tokens, heads, d]
-        k = k.view(n, self.num_kv_heads, d)   # [num_tokens, kv_heads, d]
-        v = v.view(n, self.num_kv_heads, d)
-        q, k = self.rotary(positions, q, k)
+        n, d, h = x.shape[0], self.head_dim, self.num_heads
+        qkv = self.qkv_proj(x)  # [num_tokens, (heads + 2 kv_heads) * d]
+        # Query and key heads are rotated together, as one [num_tokens, heads + kv_heads, d] tensor.
+        qk = self.rotary(positions, qkv[:, :self.qk_width].view(n, h + self.num_kv_heads, d))
+        q, k = qk[:, :h], qk[:, h:]  # [num_tokens, heads, d], [num_tokens, kv_heads, d]
+        v = qkv[:, self.qk_width:].view(n, self.num_kv_heads, d)
         out = causal_attention(q, k, v) if ctx is None else ctx.attend(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(n, self.num_heads * d))
+        return self.o_proj(out.reshape(n, h * d))

@@ -4,9 +4,11 @@
 
 Unlike LayerNorm there is no mean subtraction and no bias. The statistics are computed in
 float32 even when the model runs in bfloat16, as Hugging Face's Llama does: squaring bf16 values
-loses too much precision.
+loses too much precision. PyTorch's fused `rms_norm` computes the formula in one operator call
+instead of seven; decode runs 2 x layers + 1 of them per token, so the calls add up.
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -18,7 +20,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden]"""
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Lower precision: normalise in float32, round to x's dtype, then scale (Hugging Face's order).
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)

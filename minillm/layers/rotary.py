@@ -10,6 +10,10 @@ position * theta^(-2i/d):
 format have their q/k weights permuted so that rotate-half is the right pairing for them.)
 Because a rotation by position p of q and by position s of k leaves q.k depending only on p - s,
 attention sees relative positions, and a cached key never needs re-rotating.
+
+Computed here as x * cos + roll(x, d/2) * [-sin, sin]: rolling by half a head gives [x2, x1], and
+the sign moves into the table, so rotating takes three operator calls instead of six. Queries and
+keys are rotated together, in one call, as one tensor of heads.
 """
 import torch
 from torch import nn
@@ -21,17 +25,18 @@ class RotaryEmbedding(nn.Module):
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}")
         inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim]
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [positions, d/2]
         # Tables are buffers (not parameters) so .to(device) moves them; never saved in checkpoints.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], dim=-1), persistent=False)
+        self.register_buffer("sin_signed", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
+        self.half = head_dim // 2
         self._last: tuple | None = None  # (positions, dtype, cos, sin) of the latest call
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions: [num_tokens]; q: [num_tokens, heads, d]; k: [num_tokens, kv_heads, d]."""
-        cos, sin = self._tables(positions, q.dtype)  # [num_tokens, 1, d] each
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """positions: [num_tokens]; x: [num_tokens, heads, d] (query and key heads alike) -> rotated x."""
+        cos, sin_signed = self._tables(positions, x.dtype)  # [num_tokens, 1, d] each
+        return torch.addcmul(x * cos, x.roll(self.half, dims=-1), sin_signed)
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype):
         # Every layer shares this module and receives the same positions tensor in a forward, so
@@ -40,12 +45,6 @@ class RotaryEmbedding(nn.Module):
         last = self._last
         if last is None or last[0] is not positions or last[1] != dtype:
             cos = self.cos[positions].unsqueeze(1).to(dtype)
-            sin = self.sin[positions].unsqueeze(1).to(dtype)
+            sin = self.sin_signed[positions].unsqueeze(1).to(dtype)
             last = self._last = (positions, dtype, cos, sin)
         return last[2], last[3]
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[x1, x2] -> [-x2, x1] along the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
