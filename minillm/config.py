@@ -50,6 +50,7 @@ class EngineConfig:
     max_num_seqs: int = 64               # sequences running at once
     max_num_batched_tokens: int = 1024   # tokens computed per step (the step's token budget)
     enable_chunked_prefill: bool = True  # split long prompts across steps (continuous only)
+    profile_attention: bool = False      # time attention apart in each step (a clock read per layer)
     components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
     def __post_init__(self) -> None:

@@ -215,3 +215,4 @@ class StepEvent:
     preempted: list[str] = field(default_factory=list)  # request ids preempted while scheduling this step
     num_preemptions: int = 0      # since the engine started
     output_tokens: int = 0        # tokens sampled in this step (output_tokens / duration = tokens/s)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (LLMEngine.step)

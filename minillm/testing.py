@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-SMOLLM2_135M_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                          tie_word_embeddings=True, rope_theta=100000.0)
+from minillm.perf.shapes import MODEL_SHAPES, hf_config_fields
+
+# The shape of SmolLM2-135M (perf/shapes.py): the benchmarks' stand-in for a real small model.
+SMOLLM2_135M_SHAPE = hf_config_fields(MODEL_SHAPES["SmolLM2-135M"])
 
 
 def make_tokenizer_json(path: Path, vocab_size: int) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from minillm.models.config import eos_token_ids
+
 REPLACEMENT = "\ufffd"
 
 
@@ -42,9 +44,9 @@ def _eos_ids(model_dir: Path) -> tuple[int, ...]:
     for name in ("generation_config.json", "config.json"):
         path = model_dir / name
         if path.is_file():
-            eos = json.loads(path.read_text()).get("eos_token_id")
-            if eos is not None:
-                return tuple(eos) if isinstance(eos, list) else (eos,)
+            eos = eos_token_ids(json.loads(path.read_text()).get("eos_token_id"))
+            if eos:
+                return eos
     return ()
 
 

@@ -46,11 +46,12 @@ class LLMEngine:
         self.eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
         self.cache = make_cache_manager(config, self.model_config, self.dtype, self.device)
         self.scheduler = Scheduler(config, self.cache)
-        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention)
         self._sample = config.components.sample
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._finished: dict[str, list[Completion]] = {}  # per live request: its finished samples
         self._observers = []
+        self.last_step_timings: dict[str, float] = {}  # seconds per phase of the latest step (see step())
         self.num_steps = 0
         self._ids = itertools.count()
 
@@ -139,20 +140,32 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> list[StreamChunk]:
+        """One step: schedule, run the model, sample, update the sequences, tell the observers.
+        Its phases are timed into last_step_timings (and StepEvent.timings): schedule, prepare (the
+        step's tensors), model (the forward and the logits; attention is part of it, and timed
+        too with EngineConfig(profile_attention=True)), sample, update (append tokens, detokenize,
+        check stops), telemetry (build the event and call the observers)."""
         start = time.perf_counter()
         batch = self.scheduler.schedule(start)
         if not batch:
             return []
         self.num_steps += 1
+        scheduled = time.perf_counter()
         logits = self.runner.execute(batch)  # [num_seqs, vocab]
+        executed = time.perf_counter()
         sampling = self.scheduler.advance(batch)
         seqs = [seq for seq, _ in sampling]
-        tokens = sample_requests(logits[[row for _, row in sampling]], [s.params for s in seqs],
-                                 [s.generator for s in seqs], self._sample)
+        rows = [row for _, row in sampling]
+        tokens = sample_requests(logits if rows == list(range(len(logits))) else logits[rows],
+                                 [s.params for s in seqs], [s.generator for s in seqs], self._sample)
         now = time.perf_counter()
         chunks = [self._append(seq, token, now) for seq, token in zip(seqs, tokens)]
+        updated = time.perf_counter()
+        self.last_step_timings = {"schedule": scheduled - start, **self.runner.last_timings,
+                                  "sample": now - executed, "update": updated - now}
         if self._observers:
             self._emit(start, now, batch, chunks)
+        self.last_step_timings["telemetry"] = time.perf_counter() - updated
         return chunks
 
     def _emit(self, start: float, end: float, batch: list[ScheduledSeq], chunks: list[StreamChunk]) -> None:
@@ -162,7 +175,7 @@ class LLMEngine:
             finished=[c.request_id for c in chunks if c.request is not None],
             waiting=self.num_waiting, running=self.num_running, kv=self.kv_stats(), sequences=self.sequences(),
             preempted=list(self.scheduler.preempted_now), num_preemptions=self.num_preemptions,
-            output_tokens=len(chunks))
+            output_tokens=len(chunks), timings=dict(self.last_step_timings))
         for observer in self._observers:
             observer(event)
 

@@ -4,15 +4,21 @@ A step's sequences are flattened into one batch without padding: the tokens of e
 back to back in `input_ids`, each with its absolute `positions`; the cache's AttentionContext
 records how many tokens belong to each sequence.
 """
+import time
+
 import torch
 
 from minillm.cache.base import CacheManager
+from minillm.layers.attention import AttentionContext
 from minillm.state import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: CacheManager, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, cache: CacheManager, device: torch.device,
+                 time_attention: bool = False) -> None:
         self.model, self.cache, self.device = model, cache, device
+        self.time_attention = time_attention
+        self.last_timings: dict[str, float] = {}  # seconds of the latest execute(): prepare, model, attention
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """-> input_ids [num_tokens], positions [num_tokens], index of each sequence's last token."""
@@ -28,7 +34,36 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Run one forward over the batch; -> logits of each sequence's last token [num_seqs, vocab]."""
+        start = time.perf_counter()
         input_ids, positions, last = self.prepare(batch)
         ctx = self.cache.context(batch)
+        if self.time_attention:
+            ctx = TimedAttention(ctx, self._sync)
+        prepared = time.perf_counter()
         hidden = self.model(input_ids, positions, ctx)  # [num_tokens, hidden]
-        return self.model.compute_logits(hidden[last]).float()  # [num_seqs, vocab]
+        logits = self.model.compute_logits(hidden[last] if len(last) < len(input_ids) else hidden).float()
+        if self.time_attention:
+            self._sync()
+        self.last_timings = {"prepare": prepared - start, "model": time.perf_counter() - prepared,
+                             "attention": ctx.seconds if self.time_attention else float("nan")}
+        return logits  # [num_seqs, vocab]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class TimedAttention(AttentionContext):
+    """Wraps a step's context and adds up the time its attention calls take (a clock read per
+    layer; on a GPU also a synchronisation per layer, so profile runs are a little slower)."""
+
+    def __init__(self, inner: AttentionContext, sync) -> None:
+        self.inner, self.sync, self.seconds = inner, sync, 0.0
+
+    def attend(self, layer_idx, q, k, v):
+        self.sync()
+        start = time.perf_counter()
+        out = self.inner.attend(layer_idx, q, k, v)
+        self.sync()
+        self.seconds += time.perf_counter() - start
+        return out

@@ -6,6 +6,13 @@ from pathlib import Path
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
+def eos_token_ids(value) -> tuple[int, ...]:
+    """A config's `eos_token_id` (one id, a list of ids, or absent) as a tuple of ids."""
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
@@ -37,7 +44,6 @@ class ModelConfig:
                              f"{', '.join(SUPPORTED_ARCHITECTURES)}")
         _check_features(arch, raw)
         heads = raw["num_attention_heads"]
-        eos = raw.get("eos_token_id")
         return cls(
             architecture=arch,
             vocab_size=raw["vocab_size"],
@@ -53,7 +59,7 @@ class ModelConfig:
             # Qwen2 always has q/k/v biases; Llama has them when attention_bias is set.
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+            eos_token_ids=eos_token_ids(raw.get("eos_token_id")),
             bos_token_id=raw.get("bos_token_id"),
         )
 

@@ -1,15 +1,12 @@
 """Which class builds which architecture, and where the bundled models live."""
 from pathlib import Path
 
+from minillm.models.config import SUPPORTED_ARCHITECTURES
 from minillm.models.llama import LlamaForCausalLM
 
 # Llama, Qwen2 and Mistral (without a sliding window) share one decoder; ModelConfig holds the
 # differences (q/k/v biases, tied embeddings, head_dim).
-MODEL_CLASSES = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-}
+MODEL_CLASSES = {architecture: LlamaForCausalLM for architecture in SUPPORTED_ARCHITECTURES}
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 DEFAULT_MODEL = "tiny"

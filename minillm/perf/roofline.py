@@ -38,8 +38,8 @@ def param_count(cfg: ModelConfig) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
-    """K and V of one token, all layers."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes(dtype)
+    """K and V of one token, all layers, in a dtype named by string."""
+    return cfg.kv_bytes_per_token(dtype_bytes(dtype))
 
 
 def _attention_flops(cfg: ModelConfig, positions: float) -> float:
