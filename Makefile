@@ -46,7 +46,7 @@ labs: $(STAMP)
 	$(PY) -m minillm.labkit build
 
 bench: $(STAMP)
-	for b in decode memory prefix chunked throughput; do $(PY) -m minillm.bench $$b --quick || exit 1; done
+	for b in $$($(PY) -m minillm.bench --list); do $(PY) -m minillm.bench $$b --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -6,6 +6,10 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # handed over whole: argparse would take `bench --list` as options of its own
+        from minillm.bench.__main__ import main as bench_main
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m minillm", description="minillm: a teaching inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -21,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
 
-    bench = sub.add_parser("bench", help="run a benchmark (same as python -m minillm.bench)")
-    bench.add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="run a benchmark (same as python -m minillm.bench; --list names them)")
 
     train = sub.add_parser("train", help="train the bundled models from the Python standard library")
     train.add_argument("--models", nargs="+", default=["pico", "tiny"], choices=["pico", "tiny"])
@@ -34,9 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _generate(args)
-    if args.command == "bench":
-        from minillm.bench.__main__ import main as bench_main
-        return bench_main(args.args)
     from minillm.models.registry import BUNDLED_DIR
     from minillm.train import train_all
     train_all(args.out or BUNDLED_DIR, args.models, seed=args.seed, bf16=args.precision == "bf16")

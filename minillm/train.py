@@ -9,6 +9,7 @@ schedule is a fixed number of steps, so the same machine reproduces the same wei
 import hashlib
 import json
 import math
+import sys
 import sysconfig
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from minillm.perf import machine
 from minillm.layers.attention import AttentionContext
@@ -161,9 +163,10 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
 
 
 def train_model(name: str, train_ids: torch.Tensor, heldout_ids: torch.Tensor, eot: int,
-                seed: int, bf16: bool, log=print) -> tuple[LlamaForCausalLM, dict]:
+                seed: int, bf16: bool) -> tuple[LlamaForCausalLM, dict]:
     """bf16: run the forward and backward in bfloat16 autocast (the weights and optimizer stay
-    float32); about twice the tokens per second on CPUs with bf16 instructions."""
+    float32); about twice the tokens per second on CPUs with bf16 instructions.
+    Progress: a bar on stderr with the loss, the last held-out loss and the time left."""
     p = PRESETS[name]
     cfg_dict = hf_config(p, eot)
     cfg = ModelConfig.from_dict(cfg_dict)
@@ -177,7 +180,9 @@ def train_model(name: str, train_ids: torch.Tensor, heldout_ids: torch.Tensor, e
     gen = torch.Generator().manual_seed(seed)
     curve, start = [], time.perf_counter()
     probe = heldout_ids[: 32 * p.seq_len + 1]  # a small fixed held-out slice for the loss curve
-    for step in range(1, p.steps + 1):
+    bar = tqdm(range(1, p.steps + 1), desc=f"train {name}", unit="step", file=sys.stderr, dynamic_ncols=True)
+    heldout = "n/a"  # until the first evaluation
+    for step in bar:
         lr = p.lr * min(1.0, step / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / p.steps)))
         for group in opt.param_groups:
             group["lr"] = lr
@@ -196,8 +201,8 @@ def train_model(name: str, train_ids: torch.Tensor, heldout_ids: torch.Tensor, e
             elapsed = time.perf_counter() - start
             curve.append({"step": step, "train_loss": round(loss.item(), 4), "heldout_loss": round(val, 4),
                           "seconds": round(elapsed, 1)})
-            log(f"[{name}] step {step}/{p.steps} loss {loss.item():.3f} held-out {val:.3f} "
-                f"{step * p.batch * p.seq_len / elapsed:,.0f} tok/s")
+            heldout = f"{val:.3f}"
+        bar.set_postfix({"loss": f"{loss.item():.3f}", "held-out": heldout}, refresh=False)
     model.eval()
     info = {"preset": p.__dict__, "parameters": sum(q.numel() for q in model.parameters()),
             "train_seconds": round(time.perf_counter() - start, 1), "loss_curve": curve,
@@ -214,7 +219,7 @@ def train_all(out_root: Path, names: list[str], seed: int = 0, bf16: bool = True
     unigram = unigram_perplexity(train_ids, heldout_ids, VOCAB_SIZE)
     log(f"tokens: {len(train_ids):,} train, {len(heldout_ids):,} held-out; unigram perplexity {unigram:.1f}")
     for name in names:
-        model, info = train_model(name, train_ids, heldout_ids, eot, seed, bf16, log)
+        model, info = train_model(name, train_ids, heldout_ids, eot, seed, bf16)
         ppl = heldout_perplexity(model, heldout_ids)
         log(f"[{name}] held-out perplexity {ppl:.2f} (unigram {unigram:.1f})")
         out = out_root / name

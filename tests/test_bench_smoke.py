@@ -1,11 +1,83 @@
-"""Benchmarks are commands, not timed tests; these only prove the cheap ones still run and agree
-with what they measure (no timing is asserted)."""
-from minillm.bench import memory
+"""Benchmarks are commands, not timed tests: these check the command line every benchmark shares,
+the conditions it records, and that the cheapest one still runs (no timing is asserted)."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minillm.bench import conditions
+from minillm.bench.__main__ import main
+from minillm.bench.registry import BENCHMARKS
 
 
-def test_memory_benchmark_measures_paged_waste_below_contiguous(capsys):
-    figures = memory.run(quick=True)
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_every_benchmark_has_the_uniform_run_signature(name):
+    params = inspect.signature(BENCHMARKS[name].module().run).parameters
+    assert [(p.name, p.default) for p in params.values()] == [("quick", False), ("json_path", None), ("model", None)]
+
+
+def test_list_prints_the_registry_one_name_a_line(capsys):
+    assert main(["--list"]) == 0
+    assert capsys.readouterr().out.splitlines() == list(BENCHMARKS)
+
+
+def test_a_benchmark_that_runs_no_model_refuses_model_with_status_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["memory", "--model", "tiny"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "the memory benchmark does not take --model" in err and "no model runs" in err
+    assert "Traceback" not in err
+    with pytest.raises(ValueError, match="does not take --model"):
+        BENCHMARKS["memory"].module().run(quick=True, model="tiny")
+
+
+@pytest.mark.parametrize("threads", ["0", "-2", "two"])
+def test_threads_below_one_are_refused(threads, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["memory", "--threads", threads])
+    assert exit_.value.code == 2
+    assert f"must be an integer >= 1, got '{threads}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("load, cpus, threads, busy", [
+    (0.2, 2, 2, False),   # an idle machine
+    (0.8, 2, 2, True),    # another process holds most of a core this run needs
+    (1.2, 2, 1, False),   # it fits on the core this run leaves free
+    (1.8, 2, 1, True),    # more than the free core: it takes turns on this run's core
+    (3.0, 16, 1, False),  # a large machine with spare cores
+    (0.8, 2, 4, True),    # more threads than CPUs leaves no core free
+    (None, 2, 1, False),  # no load average on this platform
+])
+def test_busy_warning_follows_the_load_beyond_the_cores_left_free(load, cpus, threads, busy):
+    warning = conditions.busy_warning(load, cpus, threads)
+    assert (warning is not None) == busy
+    if busy:
+        assert "noisy" in warning and "side by side" in warning and f"{load:.2f}" in warning
+
+
+def test_a_busy_machine_is_warned_about_and_recorded(monkeypatch, capsys):
+    monkeypatch.setattr(conditions.os, "getloadavg", lambda: (7.5, 1.0, 1.0))
+    record = conditions.check_conditions()
+    assert record["load_avg_1min"] == 7.5 and record["busy"] is True
+    assert "noisy" in capsys.readouterr().err
+    assert "busy" in conditions.machine_line(record)
+
+
+def test_memory_quick_run_writes_its_figures_and_conditions(tmp_path):
+    path = tmp_path / "memory.json"
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}  # the bars must stay on stderr
+    res = subprocess.run([sys.executable, "-m", "minillm.bench", "memory", "--quick", "--threads", "1",
+                          "--json", str(path)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "KV waste" in res.stdout and "1 torch threads" in res.stdout
+    assert "memory: paged, block 16" in res.stderr and "|" not in res.stdout
+    figures = json.loads(path.read_text())
+    assert figures["benchmark"] == "memory"
+    assert figures["conditions"]["torch_threads"] == 1 and "load_avg_1min" in figures["conditions"]
     paged, contiguous = figures["paged, block 16"], figures["contiguous, max_model_len"]
     assert paged["waste"] < 0.04 < contiguous["waste"]
     assert paged["concurrency"] > contiguous["concurrency"]
-    assert "KV waste" in capsys.readouterr().out

@@ -1,13 +1,24 @@
-"""Benchmarks are commands, not tests: `python -m minillm.bench NAME [--quick] [--json PATH]`.
+"""Benchmarks are commands, not tests: `python -m minillm.bench NAME [--quick] [--json PATH] [--model M]
+[--threads N]`; `--list` names them (see registry.py).
 
 Each benchmark measures its variants side by side in one run, reports medians of repetitions and
-the ratios between variants, and names the machine: absolute numbers move with the hardware and
-its load, ratios measured together mostly do not.
+the ratios between variants, and names the machine and its load: absolute numbers move with the
+hardware and its load, ratios measured together mostly do not.
 """
 import json
+import sys
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from minillm.perf.measure import machine
+
+
+def progress(benchmark: str, total: int, unit: str = "run") -> tqdm:
+    """A bar on stderr over a benchmark's variants and repetitions, erased when done so the printed
+    tables stay clean; name the variant running with bar.set_description(f"{benchmark}: {variant}").
+    TQDM_DISABLE=1 turns it off."""
+    return tqdm(total=total, desc=benchmark, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
 def print_table(rows: list[dict], title: str) -> None:
@@ -25,7 +36,9 @@ def _fmt(v) -> str:
     return f"{v:,.2f}" if isinstance(v, float) else str(v)
 
 
-def write_json(path: str | None, name: str, figures: dict) -> None:
+def write_json(path: str | None, name: str, figures: dict, conditions: dict) -> None:
+    """conditions: check_conditions()'s record of the threads and load the run started under."""
     if path:
-        Path(path).write_text(json.dumps({"benchmark": name, "machine": machine(), **figures}, indent=2) + "\n")
+        record = {"benchmark": name, "machine": machine(), "conditions": conditions, **figures}
+        Path(path).write_text(json.dumps(record, indent=2) + "\n")
         print(f"\nwrote {path}")

@@ -12,8 +12,8 @@ import time
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, write_json
-from minillm.perf import machine
+from minillm.bench import print_table, progress, write_json
+from minillm.bench.conditions import check_conditions, machine_line
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -28,7 +28,8 @@ def scenario(model: str, decoders: int, long_prompts: int, every: int, long_len:
     short = SamplingParams(max_tokens=every * long_prompts + 16, temperature=0, ignore_eos=True)
     decode_ids = [engine.add_request(torch.randint(1, vocab, (16,), generator=gen).tolist(), short)
                   for _ in range(decoders)]
-    arrivals = {every * (i + 1): torch.randint(1, vocab, (long_len,), generator=gen).tolist() for i in range(long_prompts)}
+    arrivals = {every * (i + 1): torch.randint(1, vocab, (long_len,), generator=gen).tolist()
+                for i in range(long_prompts)}
     done, steps, tokens = {}, 0, 0
     start = time.perf_counter()
     while engine.has_unfinished():
@@ -46,26 +47,33 @@ def scenario(model: str, decoders: int, long_prompts: int, every: int, long_len:
             "outputs": [done[rid].token_ids for rid in decode_ids]}
 
 
-def run(quick: bool = False, json_path: str | None = None, model: str = "tiny") -> dict:
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
+    model = model or "tiny"
+    conditions = check_conditions()
     decoders, long_prompts, every, long_len, repeats = (4, 3, 12, 320, 1) if quick else (8, 6, 16, 448, 3)
     variants = {"unchunked": dict(enable_chunked_prefill=False, max_num_batched_tokens=512),
                 "chunked (budget 64)": dict(enable_chunked_prefill=True, max_num_batched_tokens=64)}
     runs = {name: [] for name in variants}
-    for _ in range(repeats):  # interleaved, so machine noise hits both alike
-        for name, config in variants.items():
-            runs[name].append(scenario(model, decoders, long_prompts, every, long_len, **config))
-    results = {name: {k: statistics.median(r[k] for r in rs) for k in ("itl_p50_ms", "itl_p99_ms", "itl_max_ms", "tokens_per_s")}
-               for name, rs in runs.items()}
+    with progress("chunked", repeats * len(variants)) as bar:
+        for rep in range(repeats):  # interleaved, so machine noise hits both alike
+            for name, config in variants.items():
+                bar.set_description(f"chunked: {name}, run {rep + 1}/{repeats}")
+                runs[name].append(scenario(model, decoders, long_prompts, every, long_len, **config))
+                bar.update()
+    keys = ("itl_p50_ms", "itl_p99_ms", "itl_max_ms", "tokens_per_s")
+    results = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}
     un, ch = results["unchunked"], results["chunked (budget 64)"]
-    figures = {"model": model, "decoding_requests": decoders, "long_prompts": long_prompts, "long_prompt_tokens": long_len,
-               "repeats": repeats, **results, "p99_itl_ratio": un["itl_p99_ms"] / ch["itl_p99_ms"],
+    figures = {"model": model, "decoding_requests": decoders, "long_prompts": long_prompts,
+               "long_prompt_tokens": long_len, "repeats": repeats, **results,
+               "p99_itl_ratio": un["itl_p99_ms"] / ch["itl_p99_ms"],
                "throughput_ratio": ch["tokens_per_s"] / un["tokens_per_s"],
                "outputs_identical": runs["unchunked"][0]["outputs"] == runs["chunked (budget 64)"][0]["outputs"]}
-    print(f"machine: {machine()}\nmodel: {model}; {decoders} requests decoding while {long_prompts} prompts of "
-          f"{long_len} tokens arrive, one every {every} steps; median of {repeats}")
-    print_table([{"variant": k, "ITL p50 ms": v["itl_p50_ms"], "ITL p99 ms": v["itl_p99_ms"], "ITL max ms": v["itl_max_ms"],
-                  "output tok/s": v["tokens_per_s"]} for k, v in results.items()], "inter-token latency of the decoding requests")
-    print(f"\nchunking cuts p99 ITL {figures['p99_itl_ratio']:.1f}x at {figures['throughput_ratio']:.2f}x the throughput; "
-          f"outputs identical: {figures['outputs_identical']}")
-    write_json(json_path, "chunked", figures)
+    print(f"{machine_line(conditions)}\nmodel: {model}; {decoders} requests decoding while {long_prompts} "
+          f"prompts of {long_len} tokens arrive, one every {every} steps; median of {repeats}")
+    print_table([{"variant": k, "ITL p50 ms": v["itl_p50_ms"], "ITL p99 ms": v["itl_p99_ms"],
+                  "ITL max ms": v["itl_max_ms"], "output tok/s": v["tokens_per_s"]} for k, v in results.items()],
+                "inter-token latency of the decoding requests")
+    print(f"\nchunking cuts p99 ITL {figures['p99_itl_ratio']:.1f}x at {figures['throughput_ratio']:.2f}x the "
+          f"throughput; outputs identical: {figures['outputs_identical']}")
+    write_json(json_path, "chunked", figures, conditions)
     return figures

@@ -1,4 +1,4 @@
-"""Single-stream decode speed on a model of SmolLM2-135M's shape (random weights).
+"""Single-stream decode speed on a model of SmolLM2-135M's shape (random weights), or --model's.
 
 Measured side by side in one run, same weights, same greedy tokens:
   * minillm with its KV cache: decode tokens/s = 1 / TPOT
@@ -16,14 +16,16 @@ from pathlib import Path
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, write_json
-from minillm.perf import machine
+from minillm.bench import print_table, progress, write_json
+from minillm.bench.conditions import check_conditions, machine_line
+from minillm.bench.registry import SMOLLM_SHAPE
+from minillm.models.registry import resolve_model_path
 from minillm.perf import median_time
 from minillm.testing import SMOLLM2_135M_SHAPE, make_hf_model
 
 
 def minillm_decode(llm: LLM, prompt: list[int], new: int) -> tuple[float, list[int]]:
-    out = llm.generate([prompt], SamplingParams(max_tokens=new, temperature=0, ignore_eos=True))[0]
+    out = llm.generate([prompt], SamplingParams(max_tokens=new, temperature=0, ignore_eos=True), use_tqdm=False)[0]
     return 1 / out.metrics["tpot"], out.token_ids
 
 
@@ -50,38 +52,62 @@ def no_cache_decode(llm: LLM, prompt: list[int], new: int) -> float:
     return (new - 1) / (time.perf_counter() - start)
 
 
-def step_times(llm: LLM, context: int, repeats: int) -> tuple[float, float]:
+def step_times(llm: LLM, context: int, repeats: int, max_id: int = 4000) -> tuple[float, float]:
     """Seconds for one new token at `context` tokens: cached decode step vs full recompute."""
     gen = torch.Generator().manual_seed(context)
-    prompt = torch.randint(1, 4000, (context - 8,), generator=gen).tolist()
+    prompt = torch.randint(1, max_id, (context - 8,), generator=gen).tolist()
     cached = []
     for _ in range(repeats):
-        out = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+        out = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)[0]
         cached.append(statistics.median(out.metrics["itl"]))
     recompute = median_time(lambda: llm.logits(prompt + [1] * 8), repeats)
     return statistics.median(cached), recompute
 
 
-def run(quick: bool = False, json_path: str | None = None) -> dict:
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
+    """model: a bundled name or a Hugging Face directory (transformers loads the same files);
+    None: a random checkpoint of SmolLM2-135M's shape, built with transformers."""
+    conditions = check_conditions()
+    if model is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            hf = make_hf_model(Path(tmp), "llama", **SMOLLM2_135M_SHAPE)
+            return measure(tmp, hf, SMOLLM_SHAPE, quick, json_path, conditions)
+    import transformers
+    path = resolve_model_path(model)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return measure(str(path), hf, model, quick, json_path, conditions)
+
+
+def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
     prompt_len, new, repeats = (64, 32, 1) if quick else (128, 128, 3)
-    contexts = [128, 512] if quick else [128, 256, 512, 1024]
-    with tempfile.TemporaryDirectory() as tmp:
-        hf = make_hf_model(Path(tmp), "llama", **SMOLLM2_135M_SHAPE)
-        llm = LLM(tmp, dtype="float32", device="cpu")
-        params = sum(p.numel() for p in llm.model.parameters())
-        weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
-        prompt = torch.randint(1, 4000, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
-        ours, hf_rate, none = [], [], []
-        for _ in range(repeats):  # interleaved, so drifting machine load hits every variant alike
+    llm = LLM(model_dir, dtype="float32", device="cpu")
+    contexts = [c for c in ([128, 512] if quick else [128, 256, 512, 1024]) if c <= llm.engine.max_model_len]
+    max_id = min(4000, llm.model.config.vocab_size)  # prompt token ids, valid in any vocabulary
+    params = sum(p.numel() for p in llm.model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
+    prompt = torch.randint(1, max_id, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    ours, hf_rate, none = [], [], []
+    with progress("decode", 3 * repeats + len(contexts)) as bar:
+        for rep in range(repeats):  # interleaved, so drifting machine load hits every variant alike
+            bar.set_description(f"decode: minillm (KV cache), run {rep + 1}/{repeats}")
             rate, our_tokens = minillm_decode(llm, prompt, new)
             ours.append(rate)
+            bar.update()
+            bar.set_description(f"decode: transformers generate, run {rep + 1}/{repeats}")
             rate, hf_tokens = hf_decode(hf, prompt, new)
             hf_rate.append(rate)
+            bar.update()
+            bar.set_description(f"decode: minillm, no KV cache, run {rep + 1}/{repeats}")
             none.append(no_cache_decode(llm, prompt, new))
-        per_context = [(c, *step_times(llm, c, repeats)) for c in contexts]
+            bar.update()
+        per_context = []
+        for c in contexts:
+            bar.set_description(f"decode: one token at context {c}, cached vs recompute")
+            per_context.append((c, *step_times(llm, c, repeats, max_id)))
+            bar.update()
     ours, hf_rate, none = statistics.median(ours), statistics.median(hf_rate), statistics.median(none)
     figures = {
-        "model": f"SmolLM2-135M shape, random weights, {params / 1e6:.1f}M parameters, float32",
+        "model": f"{label}, {params / 1e6:.1f}M parameters, float32",
         "prompt_tokens": prompt_len, "new_tokens": new, "repeats": repeats,
         "minillm_tokens_per_s": ours, "transformers_tokens_per_s": hf_rate, "no_cache_tokens_per_s": none,
         "minillm_vs_transformers": ours / hf_rate, "cache_vs_recompute": ours / none,
@@ -90,7 +116,7 @@ def run(quick: bool = False, json_path: str | None = None) -> dict:
         "per_context": [{"context": c, "cached_step_ms": a * 1e3, "recompute_step_ms": b * 1e3, "speedup": b / a}
                         for c, a, b in per_context],
     }
-    print(f"machine: {machine()}\nmodel: {figures['model']}")
+    print(f"{machine_line(conditions)}\nmodel: {figures['model']}")
     print_table([
         {"variant": "minillm (KV cache)", "decode tok/s": ours, "ratio": 1.0},
         {"variant": "transformers generate", "decode tok/s": hf_rate, "ratio": hf_rate / ours},
@@ -102,5 +128,5 @@ def run(quick: bool = False, json_path: str | None = None) -> dict:
           f"greedy tokens identical: {figures['greedy_tokens_identical']}")
     print(f"achieved weight bandwidth: {figures['achieved_bandwidth_GBps']:.1f} GB/s "
           f"({weight_bytes / 1e6:.0f} MB of weights per token)")
-    write_json(json_path, "decode", figures)
+    write_json(json_path, "decode", figures, conditions)
     return figures

@@ -7,8 +7,9 @@ No model runs: the workload is replayed through the allocators themselves, token
 Contiguous caches reserve either max_model_len per request (what early serving systems did) or
 prompt + max_tokens (minillm's `contiguous` baseline); paged reserves whole blocks as tokens come.
 """
-from minillm.bench import print_table, write_json
-from minillm.perf import machine
+from minillm.bench import print_table, progress, write_json
+from minillm.bench.conditions import check_conditions, machine_line
+from minillm.bench.registry import BENCHMARKS
 from minillm.bench.workload import Request, chat_workload
 from minillm.cache.allocator import BlockAllocator
 
@@ -82,30 +83,37 @@ def concurrency(workload: list[Request], pool_tokens: int, block_size: int, rese
     return total / max(steps, 1)
 
 
-def run(quick: bool = False, json_path: str | None = None) -> dict:
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
+    if model is not None:
+        raise ValueError(BENCHMARKS["memory"].model_refusal())
+    conditions = check_conditions()
     n, max_model_len, pool_tokens = (100, 2048, 16384) if quick else (400, 2048, 65536)
     workload = chat_workload(n, seed=0, max_output=512)
     full = lambda r: max_model_len  # noqa: E731
     capped = lambda r: r.prompt_len + r.max_tokens  # noqa: E731
+    # allocation -> (what a contiguous cache reserves per request, or None for paged; block size)
+    variants = {"contiguous, max_model_len": (full, 16), "contiguous, prompt + max_tokens": (capped, 16),
+                "paged, block 16": (None, 16), "paged, block 32": (None, 32), "paged, block 1": (None, 1)}
     rows, figures = [], {"requests": n, "max_model_len": max_model_len, "pool_tokens": pool_tokens,
                          "mean_prompt": sum(r.prompt_len for r in workload) / n,
                          "mean_output": sum(r.output_len for r in workload) / n}
-    for name, waste, conc in [
-        ("contiguous, max_model_len", contiguous_waste(workload, full), concurrency(workload, pool_tokens, 16, full)),
-        ("contiguous, prompt + max_tokens", contiguous_waste(workload, capped), concurrency(workload, pool_tokens, 16, capped)),
-        ("paged, block 16", paged_waste(workload, 16), concurrency(workload, pool_tokens, 16)),
-        ("paged, block 32", paged_waste(workload, 32), concurrency(workload, pool_tokens, 32)),
-        ("paged, block 1", paged_waste(workload, 1), concurrency(workload, pool_tokens, 1)),
-    ]:
-        rows.append({"allocation": name, "KV waste": f"{waste:.1%}", "requests at once (saturated)": conc})
-        figures[name] = {"waste": waste, "concurrency": conc}
-    print(f"machine: {machine()} (allocator replay; no model runs)")
-    print(f"workload: {n} chat-like requests, mean prompt {figures['mean_prompt']:.0f}, mean output "
-          f"{figures['mean_output']:.0f}, max_tokens 512; pool of {pool_tokens:,} token slots")
+    with progress("memory", len(variants), unit="variant") as bar:
+        for name, (reserve, block_size) in variants.items():
+            bar.set_description(f"memory: {name}")
+            waste = contiguous_waste(workload, reserve) if reserve else paged_waste(workload, block_size)
+            conc = concurrency(workload, pool_tokens, block_size, reserve)
+            rows.append({"allocation": name, "KV waste": f"{waste:.1%}", "requests at once (saturated)": conc})
+            figures[name] = {"waste": waste, "concurrency": conc}
+            bar.update()
+    print(machine_line(conditions))
+    print(f"allocator replay, no model runs; workload: {n} chat-like requests, mean prompt "
+          f"{figures['mean_prompt']:.0f}, mean output {figures['mean_output']:.0f}, max_tokens 512; "
+          f"pool of {pool_tokens:,} token slots")
     print_table(rows, "KV memory reserved but unused (time-weighted) and requests that fit at once")
-    base = figures["contiguous, max_model_len"]["concurrency"]
-    print(f"\npaged (block 16) runs {figures['paged, block 16']['concurrency'] / base:.1f}x the requests at once of "
-          f"max-length contiguous allocation, {figures['paged, block 16']['concurrency'] / figures['contiguous, prompt + max_tokens']['concurrency']:.1f}x "
-          f"of prompt + max_tokens reservation")
-    write_json(json_path, "memory", figures)
+    at_once = {name: f["concurrency"] for name, f in figures.items() if name in variants}
+    paged = at_once["paged, block 16"]
+    print(f"\npaged (block 16) runs {paged / at_once['contiguous, max_model_len']:.1f}x the requests at once of "
+          f"max-length contiguous allocation, {paged / at_once['contiguous, prompt + max_tokens']:.1f}x of "
+          f"prompt + max_tokens reservation")
+    write_json(json_path, "memory", figures, conditions)
     return figures

@@ -9,8 +9,8 @@ import json
 import statistics
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, write_json
-from minillm.perf import machine
+from minillm.bench import print_table, progress, write_json
+from minillm.bench.conditions import check_conditions, machine_line
 
 
 def shared_prompt_workload(llm: LLM, system_tokens: int, n: int) -> list[list[int]]:
@@ -19,23 +19,32 @@ def shared_prompt_workload(llm: LLM, system_tokens: int, n: int) -> list[list[in
     return [system + llm.tokenizer.encode(f"\n\ndef handle_request_{i}(payload):\n    ") for i in range(n)]
 
 
-def measure(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
+def measure(llm: LLM, prompts: list[list[int]], new_tokens: int, bar) -> dict:
+    """bar: the benchmark's progress bar, advanced once a request."""
     computed = []
     llm.engine.subscribe(lambda e: computed.extend(w.num_tokens for w in e.scheduled if w.phase == "prefill"))
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-    outs = [llm.generate([p], params)[0] for p in prompts]
+    outs = []
+    for p in prompts:
+        outs.append(llm.generate([p], params, use_tqdm=False)[0])
+        bar.update()
     ttfts = [o.metrics["ttft"] for o in outs[1:]]  # the first request only fills the cache
     return {"prompt_tokens": sum(map(len, prompts)), "computed_prompt_tokens": sum(computed),
             "ttft_median_ms": statistics.median(ttfts) * 1e3, "hit_rate": llm.engine.kv_stats().prefix_hit_rate,
             "outputs": [o.token_ids for o in outs]}
 
 
-def run(quick: bool = False, json_path: str | None = None, model: str = "tiny") -> dict:
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
+    model = model or "tiny"
+    conditions = check_conditions()
     n, system_tokens, new = (6, 256, 4) if quick else (24, 448, 8)
+    variants = [("prefix caching off", False), ("prefix caching on", True)]
     results = {}
-    for name, enabled in [("prefix caching off", False), ("prefix caching on", True)]:
-        llm = LLM(model, enable_prefix_caching=enabled)
-        results[name] = measure(llm, shared_prompt_workload(llm, system_tokens, n), new)
+    with progress("prefix", n * len(variants), unit="req") as bar:
+        for name, enabled in variants:
+            bar.set_description(f"prefix: {name}")
+            llm = LLM(model, enable_prefix_caching=enabled)
+            results[name] = measure(llm, shared_prompt_workload(llm, system_tokens, n), new, bar)
     off, on = results["prefix caching off"], results["prefix caching on"]
     figures = {
         "model": model, "requests": n, "system_prompt_tokens": system_tokens,
@@ -44,12 +53,12 @@ def run(quick: bool = False, json_path: str | None = None, model: str = "tiny") 
         "ttft_speedup": off["ttft_median_ms"] / on["ttft_median_ms"], "hit_rate": on["hit_rate"],
         "outputs_identical": off["outputs"] == on["outputs"],
     }
-    print(f"machine: {machine()}\nmodel: {model}; {n} requests sharing a {system_tokens}-token system prompt")
+    print(f"{machine_line(conditions)}\nmodel: {model}; {n} requests sharing a {system_tokens}-token system prompt")
     print_table([{"variant": k, "prompt tokens": v["prompt_tokens"], "computed": v["computed_prompt_tokens"],
-                  "median TTFT ms": v["ttft_median_ms"], "hit rate": f"{v['hit_rate']:.0%}"} for k, v in results.items()],
-                "prefill work and time to first token")
+                  "median TTFT ms": v["ttft_median_ms"], "hit rate": f"{v['hit_rate']:.0%}"}
+                 for k, v in results.items()], "prefill work and time to first token")
     print(f"\nTTFT {figures['ttft_speedup']:.1f}x faster with prefix caching; prompt tokens computed "
           f"{off['computed_prompt_tokens']:,} -> {on['computed_prompt_tokens']:,}; outputs identical: "
           f"{figures['outputs_identical']}")
-    write_json(json_path, "prefix", figures)
+    write_json(json_path, "prefix", figures, conditions)
     return figures

@@ -19,13 +19,12 @@ from pathlib import Path
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, write_json
-from minillm.perf import machine
+from minillm.bench import print_table, progress, write_json
+from minillm.bench.conditions import check_conditions, machine_line
+from minillm.bench.registry import SMOLLM_SHAPE
 from minillm.bench.workload import chat_workload
 from minillm.models.registry import resolve_model_path
 from minillm.testing import SMOLLM2_135M_SHAPE, make_hf_model
-
-SMOLLM_SHAPE = "smollm2-135m-shape"
 
 
 def make_prompts(workload, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -36,9 +35,9 @@ def make_prompts(workload, vocab: int, seed: int = 0) -> list[list[int]]:
 def run_minillm(model: str, prompts, workload, **config) -> tuple[float, list[list[int]]]:
     llm = LLM(model, **config)
     params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in workload]
-    llm.generate(prompts[:2], params[:2])  # warm-up
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     return sum(len(o.token_ids) for o in outs) / elapsed, [o.token_ids for o in outs]
 
@@ -59,34 +58,46 @@ def run_transformers(model_dir, prompts, workload, batch_size: int) -> float:
     return useful / (time.perf_counter() - start)
 
 
-def run(quick: bool = False, json_path: str | None = None, model: str = SMOLLM_SHAPE) -> dict:
-    if model == SMOLLM_SHAPE:
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
+    """model: a bundled name or a Hugging Face directory (transformers loads the same files);
+    None: a random checkpoint of SmolLM2-135M's shape, built with transformers."""
+    conditions = check_conditions()
+    if model is None:
         with tempfile.TemporaryDirectory() as tmp:
             make_hf_model(Path(tmp), "llama", **SMOLLM2_135M_SHAPE)
-            return measure(tmp, "SmolLM2-135M shape, random weights", quick, json_path)
-    return measure(str(resolve_model_path(model)), model, quick, json_path)
+            return measure(tmp, SMOLLM_SHAPE, quick, json_path, conditions)
+    return measure(str(resolve_model_path(model)), model, quick, json_path, conditions)
 
 
-def measure(model: str, label: str, quick: bool, json_path: str | None) -> dict:
+def measure(model: str, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
     n, batch = (32, 16) if quick else (128, 32)
     workload = chat_workload(n, seed=0, max_prompt=320, max_output=192, median_prompt=96, median_output=64)
     prompts = make_prompts(workload, 4096)
     rates, outputs = {}, {}
-    for name, config in [("continuous", dict(scheduler="continuous", max_num_seqs=batch)),
-                         ("static", dict(scheduler="static", max_num_seqs=batch))]:
-        rates[name], outputs[name] = run_minillm(model, prompts, workload, **config)
-    if not quick:
-        rates["sequential (first 16)"], seq_out = run_minillm(model, prompts[:16], workload[:16], scheduler="sequential")
-        outputs["sequential"] = seq_out + outputs["continuous"][16:]
-    rates["transformers"] = run_transformers(model, prompts, workload, batch)
+    policies = [("continuous", dict(scheduler="continuous", max_num_seqs=batch)),
+                ("static", dict(scheduler="static", max_num_seqs=batch))]
+    with progress("throughput", len(policies) + (1 if quick else 2), unit="variant") as bar:
+        for name, config in policies:
+            bar.set_description(f"throughput: {name} batching")
+            rates[name], outputs[name] = run_minillm(model, prompts, workload, **config)
+            bar.update()
+        if not quick:
+            bar.set_description("throughput: sequential (first 16)")
+            rates["sequential (first 16)"], seq_out = run_minillm(model, prompts[:16], workload[:16],
+                                                                  scheduler="sequential")
+            outputs["sequential"] = seq_out + outputs["continuous"][16:]
+            bar.update()
+        bar.set_description("throughput: transformers padded batches")
+        rates["transformers"] = run_transformers(model, prompts, workload, batch)
+        bar.update()
     base = rates["continuous"]
     figures = {"model": label, "requests": n, "batch_size": batch, "output_tokens": sum(r.output_len for r in workload),
                "tokens_per_s": rates, "continuous_vs": {k: base / v for k, v in rates.items() if k != "continuous"},
                "outputs_identical_across_policies": all(o == outputs["continuous"] for o in outputs.values())}
-    print(f"machine: {machine()}\nmodel: {label}; {n} requests (prompt 8-320, output 4-192 tokens, log-normal), "
+    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-320, output 4-192 tokens, log-normal), "
           f"batch size {batch}")
     print_table([{"variant": k, "output tok/s": v, "continuous speedup": base / v} for k, v in rates.items()],
                 "offline throughput")
     print(f"\ngreedy outputs identical across minillm policies: {figures['outputs_identical_across_policies']}")
-    write_json(json_path, "throughput", figures)
+    write_json(json_path, "throughput", figures, conditions)
     return figures

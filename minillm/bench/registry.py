@@ -1,0 +1,45 @@
+"""The benchmarks, in one place: what each compares and which model it runs.
+
+The command line's help, `python -m minillm.bench --list` and the Makefile's `bench` target all
+read this table, so a new benchmark is one entry here plus its module `minillm/bench/NAME.py`,
+whose `run(quick=False, json_path=None, model=None) -> dict` measures and prints.
+"""
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+SMOLLM_SHAPE = "SmolLM2-135M shape, random weights"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    description: str
+    default_model: str        # what runs when --model is not given
+    no_model_reason: str = ""  # why --model does not apply; empty when it does
+
+    @property
+    def takes_model(self) -> bool:
+        return not self.no_model_reason
+
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"minillm.bench.{self.name}")
+
+    def model_refusal(self) -> str:
+        others = ", ".join(b.name for b in BENCHMARKS.values() if b.takes_model)
+        return (f"the {self.name} benchmark does not take --model: {self.no_model_reason}. "
+                f"The benchmarks that run a model: {others}")
+
+
+BENCHMARKS = {b.name: b for b in [
+    Benchmark("decode", "single-stream decode: minillm vs transformers vs no KV cache", SMOLLM_SHAPE),
+    Benchmark("memory", "KV memory waste and concurrency: contiguous max-length allocation vs paged blocks",
+              "none", no_model_reason="it replays a chat-like workload through the KV cache allocators, "
+                                      "and no model runs"),
+    Benchmark("prefix", "requests sharing a long system prompt: prefill work and TTFT with and without "
+                        "prefix caching", "tiny"),
+    Benchmark("chunked", "inter-token latency of running decodes while long prompts arrive, with and without "
+                         "chunked prefill", "tiny"),
+    Benchmark("throughput", "offline throughput: continuous vs static vs sequential batching vs transformers "
+                            "padded batches", SMOLLM_SHAPE),
+]}
