@@ -240,13 +240,15 @@ check("1.5")
 # Put the pieces together. `w` holds one layer's tensors under their Hugging Face names (without
 # the `model.layers.{i}.` prefix). Take every size from `cfg`: `cfg.num_attention_heads`,
 # `cfg.num_key_value_heads`, `cfg.head_dim` (which need not equal `hidden_size / heads`),
-# `cfg.rms_norm_eps`, `cfg.rope_theta`. The tokens are one whole sequence at absolute `positions`.
+# `cfg.rms_norm_eps`, `cfg.rope_theta`. The tokens are one whole sequence, token `i` at absolute
+# position `positions[i]`: increasing, but not necessarily `0 .. n-1` (RoPE rotates by these positions;
+# the causal mask is over the tokens in the order given).
 
 # %% exercise="1.6"
 def decoder_block(x: Tensor, positions: Tensor, w: dict[str, Tensor], cfg: ModelConfig) -> Tensor:
     """One pre-norm decoder layer over one sequence.
 
-    x: [n, hidden]; positions: [n] -> [n, hidden]
+    x: [n, hidden]; positions: [n] (increasing, may start above 0 and have gaps) -> [n, hidden]
     a = rms_norm(x); q, k, v = a @ Wq.T, a @ Wk.T, a @ Wv.T  (split into heads)
     h = x + (causal_gqa_attention(rope(q), rope(k), v) flattened) @ Wo.T
     out = h + swiglu(rms_norm(h))

@@ -1,4 +1,13 @@
-"""Grader of lab 00, the roofline and the memory wall. Oracles: formulas and minillm's model and cache."""
+"""Grader of lab 00, the roofline and the memory wall.
+
+Oracles: the formulas (2 FLOPs per multiply-add, bytes = elements x bytes per element, time =
+max(F / P, B / W)), written out here and not taken from minillm.perf; minillm's model for how many
+weights a decoder holds, and its KV cache for how many bytes one allocates. Every exercise is
+checked on fixed cases and on seeded random ones, with shapes where two sizes cannot be confused.
+"""
+import random
+from functools import cache
+
 import torch
 
 from minillm.cache.contiguous import ContiguousKVCache
@@ -8,94 +17,185 @@ from minillm.models.llama import LlamaForCausalLM
 
 EXERCISES = {"0.1": "matmul_cost", "0.2": "roofline_time", "0.3": "attention_cost", "0.4": "kv_cache_bytes",
              "0.5": "decode_step_cost", "0.6": "decode_tokens_per_s"}
-H100 = dict(peak_flops=989e12, bandwidth=3.35e12)
-
-
-def config(tied: bool) -> ModelConfig:
-    return ModelConfig(architecture="LlamaForCausalLM", vocab_size=500, hidden_size=96, intermediate_size=160,
-                       num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=24,
-                       max_position_embeddings=256, tie_word_embeddings=tied)
-
-
-def weights_read_per_token(cfg: ModelConfig) -> int:
-    """Every parameter minillm's model holds, less the embedding table when it is not the LM head too."""
-    params = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
-    return params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+H100 = {"peak_flops": 989e12, "bandwidth": 3.35e12}
+DTYPES = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32}
 
 
 def close(a, b, rel=1e-9) -> bool:
     return abs(a - b) <= rel * abs(b)
 
 
+def config(tied: bool) -> ModelConfig:
+    """A GQA decoder (6 query heads on 2 kv heads) whose head_dim (24) is not hidden / heads (16)."""
+    return ModelConfig(architecture="LlamaForCausalLM", vocab_size=500, hidden_size=96, intermediate_size=160,
+                       num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=24,
+                       max_position_embeddings=256, tie_word_embeddings=tied)
+
+
+def random_configs(seed: int, count: int) -> list[ModelConfig]:
+    """Small GQA decoders of random shape, alternately tied and untied, head_dim never hidden / heads."""
+    rng, configs = random.Random(seed), []
+    while len(configs) < count:
+        kv_heads = rng.choice((1, 2, 3))
+        heads = kv_heads * rng.choice((2, 3, 4))
+        head_dim, hidden = rng.choice((8, 12, 20, 28)), rng.choice((40, 56, 72, 88))
+        if hidden // heads == head_dim:
+            continue
+        configs.append(ModelConfig(
+            architecture="LlamaForCausalLM", vocab_size=rng.randrange(100, 700), hidden_size=hidden,
+            intermediate_size=rng.randrange(50, 200), num_hidden_layers=rng.randint(2, 5), num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=256,
+            tie_word_embeddings=len(configs) % 2 == 0))
+    return configs
+
+
+def shape(cfg: ModelConfig) -> str:
+    return (f"layers={cfg.num_hidden_layers}, hidden={cfg.hidden_size}, heads={cfg.num_attention_heads}, "
+            f"kv_heads={cfg.num_key_value_heads}, head_dim={cfg.head_dim}, tied={cfg.tie_word_embeddings}")
+
+
+def matmul_cases() -> list[tuple[int, int, int, int]]:
+    rng = random.Random(1)
+    drawn = [(rng.randint(1, 3000), rng.randint(1, 3000), rng.randint(1, 3000), rng.choice((1, 2, 4)))
+             for _ in range(20)]
+    return [(1, 4096, 4096, 2), (512, 768, 3072, 4), (7, 3, 5, 1)] + drawn
+
+
 @exercise("0.1")
-def test_matmul_cost_counts_multiply_adds_and_three_matrices(lab):
-    """a [m, k] @ [k, n] matmul: 2mkn FLOPs; reads both inputs and writes the output once"""
-    for m, k, n, b in ((1, 4096, 4096, 2), (512, 768, 3072, 4), (7, 3, 5, 1)):
-        flops, nbytes = lab.matmul_cost(m, k, n, b)
-        assert close(flops, 2 * m * k * n), f"matmul_cost({m}, {k}, {n}) FLOPs = {flops}, expected {2 * m * k * n}"
+def test_matmul_flops_are_two_per_multiply_add(lab):
+    """a [m, k] @ [k, n] matmul does 2mkn FLOPs"""
+    for m, k, n, b in matmul_cases():
+        flops, _ = lab.matmul_cost(m, k, n, b)
+        expected = 2 * m * k * n
+        assert close(flops, expected), f"matmul_cost({m}, {k}, {n}, {b}): {flops:g} FLOPs, expected {expected:g}"
+
+
+@exercise("0.1")
+def test_matmul_bytes_read_both_inputs_and_write_the_output(lab):
+    """a [m, k] @ [k, n] matmul moves A, B and C once each"""
+    for m, k, n, b in matmul_cases():
+        _, nbytes = lab.matmul_cost(m, k, n, b)
         expected = (m * k + k * n + m * n) * b
-        assert close(nbytes, expected), f"matmul_cost({m}, {k}, {n}, {b}) bytes = {nbytes}, expected {expected}"
+        assert close(nbytes, expected), f"matmul_cost({m}, {k}, {n}, {b}): {nbytes:g} bytes, expected {expected:g}"
 
 
 @exercise("0.2")
 def test_roofline_time_is_set_by_the_slower_resource(lab):
-    """time = max(compute time, memory time), in both regimes"""
-    cases = ((1e12, 1e9, 1e14, 1e12), (1e9, 1e10, 1e14, 1e12), (5e13, 5e10, 1e14, 1e12))
+    """time = max(compute time, memory time): compute-bound, memory-bound and exactly at the ridge"""
+    rng = random.Random(2)
+    cases = [(1e12, 1e9, 1e14, 1e12), (1e9, 1e10, 1e14, 1e12), (2e12, 1e10, 2e14, 1e12), (7, 3, 2, 5)]
+    for _ in range(20):  # intensities both sides of the ridge, on machines of very different balance
+        peak, bw = 10 ** rng.uniform(9, 15), 10 ** rng.uniform(9, 13)
+        nbytes = 10 ** rng.uniform(3, 11)
+        cases.append((nbytes * peak / bw * 10 ** rng.uniform(-2, 2), nbytes, peak, bw))
     for flops, nbytes, peak, bw in cases:
         t = lab.roofline_time(flops, nbytes, peak, bw)
         expected = max(flops / peak, nbytes / bw)
-        assert close(t, expected), f"roofline_time({flops:g} FLOPs, {nbytes:g} B) = {t:g} s, expected {expected:g} s"
+        assert close(t, expected), (f"roofline_time({flops:g} FLOPs, {nbytes:g} B, {peak:g} FLOP/s, {bw:g} B/s) "
+                                    f"= {t:g} s, expected {expected:g} s")
+
+
+def attention_cases() -> list[tuple[int, int, int, int, int, int]]:
+    rng = random.Random(3)
+    cases = [(1, 4096, 32, 8, 128, 2), (512, 512, 12, 12, 64, 4), (3, 10, 6, 2, 8, 1), (5, 9, 7, 1, 16, 2)]
+    for _ in range(20):
+        q_len, kv_heads = rng.randint(1, 600), rng.choice((1, 2, 3, 4))
+        cases.append((q_len, q_len + rng.randint(0, 3000), kv_heads * rng.choice((2, 3, 5)), kv_heads,
+                      rng.choice((16, 40, 64, 96)), rng.choice((1, 2, 4))))
+    return cases
 
 
 @exercise("0.3")
-def test_attention_cost_counts_both_matmuls_over_all_heads(lab):
-    """FLOPs of q.k and p.v for every query head; bytes of q, k, v (kv heads only) and the output"""
-    for q_len, kv_len, heads, kv_heads, d, b in ((1, 4096, 32, 8, 128, 2), (512, 512, 12, 12, 64, 4), (3, 10, 6, 2, 8, 1)):
-        flops, nbytes = lab.attention_cost(q_len, kv_len, heads, kv_heads, d, b)
-        exp_flops = 4 * q_len * kv_len * heads * d
-        exp_bytes = (2 * q_len * heads * d + 2 * kv_len * kv_heads * d) * b
-        what = f"attention_cost(q_len={q_len}, kv_len={kv_len}, heads={heads}, kv_heads={kv_heads})"
-        assert close(flops, exp_flops), f"{what}: {flops:g} FLOPs, expected {exp_flops:g}"
-        assert close(nbytes, exp_bytes), f"{what}: {nbytes:g} bytes, expected {exp_bytes:g}"
+def test_attention_flops_count_both_matmuls_on_every_query_head(lab):
+    """q.k and p.v, each q_len x kv_len x head_dim multiply-adds, for every query head"""
+    for q_len, kv_len, heads, kv_heads, d, b in attention_cases():
+        flops, _ = lab.attention_cost(q_len, kv_len, heads, kv_heads, d, b)
+        expected = 4 * q_len * kv_len * heads * d
+        assert close(flops, expected), (f"attention_cost(q_len={q_len}, kv_len={kv_len}, heads={heads}, "
+                                        f"kv_heads={kv_heads}, head_dim={d}): {flops:g} FLOPs, expected {expected:g}")
+
+
+@exercise("0.3")
+def test_attention_bytes_read_q_k_v_and_write_the_output(lab):
+    """q and the output are heads wide; k and v, each read once, only kv_heads wide"""
+    for q_len, kv_len, heads, kv_heads, d, b in attention_cases():
+        _, nbytes = lab.attention_cost(q_len, kv_len, heads, kv_heads, d, b)
+        expected = (2 * q_len * heads * d + 2 * kv_len * kv_heads * d) * b
+        assert close(nbytes, expected), (f"attention_cost(q_len={q_len}, kv_len={kv_len}, heads={heads}, "
+                                         f"kv_heads={kv_heads}, head_dim={d}, {b} B): {nbytes:g} bytes, "
+                                         f"expected {expected:g}")
 
 
 @exercise("0.4")
 def test_kv_cache_bytes_match_an_allocated_cache(lab):
-    """bytes of K and V for every layer and kv head, as minillm's cache allocates them"""
-    cfg = config(tied=True)
-    for tokens, dtype, b in ((100, torch.float32, 4), (37, torch.bfloat16, 2)):
-        expected = ContiguousKVCache(cfg, tokens, dtype, torch.device("cpu")).nbytes
+    """bytes of K and V for every layer and kv head, as a cache of that many tokens allocates them"""
+    rng = random.Random(4)
+    cases = [(config(True), 100, 4), (config(True), 37, 2)]
+    cases += [(cfg, rng.randint(1, 400), rng.choice((1, 2, 4))) for cfg in random_configs(40, 8)]
+    for cfg, tokens, b in cases:
+        expected = ContiguousKVCache(cfg, tokens, DTYPES[b], torch.device("cpu")).nbytes
+        formula = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * tokens * b
+        assert expected == formula, f"the grader's oracles disagree: a cache allocates {expected} B, formula {formula}"
         got = lab.kv_cache_bytes(cfg, tokens, b)
-        assert close(got, expected), f"kv_cache_bytes({tokens} tokens, {b} B) = {got}, an allocated cache has {expected}"
+        assert close(got, expected), \
+            f"kv_cache_bytes({shape(cfg)}; {tokens} tokens, {b} B) = {got}, an allocated cache has {expected}"
 
 
-def expected_decode(cfg, context, batch, b):
-    p = weights_read_per_token(cfg)
-    attn = 4 * context * cfg.num_attention_heads * cfg.head_dim
-    flops = 2 * p * batch + cfg.num_hidden_layers * batch * attn
-    nbytes = p * b + 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * batch * b
-    return flops, nbytes
+@cache
+def weights_read_per_token(cfg: ModelConfig) -> int:
+    """Every parameter minillm's model holds, less the embedding table when it is not the LM head too."""
+    params = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
+    return params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+
+
+def expected_decode(cfg: ModelConfig, context: int, batch: int, b: int, weights: int) -> tuple[int, int]:
+    attention = 4 * context * cfg.num_attention_heads * cfg.head_dim  # one query, one layer
+    flops = 2 * weights * batch + cfg.num_hidden_layers * batch * attention
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * b  # bytes per cached token
+    return flops, weights * b + kv * context * batch
+
+
+def decode_cases() -> list[tuple[ModelConfig, int, int, int]]:
+    rng = random.Random(5)
+    cases = [(config(tied), context, batch, b) for tied in (False, True)
+             for context, batch, b in ((1, 1, 2), (300, 8, 4))]
+    cases += [(cfg, rng.randint(1, 2000), rng.randint(2, 64), rng.choice((1, 2, 4))) for cfg in random_configs(50, 6)]
+    return cases
 
 
 @exercise("0.5")
-def test_decode_step_cost_counts_weights_once_and_each_sequences_cache(lab):
-    """a decode step reads every weight once (not the embedding table) and each sequence's KV"""
-    for tied in (False, True):
-        cfg = config(tied)
-        for context, batch, b in ((1, 1, 2), (300, 8, 4)):
-            flops, nbytes = lab.decode_step_cost(cfg, context, batch, b)
-            exp_flops, exp_bytes = expected_decode(cfg, context, batch, b)
-            what = f"decode_step_cost(tied={tied}, context={context}, batch={batch})"
-            assert close(nbytes, exp_bytes), f"{what}: {nbytes:g} bytes, expected {exp_bytes:g}"
-            assert close(flops, exp_flops), f"{what}: {flops:g} FLOPs, expected {exp_flops:g}"
+def test_decode_step_flops_count_every_token_of_the_batch(lab):
+    """each sequence's token meets every weight (2 FLOPs each) and attends over its own context"""
+    for cfg, context, batch, b in decode_cases():
+        flops, _ = lab.decode_step_cost(cfg, context, batch, b)
+        expected, _ = expected_decode(cfg, context, batch, b, weights_read_per_token(cfg))
+        assert close(flops, expected), \
+            f"decode_step_cost({shape(cfg)}; context={context}, batch={batch}): {flops:g} FLOPs, expected {expected:g}"
+
+
+@exercise("0.5")
+def test_decode_step_bytes_read_weights_once_and_each_sequences_cache(lab):
+    """the weights (not the embedding table) are read once for the batch, the KV cache once per sequence"""
+    for cfg, context, batch, b in decode_cases():
+        _, nbytes = lab.decode_step_cost(cfg, context, batch, b)
+        _, expected = expected_decode(cfg, context, batch, b, weights_read_per_token(cfg))
+        assert close(nbytes, expected), (f"decode_step_cost({shape(cfg)}; context={context}, batch={batch}, {b} B): "
+                                         f"{nbytes:g} bytes, expected {expected:g}")
 
 
 @exercise("0.6")
 def test_decode_tokens_per_s_follows_the_roofline(lab):
-    """tokens/s = batch / roofline time of one step, memory-bound at batch 1, compute-bound at huge batch"""
-    cfg = config(tied=False)
-    for context, batch in ((64, 1), (64, 16), (8, 100000)):
-        flops, nbytes = expected_decode(cfg, context, batch, 2)
-        expected = batch / max(flops / H100["peak_flops"], nbytes / H100["bandwidth"])
-        got = lab.decode_tokens_per_s(cfg, context, batch, H100["peak_flops"], H100["bandwidth"], 2)
-        assert close(got, expected, 1e-6), f"decode_tokens_per_s(batch={batch}) = {got:g}, expected {expected:g}"
+    """tokens/s = batch / roofline time of one step: memory-bound at small batch, compute-bound at huge batch"""
+    rng = random.Random(6)
+    cases = [(config(False), 64, 1, H100["peak_flops"], H100["bandwidth"]),
+             (config(False), 64, 16, H100["peak_flops"], H100["bandwidth"]),
+             (config(False), 8, 100000, H100["peak_flops"], H100["bandwidth"])]
+    for cfg in random_configs(60, 4):
+        for batch in (1, rng.randint(2, 50), rng.randint(10**5, 10**6)):
+            cases.append((cfg, rng.randint(1, 1000), batch, 10 ** rng.uniform(10, 15), 10 ** rng.uniform(9, 13)))
+    for cfg, context, batch, peak, bw in cases:
+        flops, nbytes = expected_decode(cfg, context, batch, 2, weights_read_per_token(cfg))
+        expected = batch / max(flops / peak, nbytes / bw)
+        got = lab.decode_tokens_per_s(cfg, context, batch, peak, bw, 2)
+        assert close(got, expected, 1e-6), (f"decode_tokens_per_s({shape(cfg)}; context={context}, batch={batch}, "
+                                            f"{peak:g} FLOP/s, {bw:g} B/s) = {got:g}, expected {expected:g}")

@@ -3,7 +3,7 @@ EXERCISE = "1.4"
 
 
 def causal_gqa_attention(q, k, v):
-    q_len, heads, head_dim = q.shape
+    q_len, heads, _ = q.shape
     kv_len, kv_heads, _ = k.shape
     k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
     scores = torch.einsum("qhd,khd->hqk", q, k)
