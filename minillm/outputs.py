@@ -11,6 +11,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str | None  # "stop" (EOS, stop token or string), "length" (max_tokens), "abort"
     metrics: dict = field(default_factory=dict)
+    logprobs: list[dict[int, float]] | None = None  # per output token, with SamplingParams(logprobs=k)
 
 
 @dataclass
@@ -51,3 +52,4 @@ class StreamChunk:
     finished: bool = False
     output: Completion | None = None
     request: RequestOutput | None = None
+    logprobs: list[dict[int, float]] | None = None  # per token in token_ids, with SamplingParams(logprobs=k)

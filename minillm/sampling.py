@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 64
@@ -22,6 +25,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     n: int = 1                  # samples of the prompt; they share its KV blocks. Sample i uses seed + i
+    logprobs: int | None = None  # report each output token's log-probability and the `logprobs` likeliest (0-20)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -30,6 +34,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         checks = [
             (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
+            (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+             f"logprobs must be None or an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}"),
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"),
             (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
             (isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}"),
@@ -92,4 +98,14 @@ def sample_requests(logits: torch.Tensor, params: list[SamplingParams], generato
             out.append(greedy[i])
         else:
             out.append(int(sample_fn(logits[i:i + 1], p.temperature, p.top_k, p.top_p, gen)[0]))
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> dict[int, float]:
+    """Log-probabilities under the model's own distribution (before temperature and filters) of
+    the sampled token and of the `top` likeliest tokens. logits: [vocab] -> {token id: logprob}."""
+    logprobs = logits.float().log_softmax(-1)
+    best = logprobs.topk(top) if top else None
+    out = {} if best is None else dict(zip(best.indices.tolist(), best.values.tolist()))
+    out[token] = float(logprobs[token])
     return out

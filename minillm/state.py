@@ -118,6 +118,7 @@ class Sequence:
         self.output_text = ""
         self.emitted_chars = 0  # how much of output_text has been streamed to the caller
         self.finish_reason: FinishReason | None = None
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.forks: list[Sequence] = []  # samples 1..n-1, forked from this one after its prefill
         self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())

@@ -78,3 +78,17 @@ def test_temperature_near_zero_equals_greedy(llama_llm):
 def test_invalid_sampling_params_are_rejected_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_logprobs_are_the_models_own_log_softmax_with_the_sampled_token(llama_llm):
+    prompt = [3, 1, 4, 1, 5]
+    out = llama_llm.generate([prompt], SamplingParams(max_tokens=3, temperature=0.9, top_k=5, seed=3, logprobs=4,
+                                                      ignore_eos=True))[0].outputs[0]
+    ids = list(prompt)
+    for token, reported in zip(out.token_ids, out.logprobs):
+        expected = llama_llm.logits(ids)[-1].log_softmax(-1)  # before temperature and top-k
+        best = expected.topk(4).indices.tolist()
+        assert set(reported) == set(best) | {token}
+        for t, value in reported.items():
+            assert abs(value - float(expected[t])) < 1e-4
+        ids.append(token)

@@ -22,7 +22,7 @@ from minillm.models.config import ModelConfig
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, RequestOutput, StreamChunk
-from minillm.sampling import SamplingParams, sample_requests
+from minillm.sampling import SamplingParams, sample_requests, token_logprobs
 from minillm.state import (FinishReason, KVStats, ScheduledSeq, ScheduledWork, Sequence, SequenceSnapshot,
                            StepEvent)
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -158,6 +158,9 @@ class LLMEngine:
         rows = [row for _, row in sampling]
         tokens = sample_requests(logits if rows == list(range(len(logits))) else logits[rows],
                                  [s.params for s in seqs], [s.generator for s in seqs], self._sample)
+        for seq, row, token in zip(seqs, rows, tokens):
+            if seq.logprobs is not None:
+                seq.logprobs.append(token_logprobs(logits[row], token, seq.params.logprobs))
         now = time.perf_counter()
         chunks = [self._append(seq, token, now) for seq, token in zip(seqs, tokens)]
         updated = time.perf_counter()
@@ -212,7 +215,8 @@ class LLMEngine:
             end -= max(len(s) for s in seq.params.stop) - 1
         delta = seq.output_text[seq.emitted_chars:max(end, seq.emitted_chars)]
         seq.emitted_chars += len(delta)
-        chunk = StreamChunk(seq.request_id, seq.index, delta, token_ids, seq.is_finished)
+        chunk = StreamChunk(seq.request_id, seq.index, delta, token_ids, seq.is_finished,
+                            logprobs=None if seq.logprobs is None else seq.logprobs[-len(token_ids):])
         if seq.is_finished:
             chunk.output = self.completion_of(seq)
             done = self._finished[seq.request_id]
@@ -225,4 +229,5 @@ class LLMEngine:
 
     def completion_of(self, seq: Sequence) -> Completion:
         metrics = {**seq.metrics.as_dict(), "cached_prompt_tokens": seq.num_cached_prompt_tokens}
-        return Completion(seq.index, seq.output_text, seq.output_token_ids, seq.finish_reason, metrics)
+        return Completion(seq.index, seq.output_text, seq.output_token_ids, seq.finish_reason, metrics,
+                          None if seq.logprobs is None else list(seq.logprobs))
