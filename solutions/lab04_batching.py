@@ -9,10 +9,12 @@
 # whom, and for how long. Every step, an engine's **scheduler** answers one question: which
 # sequences run now, and how many tokens does each compute?
 #
-# In this lab you write the answers engines have given, from the simplest to what vLLM and SGLang do
-# today: static batches, iteration-level (continuous) batching under a token budget, chunked
-# prefill, and preemption when KV memory runs out. Then you flatten a step into the tensors the
-# model runs on, and measure each policy, first on a simulated clock and then on `minillm`.
+# In this lab you write `minillm`'s answer, its **step policy**, from the simplest to what vLLM and
+# SGLang do today: static batches, iteration-level (continuous) batching under a token budget,
+# chunked prefill, and preemption when KV memory runs out. The three policy functions you write
+# have exactly the signatures of the engine's own (`minillm/engine/policy.py`), so the engine can
+# run yours in place of its own. Then you flatten a step into the tensors the model runs on, and
+# measure each policy, first on a simulated clock and then on `minillm` driven by your code.
 #
 # ## Learning objectives
 # By the end you can
@@ -24,44 +26,115 @@
 #
 # ## How this lab works
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
-# and signatures. Run each `check(...)` cell for feedback; `make grade LAB=04` grades the notebook.
-# `minillm/engine/scheduler.py` and `minillm/engine/runner.py` hold the engine's version: read them
+# and signatures. Run each `check(...)` cell for feedback. `make grade LAB=04` grades the notebook,
+# and like `check("4.E")` at the end of the lab it also runs your step policy **inside the real
+# engine** and compares the tokens it generates with those of the engine's own policy.
+# `minillm/engine/policy.py` and `minillm/engine/scheduler.py` hold the engine's version: read them
 # after you finish.
 
 # %% tags=["setup"]
-import math
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from minillm.engine.policy import SchedulerOps
 from minillm.labkit import check
+from minillm.state import Sequence
+from minillm.utils import cdiv
 
 
-@dataclass(eq=False)  # eq=False: requests are compared by identity
+@dataclass(eq=False)  # eq=False: requests are compared by identity, like the engine's sequences
 class Request:
-    """A request as the scheduler sees it (no model needed: only the counts matter)."""
-    rid: int
-    prompt_len: int
-    output_len: int          # tokens it generates before it stops
-    arrival: float = 0.0     # seconds, on the simulated clock
-    computed: int = 0        # tokens whose K/V are in the cache
-    generated: int = 0       # output tokens so far
+    """A request as a step policy sees it: counts only, no tokens and no model. Its attributes have
+    the names of the engine's `Sequence`, so a policy written for one runs on the other."""
+    request_id: int
+    num_prompt_tokens: int
+    max_tokens: int                # output tokens it generates before it stops
+    arrival: float = 0.0           # seconds, on the simulated clock
+    num_computed_tokens: int = 0   # tokens whose K/V are in the cache
+    num_output_tokens: int = 0     # output tokens generated so far
+
+    def __len__(self) -> int:
+        """Tokens known so far: the prompt and the output."""
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
-    def length(self) -> int:
-        """Tokens known so far: the prompt and the tokens generated."""
-        return self.prompt_len + self.generated
-
-    @property
-    def remaining(self) -> int:
+    def num_tokens_to_compute(self) -> int:
         """Tokens to compute before it can sample again: the rest of its prompt, or 1 to decode."""
-        return self.length - self.computed
+        return len(self) - self.num_computed_tokens
 
     @property
-    def done(self) -> bool:
-        return self.generated >= self.output_len
+    def is_finished(self) -> bool:
+        return self.num_output_tokens >= self.max_tokens
+
+
+class SimScheduler:
+    """The engine scheduler's operations (minillm/engine/scheduler.py) on Requests, with a simulated
+    pool of `num_blocks` KV blocks of `block_size` slots: only counts, no tensors. A step policy
+    reads `running` and `waiting` and acts only through admit, grow, preempt and make_room."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+        self.running: list[Request] = []        # in admission order: the newest is last
+        self.waiting: deque[Request] = deque()  # first come, first served
+        self.num_free_blocks, self.block_size = num_blocks, block_size
+        self.blocks: dict[int, int] = {}        # request_id -> blocks it holds
+        self.num_preemptions = 0
+
+    def admit(self, req: Request) -> bool:
+        """Move a waiting request to the end of `running`, with blocks for all its tokens.
+        -> False if the pool has no room for them (nothing changes)."""
+        if req not in self.waiting:
+            raise RuntimeError(f"admitted request {req.request_id}, which is not waiting")
+        needed = cdiv(len(req), self.block_size)
+        if needed > self.num_free_blocks:
+            return False
+        self.waiting.remove(req)
+        self.running.append(req)
+        self.blocks[req.request_id] = 0
+        self._take(req, needed)
+        return True
+
+    def grow(self, req: Request, num_tokens: int) -> bool:
+        """Blocks for num_tokens more tokens of a running request. -> False if there is no room."""
+        if req not in self.running:
+            raise RuntimeError(f"grew request {req.request_id}, which is not running")
+        needed = cdiv(req.num_computed_tokens + num_tokens, self.block_size) - self.blocks[req.request_id]
+        if needed > self.num_free_blocks:
+            return False
+        self._take(req, max(needed, 0))
+        return True
+
+    def preempt(self, req: Request) -> None:
+        """Free its blocks and put it back at the front of the queue; its K/V must be recomputed."""
+        if req not in self.running:
+            raise RuntimeError(f"preempted request {req.request_id}, which is not running")
+        self.finish(req)
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def make_room(self, req: Request, num_tokens: int) -> bool:
+        return make_room(self, req, num_tokens)  # your Exercise 4.4
+
+    def finish(self, req: Request) -> None:
+        """It leaves `running`, and its blocks go back to the pool."""
+        self.running.remove(req)
+        self.num_free_blocks += self.blocks.pop(req.request_id)
+
+    def holds(self, req: Request, num_tokens: int) -> bool:
+        """Whether its blocks have slots for its first num_tokens tokens."""
+        return self.blocks.get(req.request_id, 0) * self.block_size >= num_tokens
+
+    def _take(self, req: Request, n: int) -> None:
+        self.num_free_blocks -= n
+        self.blocks[req.request_id] += n
+
+
+def show(plan: list[tuple[Request, int]]) -> list[tuple[int, int]]:
+    """A step's plan as (request id, tokens) pairs, for printing."""
+    return [(req.request_id, n) for req, n in plan]
 
 
 # %%
@@ -72,68 +145,118 @@ from plotly.subplots import make_subplots
 
 from minillm import LLM, SamplingParams
 from minillm.bench.chunked import percentile
+from minillm.config import Components
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
 
 # %% [markdown]
 # ## The concept: a step, and what it costs
 #
-# A scheduler's decision for one step is a list of `(request, tokens to compute)` pairs. After the
-# step runs, each request has `computed` more tokens in its cache, and a request whose step reached
-# the end of its known tokens **samples** one new token:
+# A step policy's decision is a list of `(sequence, tokens to compute)` pairs. After the step runs,
+# each sequence has that many more tokens in its cache, and a sequence whose step reached the end
+# of its known tokens **samples** one new token:
 #
-# * a request with its whole prompt still to compute **prefills** (many tokens, then its first
+# * a sequence with its whole prompt still to compute **prefills** (many tokens, then its first
 #   output token: that sets the time to first token);
-# * a request with one token to compute **decodes** (one token in, one token out).
+# * a sequence with one token to compute **decodes** (one token in, one token out).
 #
-# The function below plays one step on the `Request` counters; everything in this lab runs on it.
+# Every token computed needs a slot in the KV cache, so the policy first makes sure each sequence
+# it schedules holds blocks for its new tokens. It does so through the scheduler's operations, the
+# same in `minillm` as in `SimScheduler` above:
+#
+# * `sched.admit(seq)`: move a waiting sequence to the end of `sched.running`, with blocks for all
+#   its tokens (tokens a prefix-cache hit supplies count as computed); `False`: the pool has no
+#   room, and nothing changed;
+# * `sched.grow(seq, n)`: blocks for `n` more tokens of a running sequence; `False`: no room;
+# * `sched.preempt(seq)`: free its blocks, and put it back at the front of `sched.waiting`, to be
+#   recomputed;
+# * `sched.make_room(seq, n)`: grow, preempting the newest running sequences until it fits (your
+#   Exercise 4.4).
+#
+# `run_step` below plays one step of a plan on a `SimScheduler`; everything simulated in this lab
+# runs on it. Here it plays one request by hand: admitted, then grown for each step's tokens.
 
 # %%
-def run_step(batch: list[tuple[Request, int]]) -> list[Request]:
-    """Apply one step's work; -> the requests that sampled a token in it."""
+def run_step(sched: SimScheduler, plan: list[tuple[Request, int]]) -> list[Request]:
+    """Apply one step's work; a request that samples its last token leaves, freeing its blocks.
+    -> the requests that sampled a token in this step."""
     sampled = []
-    for r, n in batch:
-        r.computed += n
-        if r.computed == r.length:  # reached its last known token: its logits give a new one
-            r.generated += 1
-            sampled.append(r)
+    for req, n in plan:
+        if not sched.holds(req, req.num_computed_tokens + n):
+            raise RuntimeError(f"request {req.request_id} was given {n} tokens without KV room for them")
+        req.num_computed_tokens += n
+        if req.num_computed_tokens == len(req):  # reached its last known token: its logits give a new one
+            req.num_output_tokens += 1
+            sampled.append(req)
+            if req.is_finished:
+                sched.finish(req)
     return sampled
 
 
-r = Request(0, prompt_len=5, output_len=3)
-for step in range(4):
-    print(f"step {step}: computes {r.remaining} token(s)", end=" -> ")
-    run_step([(r, r.remaining)])
-    print(f"computed {r.computed}, generated {r.generated}, done {r.done}")
+sched = SimScheduler(num_blocks=8, block_size=4)
+req = Request(0, num_prompt_tokens=7, max_tokens=3)
+sched.waiting.append(req)
+print("admitted:", sched.admit(req), f"holding {sched.blocks[0]} blocks")
+for step in range(3):
+    n = req.num_tokens_to_compute
+    grew = sched.grow(req, n)  # room for this step's tokens
+    held = sched.blocks[0]
+    run_step(sched, [(req, n)])
+    print(f"step {step}: {n} token(s) to compute, room: {grew}, holding {held} blocks -> computed "
+          f"{req.num_computed_tokens}, output {req.num_output_tokens}"
+          + ("; finished, its blocks are back in the pool" if req.is_finished else ""))
 
 # %% [markdown]
 # ## Exercise 4.1 · A static batcher
 #
-# The simplest batcher takes up to `max_num_seqs` waiting requests, prefills them together, then
+# The simplest batcher takes up to `max_num_seqs` waiting sequences, prefills them together, then
 # decodes them together until **every** one has finished; only then does it take the next batch.
-# This is what `model.generate(padded_batch)` does. The caller removes each request from `running`
-# as soon as it is done, but its slot stays empty: nobody joins a static batch while it runs.
+# This is what `model.generate(padded_batch)` does. A sequence leaves `sched.running` as soon as it
+# finishes, but its slot stays empty: nobody joins a static batch while it runs.
 #
-# `waiting` is a queue (first come, first served), `running` a list in admission order. The
-# function *moves* the requests it admits from `waiting` to `running`.
+# A running sequence may need a new block for its next token (a decode that starts a new block).
+# `sched.make_room(seq, n)` gets it one, preempting the newest running sequence if the pool is
+# full; it returns `False` if the sequence had to go itself. You write `make_room` in Exercise 4.4;
+# here you call it.
 
 # %% exercise="4.1"
-def static_step(running: list[Request], waiting: deque[Request], max_num_seqs: int) -> list[tuple[Request, int]]:
-    """One step of static batching. -> [(request, tokens to compute)] in running order.
+def static_step(sched: SchedulerOps, max_num_seqs: int) -> list[tuple[Sequence, int]]:
+    """One step of static batching. -> [(seq, tokens to compute)], in any order.
 
-    If any request is running: each computes its `remaining` tokens, and no one is admitted.
-    Otherwise: move up to max_num_seqs requests from the front of `waiting` to `running`, each
-    computing its whole `remaining` (its prompt).
+    If any sequence runs: each running sequence, oldest first, computes its num_tokens_to_compute
+    tokens once sched.make_room(seq, n) has given it KV room for them. make_room returning False
+    means seq was preempted; make_room may also preempt newer sequences: neither computes this
+    step. Nobody is admitted.
+    Otherwise: admit the front of sched.waiting, one after another, while fewer than max_num_seqs
+    run and sched.admit says there is room; then each running sequence computes its
+    num_tokens_to_compute (read after admit: a prefix-cache hit makes it smaller than the prompt).
 
-    Hints: 5 lines. `waiting.popleft()`.
+    Hints: about 8 lines. Loop over `list(sched.running)`: make_room may remove sequences from it.
     """
     ### BEGIN SOLUTION
-    if not running:
-        while waiting and len(running) < max_num_seqs:
-            running.append(waiting.popleft())
-    return [(r, r.remaining) for r in running]
+    if sched.running:
+        batch = []
+        for seq in list(sched.running):
+            n = seq.num_tokens_to_compute
+            if seq in sched.running and sched.make_room(seq, n):
+                batch.append((seq, n))
+        return batch
+    while sched.waiting and len(sched.running) < max_num_seqs and sched.admit(sched.waiting[0]):
+        pass
+    return [(seq, seq.num_tokens_to_compute) for seq in sched.running]
     ### END SOLUTION
 
+
+# %% [markdown]
+# Four requests wait; the pool has 5 blocks of 4 slots. The first two prompts take 2 and 3 blocks,
+# so the third finds no room and the batch starts with two, although `max_num_seqs` allows three.
+
+# %%
+sched = SimScheduler(num_blocks=5, block_size=4)
+sched.waiting.extend(Request(i, p, max_tokens=3) for i, p in enumerate([7, 12, 3, 9]))
+print("step:", show(static_step(sched, max_num_seqs=3)))
+print("running:", [r.request_id for r in sched.running], " waiting:", [r.request_id for r in sched.waiting],
+      " free blocks:", sched.num_free_blocks)
 
 # %%
 check("4.1")
@@ -142,7 +265,7 @@ check("4.1")
 # ## Continuous batching and the token budget
 #
 # **Iteration-level scheduling** (Orca, Yu et al. 2022) decides the batch again at *every step*: a
-# finished request leaves at once, and a waiting one takes its place in the next step. No slot
+# finished sequence leaves at once, and a waiting one takes its place in the next step. No slot
 # idles while others finish.
 #
 # Joining mid-flight means a step can mix a new request's prefill (hundreds of tokens) with
@@ -154,7 +277,7 @@ check("4.1")
 #
 # ## Exercise 4.2 · A chunked-prefill splitter
 #
-# A prompt of `prompt_len` tokens arrives while `num_decodes` requests are decoding. Each step the
+# A prompt of `prompt_len` tokens arrives while `num_decodes` sequences are decoding. Each step the
 # decodes take one token of the budget each, and the prompt's chunk gets the rest. Every chunk is
 # full except perhaps the last, which takes what is left of the prompt (never drop it: those tokens
 # need their K/V too).
@@ -184,52 +307,80 @@ print(prefill_chunks(100, budget=32, num_decodes=6))
 # %% [markdown]
 # ## Exercise 4.3 · One continuous-scheduling step
 #
-# Now the whole decision, as `minillm`'s scheduler makes it:
+# Now the whole decision, as `minillm` makes it every step. `left` is the budget not yet given
+# out this step; the budget is inclusive (a step may compute exactly `budget` tokens).
 #
-# 1. **Running requests first**, oldest first: each wants its `remaining` tokens (1 to decode, or
-#    the rest of a prompt being prefilled in chunks). With chunking, it takes `min(remaining, left)`
-#    where `left` is the budget not yet spent. A request that gets 0 tokens, or (unchunked) wants
-#    more than is left, sits this step out, unless the batch is still empty: then it runs alone,
-#    over budget, since a prompt longer than the budget could otherwise never run.
-# 2. **Then waiting requests join**, first come first served, while fewer than `max_num_seqs` run
-#    and budget is left: each wants its `remaining` (its prompt), cut to `left` when chunking.
-#    Unchunked, a prompt larger than what is left stops admission for this step (unless the batch
-#    is empty); nobody behind it jumps the queue.
+# 1. **Running sequences first**, oldest first. Each wants `n = seq.num_tokens_to_compute` (1 to
+#    decode, or the rest of a prompt being prefilled), cut to `min(n, left)` when chunking. It sits
+#    this step out if `n` is 0 (no budget left), or if it wants more than is left while the batch
+#    already holds someone (unchunked: a sequence alone in the batch runs, over budget, since a
+#    prompt longer than the budget could otherwise never run). A sequence that computes gets KV
+#    room first, `sched.make_room(seq, n)`; if that returns `False` it was itself preempted and
+#    sits out. `make_room` may preempt sequences newer than `seq`: skip those, they wait now.
+# 2. **Then waiting sequences join**, front first, while fewer than `max_num_seqs` run and
+#    budget is left. Unchunked, if the front wants more than is left (its `num_tokens_to_compute`
+#    while it waits) and the batch is not empty, admission stops: nobody behind it jumps the queue.
+#    `sched.admit(seq)` returning `False` (no KV room) stops admission too. After `admit`, read
+#    `seq.num_tokens_to_compute` again: tokens a prefix-cache hit supplied count as computed, so it
+#    may be smaller than the prompt. It computes that, cut to `left` when chunking.
 #
-# Running requests go first because they already hold KV memory and someone is waiting for their
-# next token; a new prompt can wait a step. The budget is inclusive: a step may compute exactly
-# `budget` tokens.
+# Running sequences go first because they already hold KV memory and someone is waiting for their
+# next token; a new prompt can wait a step.
 
 # %% exercise="4.3"
-def continuous_step(running: list[Request], waiting: deque[Request], budget: int, max_num_seqs: int,
-                    chunked: bool = True) -> list[tuple[Request, int]]:
-    """One step of continuous batching under a token budget. -> [(request, tokens to compute)].
+def continuous_step(sched: SchedulerOps, budget: int, max_num_seqs: int,
+                    chunked: bool) -> list[tuple[Sequence, int]]:
+    """One step of continuous batching under a token budget. -> [(seq, tokens to compute)], in any order.
 
-    Running requests in order, then admitted ones (moved from the front of `waiting` to the end
-    of `running`), following the rules above; the tokens of the step sum to at most `budget`
-    (except for a lone over-budget request when unchunked).
+    left = budget - tokens given out so far this step (the budget is inclusive).
+    1. Running sequences, oldest first; skip any no longer in sched.running (make_room preempted
+       it). n = seq.num_tokens_to_compute, or min(n, left) when chunked. It sits out if n == 0, or
+       if n > left while the batch is not empty (so unchunked, a lone sequence runs over budget).
+       Otherwise it computes n if sched.make_room(seq, n) is True (False: seq itself was preempted).
+    2. Then waiting sequences, front first, while len(sched.running) < max_num_seqs and left > 0.
+       Unchunked, stop if the front's num_tokens_to_compute > left while the batch is not empty.
+       Stop if sched.admit(seq) is False (no KV room). An admitted sequence computes its
+       num_tokens_to_compute read after admit (a prefix-cache hit counts as computed), or
+       min(that, left) when chunked.
 
-    Hints: about 20 lines. Keep `left = budget - tokens scheduled so far`.
+    Hints: about 20 lines. Loop over `list(sched.running)`.
     """
     ### BEGIN SOLUTION
     batch, left = [], budget
-    for r in running:
-        n = min(r.remaining, left) if chunked else r.remaining
+    for seq in list(sched.running):
+        if seq not in sched.running:
+            continue  # preempted while making room for an older sequence
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
         if n == 0 or (n > left and batch):
             continue
-        batch.append((r, n))
+        if not sched.make_room(seq, n):
+            continue
+        batch.append((seq, n))
         left -= n
-    while waiting and len(running) < max_num_seqs and left > 0:
-        r = waiting[0]
-        n = min(r.remaining, left) if chunked else r.remaining
-        if n > left and batch:
+    while sched.waiting and len(sched.running) < max_num_seqs and left > 0:
+        seq = sched.waiting[0]
+        if not chunked and seq.num_tokens_to_compute > left and batch:
             break
-        running.append(waiting.popleft())
-        batch.append((r, n))
+        if not sched.admit(seq):
+            break
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
+        batch.append((seq, n))
         left -= n
     return batch
     ### END SOLUTION
 
+
+# %% [markdown]
+# Three prompts of 5, 30 and 4 tokens wait, with a budget of 16 and a roomy pool. Chunked, the
+# second prompt's first chunk takes the 11 tokens the first one left, and the budget is spent.
+# Unchunked, the second prompt does not fit, and the third may not jump ahead of it.
+
+# %%
+for chunked in (True, False):
+    sched = SimScheduler(num_blocks=100, block_size=4)
+    sched.waiting.extend(Request(i, p, max_tokens=3) for i, p in enumerate([5, 30, 4]))
+    print(f"chunked={chunked}: step", show(continuous_step(sched, budget=16, max_num_seqs=4, chunked=chunked)),
+          " waiting:", [r.request_id for r in sched.waiting])
 
 # %%
 check("4.3")
@@ -237,42 +388,49 @@ check("4.3")
 # %% [markdown]
 # ## Exercise 4.4 · Preemption: who gives up their memory?
 #
-# Continuous batching admits requests while their *prompts* fit, betting that blocks will free up
-# as others finish. Sometimes the bet fails: a running request needs a new block for its next
+# Continuous batching admits sequences while their *prompts* fit, betting that blocks will free up
+# as others finish. Sometimes the bet fails: a running sequence needs a new block for its next
 # token and the pool is empty. Something must give. `minillm` and vLLM **preempt** the **newest**
-# running request: free its blocks and put it back at the front of the queue, to be *recomputed*
-# later (its tokens are kept, its K/V are not). Repeat until the needy request's blocks fit, or
-# until the needy request is itself the newest, and so is preempted.
+# running sequence: free its blocks and put it back at the front of the queue, to be *recomputed*
+# later (its tokens are kept, its K/V are not). Repeat until the needy sequence's blocks fit, or
+# until the needy sequence is itself the newest, and so is preempted.
 #
 # Why the newest? It has done the least work, so recomputing it costs least, and preempting it
 # keeps first-come-first-served fairness: the oldest requests finish first. (vLLM also offers
 # *swapping* K/V to CPU memory instead of recomputing.)
 
 # %% exercise="4.4"
-def preempt_for(needy: Request, blocks_needed: int, running: list[Request], waiting: deque[Request],
-                num_free: int, block_size: int) -> list[Request]:
-    """Preempt the newest running requests until `needy` can get blocks_needed blocks.
+def make_room(sched: SchedulerOps, seq: Sequence, num_tokens: int) -> bool:
+    """KV room for num_tokens more tokens of the running sequence seq, preempting if need be.
 
-    While blocks_needed > num_free: the victim is the last of `running`; remove it, free its
-    ceil(victim.computed / block_size) blocks (num_free grows), set victim.computed = 0, and put
-    it at the front of `waiting`. Stop after preempting `needy` itself.
-    -> the victims, in the order preempted (newest first).
+    While sched.grow(seq, num_tokens) says there is no room: the victim is the newest running
+    sequence (the last of sched.running); sched.preempt(victim). If the victim was seq itself,
+    stop and return False. -> True once grow has succeeded.
 
-    Hints: 9 lines. `running.pop()`, `waiting.appendleft(victim)`, `math.ceil`.
+    Hints: 6 lines.
     """
     ### BEGIN SOLUTION
-    victims = []
-    while blocks_needed > num_free and running:
-        victim = running.pop()
-        num_free += math.ceil(victim.computed / block_size)
-        victim.computed = 0
-        waiting.appendleft(victim)
-        victims.append(victim)
-        if victim is needy:
-            break
-    return victims
+    while not sched.grow(seq, num_tokens):
+        victim = sched.running[-1]
+        sched.preempt(victim)
+        if victim is seq:
+            return False
+    return True
     ### END SOLUTION
 
+
+# %% [markdown]
+# A pool of 5 blocks of 4 slots, full after three prompts of 8, 7 and 4 tokens. After their
+# prefill each has sampled a token, and request 0 (now 9 tokens) needs a third block for it. The
+# newest, request 2, gives its block up and goes back to the front of the queue.
+
+# %%
+sched = SimScheduler(num_blocks=5, block_size=4)
+sched.waiting.extend(Request(i, p, max_tokens=4) for i, p in enumerate([8, 7, 4]))
+run_step(sched, continuous_step(sched, budget=64, max_num_seqs=4, chunked=True))
+print("step:", show(continuous_step(sched, budget=64, max_num_seqs=4, chunked=True)),
+      " preemptions:", sched.num_preemptions, " waiting:", [r.request_id for r in sched.waiting],
+      " free blocks:", sched.num_free_blocks)
 
 # %%
 check("4.4")
@@ -334,9 +492,11 @@ check("4.5")
 #
 # roughly a 7B model on one GPU: decode steps are memory-bound (the fixed part), big prefills
 # compute-bound (the per-token part). Twelve requests arrive over the first 0.15 s, with prompts
-# and answers of mixed lengths. Each policy plays the same workload with your functions:
+# and answers of mixed lengths. Each policy plays the same workload with your functions, on a
+# `SimScheduler` with room for every request (preemption comes later, on the real engine):
 #
-# * **sequential**: one request at a time (a static batch of 1);
+# * **sequential**: one request at a time (your `continuous_step` with `max_num_seqs = 1`,
+#   unchunked: what `minillm`'s `scheduler="sequential"` runs);
 # * **static**: batches of up to 6;
 # * **continuous**: up to 6 at once, a budget of 512 tokens, no chunking;
 # * **continuous + chunked**: the same with a budget of 64 tokens, prompts in chunks.
@@ -355,10 +515,10 @@ def make_workload(seed: int = 0) -> list[Request]:
 
 
 POLICIES = {
-    "sequential": lambda run, wait: static_step(run, wait, 1),
-    "static": lambda run, wait: static_step(run, wait, 6),
-    "continuous": lambda run, wait: continuous_step(run, wait, budget=512, max_num_seqs=6, chunked=False),
-    "continuous + chunked": lambda run, wait: continuous_step(run, wait, budget=64, max_num_seqs=6),
+    "sequential": lambda sched: continuous_step(sched, budget=512, max_num_seqs=1, chunked=False),
+    "static": lambda sched: static_step(sched, max_num_seqs=6),
+    "continuous": lambda sched: continuous_step(sched, budget=512, max_num_seqs=6, chunked=False),
+    "continuous + chunked": lambda sched: continuous_step(sched, budget=64, max_num_seqs=6, chunked=True),
 }
 
 # %% [markdown]
@@ -366,27 +526,29 @@ POLICIES = {
 # policy for a plan, charges its cost, and records who computed what and when each token came out.
 
 # %%
-def simulate(policy) -> dict:
-    """Play the workload on the simulated clock; -> steps [(start, seconds, [(rid, n, phase)])] and
-    each request's arrival and token times."""
-    pending, waiting, running = deque(make_workload()), deque(), []
+def simulate(policy, num_blocks: int = 200) -> dict:
+    """Play the workload on the simulated clock; -> steps [(start, seconds, [(id, n, phase)])],
+    each request's arrival and token times, and the preemptions."""
+    pending, sched = deque(make_workload()), SimScheduler(num_blocks, block_size=16)
     clock, steps, times = 0.0, [], {}
-    while pending or waiting or running:
+    while pending or sched.waiting or sched.running:
         while pending and pending[0].arrival <= clock:
-            waiting.append(pending.popleft())
-        batch = policy(running, waiting)
-        if not batch:  # nothing to do until the next arrival
-            clock = pending[0].arrival
+            sched.waiting.append(pending.popleft())
+        plan = policy(sched)
+        if not plan:
+            if not pending:
+                raise RuntimeError("the policy scheduled nothing, and no request will arrive: it would wait forever")
+            clock = pending[0].arrival  # nothing to do until the next arrival
             continue
-        work = [(r.rid, n, "prefill" if r.computed < r.prompt_len else "decode") for r, n in batch]
-        seconds = step_seconds(sum(n for _, n in batch))
+        work = [(r.request_id, n, "decode" if n == 1 and r.num_computed_tokens >= r.num_prompt_tokens else "prefill")
+                for r, n in plan]
+        seconds = step_seconds(sum(n for _, n in plan))
         clock += seconds
-        for r in run_step(batch):
-            times.setdefault(r.rid, []).append(clock)
-        running[:] = [r for r in running if not r.done]
+        for r in run_step(sched, plan):
+            times.setdefault(r.request_id, []).append(clock)
         steps.append((clock - seconds, seconds, work))
-    arrivals = {r.rid: r.arrival for r in make_workload()}
-    return {"steps": steps, "arrivals": arrivals, "times": times}
+    arrivals = {r.request_id: r.arrival for r in make_workload()}
+    return {"steps": steps, "arrivals": arrivals, "times": times, "preemptions": sched.num_preemptions}
 
 # %% [markdown]
 # What to report (the definitions of lab 02): output tokens per second over the whole run; TTFT and
@@ -406,9 +568,9 @@ def summary(arrivals: dict, times: dict, elapsed: float) -> dict:
 def print_summaries(results: dict) -> None:
     print(f"{'policy':>22} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'ITL p50':>8} {'ITL p99':>8} {'E2E p90':>8}")
     for name, s in results.items():
-        print(f"{name:>22} {s['output tok/s']:7.0f} " + " ".join(
-            f"{s[k] * 1e3:{w}.0f}" for k, w in (("TTFT p50", 9), ("TTFT p90", 9), ("ITL p50", 8), ("ITL p99", 8), ("E2E p90", 8)))
-            + "   (ms)")
+        columns = (("TTFT p50", 9), ("TTFT p90", 9), ("ITL p50", 8), ("ITL p99", 8), ("E2E p90", 8))
+        times = " ".join(f"{s[k] * 1e3:{w}.0f}" for k, w in columns)
+        print(f"{name:>22} {s['output tok/s']:7.0f} {times}   (ms)")
 
 
 def gantt(runs: dict, title: str) -> go.Figure:
@@ -451,37 +613,60 @@ print_summaries({name: summary(s["arrivals"], s["times"], s["steps"][-1][0] + s[
 #   paying the fixed cost). The budget is the knob between the two.
 
 # %% [markdown]
+# ## Your step policy inside minillm
+#
+# The engine takes its step policy from `EngineConfig.components`: hand it your three functions
+# and every `LLM` below schedules with your code, on real sequences with a real paged KV cache
+# (prefix-cache hits included). Before every step runs, the engine's scheduler checks the plan your
+# policy made (each sequence running, with KV room for its tokens, within the budget) and stops
+# with an error naming your policy if it cannot run.
+#
+# `check("4.E")` (also part of `make grade LAB=04`) runs a workload built to exercise everything at
+# once, chunked prefill, prefix-cache hits, parallel samples and preemption, through the engine
+# with your policy and through the engine with its own, under both continuous and static batching:
+# the generated tokens must be the same, and every KV block must be back in the pool at the end.
+
+# %%
+YOURS = Components(static_step=static_step, continuous_step=continuous_step, make_room=make_room,
+                   source="this notebook")
+check("4.E")
+
+# %% [markdown]
 # ## Measure it on the real engine
 #
-# Now the same comparison on `minillm`, read from its telemetry: `engine.subscribe(observer)`
-# registers a function that the engine calls after every step with a `StepEvent` (when the step
-# started, how long it took, and what it scheduled: a `ScheduledWork` per sequence, with its
-# tokens and whether they were prefill or decode). The requests all arrive at once here, an
-# offline batch. A step of this small model on this CPU takes a few milliseconds; every number is
-# measured, so expect noise (this machine may be shared) and read the ratios.
+# Now the comparison of the simulation on `minillm`, with your policy, read from the engine's
+# telemetry: `engine.subscribe(observer)` registers a function that the engine calls after every
+# step with a `StepEvent` (when the step started, how long it took, and what it scheduled: a
+# `ScheduledWork` per sequence, with its tokens and whether they were prefill or decode). The
+# requests all arrive at once here, an offline batch. A step of this small model on this CPU takes
+# a few milliseconds; every number is measured, so expect noise (this machine may be shared) and
+# read the ratios.
 
 # %%
 llm_policies = {
     "sequential": dict(scheduler="sequential"),
     "static": dict(scheduler="static", max_num_seqs=6),
-    "continuous": dict(scheduler="continuous", max_num_seqs=6, max_num_batched_tokens=512, enable_chunked_prefill=False),
+    "continuous": dict(scheduler="continuous", max_num_seqs=6, max_num_batched_tokens=512,
+                       enable_chunked_prefill=False),
     "continuous + chunked": dict(scheduler="continuous", max_num_seqs=6, max_num_batched_tokens=64),
 }
 workload = make_workload()
-params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in workload]
+params = [SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True) for r in workload]
 
 
 def measure(config: dict, repeats: int = 2) -> dict:
-    """The fastest of `repeats` runs (other processes on this machine only ever slow a run down)."""
-    llm = LLM("tiny", **config)
+    """The fastest of `repeats` runs of the engine with your step policy (other processes on this
+    machine only ever slow a run down)."""
+    llm = LLM("tiny", components=YOURS, **config)
     gen = torch.Generator().manual_seed(1)  # the same random prompts for every policy
-    prompts = [torch.randint(1, llm.model.config.vocab_size, (r.prompt_len,), generator=gen).tolist() for r in workload]
-    llm.generate(prompts[:2], params[:2])  # warm-up
+    prompts = [torch.randint(1, llm.model.config.vocab_size, (r.num_prompt_tokens,), generator=gen).tolist()
+               for r in workload]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
     events, best = [], None
     llm.engine.subscribe(events.append)
     for _ in range(repeats):
         first, start = len(events), time.perf_counter()
-        outs = llm.generate(prompts, params)  # all arrive at once: an offline batch
+        outs = llm.generate(prompts, params, use_tqdm=False)  # all arrive at once: an offline batch
         elapsed = time.perf_counter() - start
         if best is None or elapsed < best[0]:
             best = (elapsed, start, events[first:], outs)
@@ -501,16 +686,17 @@ def measure(config: dict, repeats: int = 2) -> dict:
 
 
 real = {name: measure(config) for name, config in llm_policies.items()}
-gantt({name: r["steps"] for name, r in real.items()}, "minillm on this machine: steps × requests").show()
+gantt({name: r["steps"] for name, r in real.items()}, "minillm with your policy: steps × requests").show()
 print_summaries({name: r["summary"] for name, r in real.items()})
-print("greedy outputs identical across policies:", all(r["outputs"] == real["sequential"]["outputs"] for r in real.values()))
+print("greedy outputs identical across policies:",
+      all(r["outputs"] == real["sequential"]["outputs"] for r in real.values()))
 
 # %% [markdown]
 # **Preemption, for real.** Shrink the KV pool to 30 blocks of 16 slots (480 tokens, fewer than two
-# of the longest requests need) and run the chunked policy again. The scheduler admits requests
-# while their prompts fit; when a running request then needs a block and none is free, the newest
-# is preempted and later recomputed: look for a request whose prefill bars come back after its
-# decodes started. Nothing is lost, and greedy outputs do not change.
+# of the longest requests need) and run the chunked policy again. Your `continuous_step` admits
+# requests while their prompts fit; when a running request then needs a block and none is free,
+# your `make_room` preempts the newest, which is recomputed later: look for a request whose
+# prefill bars come back after its decodes started. Nothing is lost, and greedy outputs do not change.
 
 # %%
 tight = measure({**llm_policies["continuous + chunked"], "num_kv_blocks": 30}, repeats=1)
@@ -524,7 +710,8 @@ print_summaries({"roomy pool": real["continuous + chunked"]["summary"], "30-bloc
 # above (least squares), and compare it with the one the simulation assumed.
 
 # %%
-tokens = torch.tensor([sum(n for _, n, _ in work) for r in real.values() for _, _, work in r["steps"]], dtype=torch.float64)
+tokens = torch.tensor([sum(n for _, n, _ in work) for r in real.values() for _, _, work in r["steps"]],
+                      dtype=torch.float64)
 seconds = torch.tensor([d for r in real.values() for _, d, _ in r["steps"]], dtype=torch.float64)
 design = torch.stack([torch.ones_like(tokens), tokens], 1)  # [steps, 2]
 fixed, per_token = torch.linalg.lstsq(design, seconds[:, None]).solution.flatten().tolist()
@@ -532,8 +719,8 @@ print(f"this machine: step ≈ {fixed * 1e3:.2f} ms + {per_token * 1e3:.3f} ms �
       f"simulated: 8 ms + 0.080 ms × tokens")
 print(f"the per-token part equals the fixed part at {fixed / per_token:.0f} tokens here, at 100 in the simulation")
 fig = go.Figure([go.Scatter(x=tokens, y=seconds * 1e3, mode="markers", name="measured steps", opacity=0.5),
-                 go.Scatter(x=[0, float(tokens.max())], y=[fixed * 1e3, (fixed + per_token * float(tokens.max())) * 1e3],
-                            name="fit")])
+                 go.Scatter(x=[0, float(tokens.max())], name="fit",
+                            y=[fixed * 1e3, (fixed + per_token * float(tokens.max())) * 1e3])])
 fig.update_layout(title="Step time vs tokens computed, minillm on this machine", xaxis_title="tokens in the step",
                   yaxis_title="ms", height=320)
 fig.show()

@@ -2,20 +2,23 @@
 EXERCISE = "4.3"
 
 
-def continuous_step(running, waiting, budget, max_num_seqs, chunked=True):
+def continuous_step(sched, budget, max_num_seqs, chunked):
     batch, left = [], budget
-    for r in running:
-        n = min(r.remaining, left) if chunked else r.remaining
-        if n == 0 or (n > left and batch):
+    for seq in list(sched.running):
+        if seq not in sched.running:
             continue
-        batch.append((r, n))
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
+        if n == 0 or (n > left and batch) or not sched.make_room(seq, n):
+            continue
+        batch.append((seq, n))
         left -= n
-    while waiting and len(running) < max_num_seqs and left > 0:
-        r = waiting[0]
-        n = min(r.remaining, left) if chunked else r.remaining
-        if n >= left and batch:
+    while sched.waiting and len(sched.running) < max_num_seqs and left > 0:
+        seq = sched.waiting[0]
+        if not chunked and seq.num_tokens_to_compute >= left and batch:
             break
-        running.append(waiting.popleft())
-        batch.append((r, n))
+        if not sched.admit(seq):
+            break
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
+        batch.append((seq, n))
         left -= n
     return batch

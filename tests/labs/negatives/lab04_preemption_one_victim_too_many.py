@@ -1,15 +1,12 @@
-"""Keeps preempting until strictly more blocks are free than needed."""
+"""Preempts before asking for room, so one sequence more than needed is always preempted."""
 EXERCISE = "4.4"
 
 
-def preempt_for(needy, blocks_needed, running, waiting, num_free, block_size):
-    victims = []
-    while blocks_needed >= num_free and running:
-        victim = running.pop()
-        num_free += math.ceil(victim.computed / block_size)
-        victim.computed = 0
-        waiting.appendleft(victim)
-        victims.append(victim)
-        if victim is needy:
-            break
-    return victims
+def make_room(sched, seq, num_tokens):
+    while True:
+        victim = sched.running[-1]
+        sched.preempt(victim)
+        if victim is seq:
+            return False
+        if sched.grow(seq, num_tokens):
+            return True

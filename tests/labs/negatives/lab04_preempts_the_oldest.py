@@ -1,15 +1,11 @@
-"""Preempts the oldest running request, throwing away the most work."""
+"""Preempts the oldest running sequence, throwing away the most work."""
 EXERCISE = "4.4"
 
 
-def preempt_for(needy, blocks_needed, running, waiting, num_free, block_size):
-    victims = []
-    while blocks_needed > num_free and running:
-        victim = running.pop(0)
-        num_free += math.ceil(victim.computed / block_size)
-        victim.computed = 0
-        waiting.appendleft(victim)
-        victims.append(victim)
-        if victim is needy:
-            break
-    return victims
+def make_room(sched, seq, num_tokens):
+    while not sched.grow(seq, num_tokens):
+        victim = sched.running[0]
+        sched.preempt(victim)
+        if victim is seq:
+            return False
+    return True

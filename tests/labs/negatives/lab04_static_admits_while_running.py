@@ -2,7 +2,12 @@
 EXERCISE = "4.1"
 
 
-def static_step(running, waiting, max_num_seqs):
-    while waiting and len(running) < max_num_seqs:
-        running.append(waiting.popleft())
-    return [(r, r.remaining) for r in running]
+def static_step(sched, max_num_seqs):
+    batch = []
+    for seq in list(sched.running):
+        if seq in sched.running and sched.make_room(seq, seq.num_tokens_to_compute):
+            batch.append((seq, seq.num_tokens_to_compute))
+    while sched.waiting and len(sched.running) < max_num_seqs and sched.admit(sched.waiting[0]):
+        seq = sched.running[-1]
+        batch.append((seq, seq.num_tokens_to_compute))
+    return batch

@@ -2,22 +2,24 @@
 EXERCISE = "4.3"
 
 
-def continuous_step(running, waiting, budget, max_num_seqs, chunked=True):
+def continuous_step(sched, budget, max_num_seqs, chunked):
     batch, left = [], budget
-    for r in running:
-        n = min(r.remaining, left) if chunked else r.remaining
-        if n == 0 or (n > left and batch):
+    for seq in list(sched.running):
+        if seq not in sched.running:
             continue
-        batch.append((r, n))
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
+        if n == 0 or (n > left and batch) or not sched.make_room(seq, n):
+            continue
+        batch.append((seq, n))
         left -= n
-    for r in list(waiting):
-        if len(running) >= max_num_seqs or left <= 0:
+    for seq in list(sched.waiting):
+        if len(sched.running) >= max_num_seqs or left <= 0:
             break
-        n = min(r.remaining, left) if chunked else r.remaining
-        if n > left and batch:
+        if not chunked and seq.num_tokens_to_compute > left and batch:
             continue
-        waiting.remove(r)
-        running.append(r)
-        batch.append((r, n))
+        if not sched.admit(seq):
+            break
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
+        batch.append((seq, n))
         left -= n
     return batch

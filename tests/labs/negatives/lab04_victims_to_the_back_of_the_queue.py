@@ -1,15 +1,13 @@
-"""Sends preempted requests to the back of the queue, behind requests that arrived after them."""
+"""Sends preempted sequences to the back of the queue, behind requests that arrived after them."""
 EXERCISE = "4.4"
 
 
-def preempt_for(needy, blocks_needed, running, waiting, num_free, block_size):
-    victims = []
-    while blocks_needed > num_free and running:
-        victim = running.pop()
-        num_free += math.ceil(victim.computed / block_size)
-        victim.computed = 0
-        waiting.append(victim)
-        victims.append(victim)
-        if victim is needy:
-            break
-    return victims
+def make_room(sched, seq, num_tokens):
+    while not sched.grow(seq, num_tokens):
+        victim = sched.running[-1]
+        sched.preempt(victim)
+        sched.waiting.remove(victim)
+        sched.waiting.append(victim)
+        if victim is seq:
+            return False
+    return True

@@ -1,0 +1,24 @@
+"""Reads a waiting prompt's tokens to compute before admitting it, missing what a prefix-cache hit supplies."""
+EXERCISE = "4.3"
+
+
+def continuous_step(sched, budget, max_num_seqs, chunked):
+    batch, left = [], budget
+    for seq in list(sched.running):
+        if seq not in sched.running:
+            continue
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
+        if n == 0 or (n > left and batch) or not sched.make_room(seq, n):
+            continue
+        batch.append((seq, n))
+        left -= n
+    while sched.waiting and len(sched.running) < max_num_seqs and left > 0:
+        seq = sched.waiting[0]
+        n = min(seq.num_tokens_to_compute, left) if chunked else seq.num_tokens_to_compute
+        if n > left and batch:
+            break
+        if not sched.admit(seq):
+            break
+        batch.append((seq, n))
+        left -= n
+    return batch
