@@ -20,7 +20,6 @@ class Scheduler:
         self._continuous_step = parts.continuous_step or policy.continuous_step
         self._static_step = parts.static_step or policy.static_step
         self._make_room = parts.make_room or policy.make_room
-        self._source = parts.source
         self.max_num_seqs = 1 if self.policy == SchedulerPolicy.SEQUENTIAL else config.max_num_seqs
         self.budget = config.max_num_batched_tokens
         self.chunked = config.enable_chunked_prefill and self.policy == SchedulerPolicy.CONTINUOUS
@@ -30,6 +29,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.preempted_now: list[str] = []  # request ids preempted by the latest schedule()
         self._now = 0.0
+        self._deciding = self._continuous_step  # the policy function of the step being scheduled
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -39,8 +39,10 @@ class Scheduler:
         """Decide this step's work (the policy), and check the decision before anything runs."""
         self._now, self.preempted_now = now, []
         if self.policy == SchedulerPolicy.STATIC:
+            self._deciding = self._static_step
             plan = self._static_step(self, self.max_num_seqs)
         else:
+            self._deciding = self._continuous_step
             plan = self._continuous_step(self, self.budget, self.max_num_seqs, self.chunked)
         self._check(plan)
         return [ScheduledSeq(seq, n, Phase.DECODE if n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
@@ -150,4 +152,5 @@ class Scheduler:
             raise RuntimeError(f"{self._who()} made a step that cannot run: " + "; ".join(problems))
 
     def _who(self) -> str:
-        return "the step policy" + ("" if self._source == "minillm" else f" from {self._source}")
+        """The policy deciding now, for messages: a plugged part carries its own label."""
+        return getattr(self._deciding, "label", f"the step policy {self._deciding.__name__}")

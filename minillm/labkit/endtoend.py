@@ -62,15 +62,19 @@ def run(components: Components | None = None, sampled: bool = False, **config) -
 
 
 def check_against_reference(components: Components, sampled: bool = False) -> None:
-    """Assert, in words a learner can act on, that the engine with these parts behaves as the reference."""
-    reference = run(None, sampled)
-    assert reference.preemptions and reference.cached_prompt_tokens and reference.chunked_prefills, \
-        "the end-to-end workload no longer exercises preemption, prefix hits and chunked prefill"
-    mine = run(components, sampled)
-    unused = [part for part, n in mine.calls.items() if n == 0]
+    """Assert, in words a learner can act on, that the engine with these parts behaves as the
+    reference: under continuous batching, and under static batching too when a static_step is plugged."""
+    policies = ["continuous"] + (["static"] if components.static_step is not None else [])
+    for policy in policies:
+        reference = run(None, sampled, scheduler=policy)
+        assert reference.preemptions and reference.cached_prompt_tokens, \
+            f"the end-to-end workload no longer exercises preemption and prefix hits under {policy} batching"
+        assert policy == "static" or reference.chunked_prefills, "the end-to-end workload no longer chunks prefills"
+        mine = run(components, sampled, scheduler=policy)
+        for i, (got, want) in enumerate(zip(mine.tokens, reference.tokens)):
+            assert got == want, (f"{policy} batching, request {i}: the engine with your parts generated {got}, "
+                                 f"the reference engine {want} (same prompts, seeds and settings)")
+        assert mine.used_blocks_at_end == 0, (f"{policy} batching: {mine.used_blocks_at_end} KV blocks are still "
+                                              f"held after every request finished: a leak")
+    unused = [part for part, n in calls(components).items() if n == 0]
     assert not unused, f"the engine never called your {', '.join(unused)}"
-    for i, (got, want) in enumerate(zip(mine.tokens, reference.tokens)):
-        assert got == want, (f"request {i}: the engine with your parts generated {got}, the reference engine "
-                             f"{want} (same prompts, seeds and settings)")
-    assert mine.used_blocks_at_end == 0, \
-        f"{mine.used_blocks_at_end} KV blocks are still held after every request finished: a leak"

@@ -135,6 +135,7 @@ def _guard(fn, exercise: str, name: str, where: str, calls: Counter | None = Non
             raise _failure(exercise, name, where, e) from e
 
     guarded.calls = calls
+    guarded.label = f"Exercise {exercise} ({name}, {where})"  # how the engine names it in its own errors
     return guarded
 
 
