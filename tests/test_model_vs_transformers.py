@@ -58,3 +58,21 @@ def test_sharded_checkpoint_loads(tmp_path, hf_llama):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(LLM(str(tmp_path)).logits(ids), ref, atol=1e-4, rtol=0)
+
+
+def test_causal_attention_keeps_its_shapes_and_matches_sdpa_for_any_query_length():
+    """[q_len, heads, d] in, [q_len, heads, d] out, for decode (q_len 1), a chunk and a whole prompt,
+    against PyTorch's scaled_dot_product_attention with an explicit causal mask and repeated kv heads."""
+    from minillm.layers.attention import causal_attention
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn(11, 2, 8, generator=gen), torch.randn(11, 2, 8, generator=gen)
+    for q_len in (1, 4, 11):
+        q = torch.randn(q_len, 6, 8, generator=gen)
+        pos = torch.arange(11 - q_len, 11)
+        mask = pos[:, None] >= torch.arange(11)[None, :]
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.repeat_interleave(3, 1).transpose(0, 1), v.repeat_interleave(3, 1).transpose(0, 1),
+            attn_mask=mask).transpose(0, 1)
+        out = causal_attention(q, k, v)
+        assert out.shape == (q_len, 6, 8)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

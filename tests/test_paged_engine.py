@@ -107,3 +107,34 @@ def test_engines_can_share_loaded_weights_and_observers_can_leave(hf_llama):
     second.unsubscribe(seen.append)
     second.step()
     assert len(seen) == 1
+
+
+def test_garbage_in_unwritten_slots_never_reaches_attention():
+    """Decode gathers whole blocks, the unwritten tail of each sequence's last block included:
+    those slots are masked, and must stay harmless even when the memory holds NaN."""
+    from minillm.cache.block_manager import BlockTable
+    from minillm.cache.paged import PagedCacheManager
+    from minillm.layers.attention import causal_attention
+    from minillm.models.config import ModelConfig
+    from minillm.state import Phase, ScheduledSeq, Sequence
+    cfg = ModelConfig("LlamaForCausalLM", 64, 32, 64, 1, 6, 2, 8, 128)
+    cache = PagedCacheManager(cfg, 16, 4, torch.float32, torch.device("cpu"), False)
+    cache.pool.k.fill_(float("nan"))
+    cache.pool.v.fill_(float("nan"))
+    gen = torch.Generator().manual_seed(0)
+    lengths, seqs = [6, 11, 3], []
+    for i, n in enumerate(lengths):  # contexts that end mid-block: 2, 3 and 1 blocks of 4
+        seq = Sequence(str(i), None, list(range(n)), SamplingParams(), torch.Generator(), None, ())
+        seq.kv, seq.num_computed_tokens = BlockTable([15 - 3 * i - b for b in range(-(-n // 4))]), n - 1
+        seqs.append(seq)
+    keys = [torch.randn(n, 2, 8, generator=gen) for n in lengths]
+    values = [torch.randn(n, 2, 8, generator=gen) for n in lengths]
+    for seq, k, v in zip(seqs, keys, values):  # the context, written through the slots as a step would
+        slots = [seq.kv.blocks[t // 4] * 4 + t % 4 for t in range(len(k) - 1)]
+        cache.pool.k[0, slots], cache.pool.v[0, slots] = k[:-1], v[:-1]
+    q = torch.randn(3, 6, 8, generator=gen)
+    batch = [ScheduledSeq(seq, 1, Phase.DECODE, True) for seq in seqs]
+    out = cache.context(batch).attend(0, q, torch.stack([k[-1] for k in keys]), torch.stack([v[-1] for v in values]))
+    assert not out.isnan().any()
+    for i, (k, v) in enumerate(zip(keys, values)):
+        torch.testing.assert_close(out[i], causal_attention(q[i:i + 1], k, v)[0], atol=1e-5, rtol=1e-5)

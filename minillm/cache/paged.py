@@ -30,8 +30,9 @@ class PagedKVPool:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         shape = (cfg.num_hidden_layers, num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        # Zeros, not empty: attention gathers whole blocks, unwritten tail slots included (see paged_decode).
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.k_slots, self.v_slots = list(self.k.unbind(0)), list(self.v.unbind(0))
         by_block = (num_blocks, block_size, *shape[2:])
@@ -88,6 +89,10 @@ def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
     b, kv_heads, d = q.shape[0], k_blocks.shape[2], k_blocks.shape[3]
     keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)  # [B, max_blocks * block_size, kv_heads, d]
     values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)
+    if padding is not None:
+        # Padded slots get attention weight 0, but 0 x NaN is NaN: stale values there (a freed
+        # block's, from another request that overflowed) must not leak into this one's output.
+        values.masked_fill_(padding[:, :, None, None], 0.0)
     return decode_attention(q, keys, values, padding)
 
 

@@ -71,6 +71,13 @@ def check_against_reference(components: Components, sampled: bool = False) -> No
             f"the end-to-end workload no longer exercises preemption and prefix hits under {policy} batching"
         assert policy == "static" or reference.chunked_prefills, "the end-to-end workload no longer chunks prefills"
         mine = run(components, sampled, scheduler=policy)
+        # Parts with the engine's interfaces make the engine's decisions: the same hits, the same preemptions.
+        assert mine.cached_prompt_tokens == reference.cached_prompt_tokens, (
+            f"{policy} batching: the prefix cache supplied {mine.cached_prompt_tokens} prompt tokens with your "
+            f"parts, {reference.cached_prompt_tokens} with the engine's own")
+        assert mine.preemptions == reference.preemptions, (
+            f"{policy} batching: {mine.preemptions} preemptions with your parts, {reference.preemptions} with "
+            f"the engine's own")
         for i, (got, want) in enumerate(zip(mine.tokens, reference.tokens)):
             assert got == want, (f"{policy} batching, request {i}: the engine with your parts generated {got}, "
                                  f"the reference engine {want} (same prompts, seeds and settings)")

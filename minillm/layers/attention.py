@@ -33,7 +33,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     q_len, heads, d = q.shape
     kv_len, kv_heads = k.shape[0], k.shape[1]
     if q_len == 1:
-        return decode_attention(q, k[None], v[None])[0]
+        return decode_attention(q, k[None], v[None])  # the one query as a batch of one sequence
     k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, kv_len, d]
     if q_len == kv_len:
         mask, causal = None, True  # a whole prompt: plain causal
