@@ -161,21 +161,25 @@ check("2.2")
 # order (the same in Hugging Face and vLLM):
 #
 # 1. **temperature** `T`: `softmax(z / T)`; `T < 1` sharpens, `T > 1` flattens, `T = 0` means greedy (argmax);
-# 2. **top-k**: keep the `k` largest logits;
+# 2. **top-k**: keep the `k` largest logits. Logits tied with the `k`-th largest all stay, so a
+#    row may keep more than `k` (Hugging Face's `TopKLogitsWarper` does the same);
 # 3. **top-p** (nucleus): keep the smallest set of most likely tokens whose probability reaches `p`.
 #    The token that crosses `p` is kept, so the set is never empty;
 # 4. renormalise and draw, from a `torch.Generator` seeded per request, so one request's samples do
 #    not depend on anything else that runs.
 #
 # Filters set dropped logits to `-inf`, which `softmax` turns into probability 0. All functions
-# work on a batch of rows, `[batch, vocab]`, each row on its own.
+# work on a batch of rows, `[batch, vocab]`, each row on its own. They have the signatures of
+# `minillm/sampling.py`: the engine will run your `sample` (which calls your filters) in place of
+# its own.
 
 # %% exercise="2.3"
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """Keep each row's k largest logits; set the others to -inf. k = 0 keeps everything.
+    """Keep each row's k largest logits; set the others to -inf. k = 0 (or k >= vocab) keeps everything.
 
     logits: [batch, vocab] -> [batch, vocab]
-    Keep z[b, j] if z[b, j] >= (k-th largest of row b), else -inf.
+    Keep z[b, j] if z[b, j] >= (k-th largest of row b), else -inf: every logit tied with the
+    k-th largest stays.
 
     Hints: 3 lines. `torch.topk(logits, k, dim=-1).values[:, -1:]`, `masked_fill`.
     """
@@ -195,8 +199,9 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Keep each row's nucleus: its most likely tokens until their probability reaches p.
 
     logits: [batch, vocab] -> [batch, vocab]
-    Sort each row's probabilities in decreasing order; keep a token if the probability of the
-    tokens before it is < p (so the token crossing p stays); set the rest to -inf. p = 1 keeps all.
+    Sort each row's probabilities (softmax of its logits) in decreasing order; keep a token if
+    the probability of the tokens before it is < p (so the token that reaches or crosses p stays,
+    and the next one goes); set the rest to -inf. p >= 1 keeps all.
 
     Hints: 5 lines. `torch.sort(descending=True)`, `softmax`, `cumsum`, `scatter` (back to vocab order).
     """
@@ -214,13 +219,22 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
 # %%
 check("2.4")
 
+# %% [markdown]
+# ## Exercise 2.5 · Drawing a token
+#
+# `sample` chains the steps above. The draw itself is spelled out, because it is part of the spec:
+# `torch.multinomial(softmax(z), 1, generator=generator)` over the whole `[batch, vocab]` batch of
+# filtered, tempered logits `z`. With the same seed, your sampler then draws exactly the tokens
+# `minillm`'s does, which is how the grader (and the engine check a few cells below) can compare
+# them token for token.
+
 # %% exercise="2.5"
 def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Tensor:
     """Draw one token per row.
 
     logits: [batch, vocab] -> token ids [batch] (int64)
     temperature == 0: argmax of each row. Otherwise z = logits / temperature, then top_k_filter,
-    then top_p_filter, then one draw per row from softmax(z) using `generator`.
+    then top_p_filter, then torch.multinomial(softmax(z), 1, generator=generator), one token per row.
 
     Hints: 5 lines. `argmax(-1)`, `torch.multinomial(probs, 1, generator=generator)`.
     """
@@ -251,20 +265,35 @@ fig.update_layout(title="Next-token probabilities after each filter (12 most lik
 fig.show()
 
 # %% [markdown]
+# ## Your sampler in the real engine
+#
+# `sample` has the signature of `minillm.sampling.sample`, so the engine can run yours in place of
+# its own: `minillm.labkit.plug.plug("lab02_generation.ipynb")` builds such an engine. The check
+# below runs a workload of greedy and sampled requests (temperature, top-k, top-p, each with its own
+# seed) through the engine with your sampler, and compares every token with the engine's own.
+
+# %%
+check("2.E")
+
+# %% [markdown]
 # ## Exercise 2.6 · The generation loop
 #
 # Put it together: allocate a cache for the prompt plus the new tokens, **prefill** the prompt in
 # one `forward_step`, sample from the last position's logits, then **decode**: feed back only the
 # token you just sampled, one step at a time. Generate exactly `max_new_tokens` tokens (no stopping
-# at end-of-text here; the engine handles stop conditions).
+# at end-of-text here; the engine handles stop conditions). The last token's logits are never
+# used, so whether you also feed it back is up to you.
+#
+# Draw every token with one generator, seeded once: then your loop gives the engine's tokens for
+# the same prompt and settings, `llm.generate(prompt, SamplingParams(..., seed=seed))`.
 
 # %% exercise="2.6"
 def generate(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> list[int]:
     """Generate max_new_tokens tokens after the prompt with a KV cache; -> the new token ids.
 
-    One forward_step over the whole prompt (prefill), then one per new token (decode).
-    Draw with sample(...) and a torch.Generator seeded with `seed`.
+    One forward_step over the whole prompt (prefill), then one forward_step of one token per
+    sampled token (decode). Draw every token with sample(...) and one torch.Generator seeded with `seed`.
 
     Hints: about 9 lines. `KVCache(model.config, len(prompt_ids) + max_new_tokens)`,
     `torch.tensor(ids)`, `logits[-1:]` keeps the batch dimension.

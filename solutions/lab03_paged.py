@@ -31,28 +31,21 @@
 # and signatures. Run each `check(...)` cell for feedback; `make grade LAB=03` grades the notebook.
 # `minillm/cache/block_manager.py` and `minillm/cache/paged.py` hold the engine's version of
 # everything you build here: read them after you finish, not before.
+#
+# Three of your parts plug into the real engine, with the engine's own interfaces: the block
+# allocator (3.1), the prefix matcher (3.5, which uses your 3.4) and the evictable blocks (3.6).
+# The engine's `BlockManager` composes them, and the last check of the lab runs the engine on them.
 
 # %% tags=["setup"]
 import math
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from minillm.cache.prefix import chain_hash
+from minillm.cache.prefix import CachedBlock, chain_hash
 from minillm.labkit import check
 from minillm.layers.attention import causal_attention
-
-
-@dataclass(eq=False)  # eq=False: two entries are the same entry only if they are the same object
-class CachedBlock:
-    """A full block of computed K/V that the prefix cache can find again."""
-    block: int                        # the block's id in the pool
-    hash: int                         # its name: the hash chain up to and including this block
-    tokens: tuple[int, ...]           # the block_size token ids whose K/V it holds
-    parent: "CachedBlock | None"      # the cached block just before it (None for a first block)
-
 
 # %%
 import statistics
@@ -118,8 +111,9 @@ fig.show()
 # %% [markdown]
 # ## Exercise 3.1 · A block allocator with reference counts
 #
-# The allocator owns the free list and one reference count per block: how many block tables hold
-# the block. Four operations:
+# The allocator owns the free list and one reference count per block: how many holders the block
+# has. A holder is a block table, or, in the engine, the prefix cache, which holds one reference
+# of its own to each block it has named (from Exercise 3.4 on). Four operations:
 #
 # * `allocate(n)`: a new table with enough blocks for a prompt of `n` tokens, or `None` when the
 #   pool has too few free blocks (and then nothing changes: a half-allocated request helps no one);
@@ -130,15 +124,19 @@ fig.show()
 #
 # The block count is `ceil(n / block_size)`: 16 tokens fit in one block of 16, the 17th needs a
 # second one. Off-by-one errors at exactly this boundary are the classic allocator bug.
-# (Writing into a block that another table shares needs *copy-on-write*; the engine does it in
-# `BlockManager.append`. Your allocator shares only blocks nobody writes into again.)
+#
+# Writing into a block that another table shares needs *copy-on-write*. The engine's
+# `BlockManager.append` does it with your operations: `allocate` a fresh block for the writer,
+# `free` the writer's reference to the shared one (the other holders keep it), and copy the K/V
+# across. So your allocator never copies anything itself; it only has to count right.
 
 # %% exercise="3.1"
 class BlockAllocator:
     """Hands out KV blocks of `block_size` token slots from a pool of `num_blocks`.
 
-    free_blocks: the ids of unused blocks; ref_counts[b]: how many block tables hold block b.
-    A block table is a list of block ids: token t of its sequence is in block table[t // block_size].
+    free_blocks: the ids of unused blocks; ref_counts[b]: how many holders block b has (block
+    tables, and in the engine the prefix cache). A block table is a list of block ids: token t of
+    its sequence is in block table[t // block_size].
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -294,6 +292,13 @@ check("3.3")
 # The engine keeps a dictionary from names to cached blocks. A new prompt computes its chain and
 # walks it from the start; every name found is a block whose K/V need no computing. Only full
 # blocks get names: a partly filled block still changes.
+#
+# Each dictionary entry is a `CachedBlock` (imported from `minillm.cache.prefix` in the setup
+# cell, so you work on the engine's own objects): `block` (its id in the pool), `hash` (its name),
+# `tokens` (the `block_size` token ids it holds, a tuple) and `parent` (the entry of the block
+# before it, `None` for a first block). When the engine names a block, the prefix cache takes a
+# reference of its own to it (your `fork` of that one block), so the block outlives the sequence
+# that computed it.
 
 # %% exercise="3.4"
 def block_hashes(token_ids: list[int], block_size: int, hash_fn=chain_hash) -> list[int]:
@@ -364,10 +369,13 @@ check("3.5")
 # ## Exercise 3.6 · Keeping freed blocks, evicting the least recently used
 #
 # When a request finishes, its cached blocks still hold valid K/V. Throwing them away would waste
-# the next hit, so a freed cached block goes to an **evictable** list instead of the free list:
-# no table holds it, but the cache still finds it. A prefix hit takes it back into use. Only when
-# the pool has no empty block left does the allocator *evict* one: the **least recently used**
-# (LRU), whose name is removed from the cache before its slots are overwritten.
+# the next hit. They do not go back to the free list: the prefix cache still holds its own
+# reference to each, so when the last table frees one its count drops to 1, not 0. The engine's
+# `BlockManager` then `add`s it to the **evictable** blocks: no table holds it, but the cache
+# still finds it. A prefix hit takes it back into use (`reuse`). Only when the free list runs dry
+# does the engine *evict* one: your `evict` picks the **least recently used** (LRU) and removes its
+# name from the cache (its slots are about to be overwritten); the engine then drops the prefix
+# cache's reference with your allocator's `free`, which puts the block back on the free list.
 #
 # An `OrderedDict` keeps insertion order and can move or pop at either end in O(1): the first
 # entry is the least recently used.
@@ -418,6 +426,20 @@ class EvictableBlocks:
 
 # %%
 check("3.6")
+
+# %% [markdown]
+# ## Your parts in the real engine
+#
+# Your `BlockAllocator`, `match_prefix` and `EvictableBlocks` have the interfaces of
+# `minillm.cache.allocator` and `minillm.cache.prefix`, so the engine's `BlockManager` can run on
+# them (`minillm.labkit.plug.plug("lab03_paged.ipynb")` builds such an engine). The check below
+# runs a workload that makes it use all of them at once: a small pool, so requests are preempted
+# and blocks evicted; a shared system prompt, so prefixes hit; two samples per request, so blocks
+# are shared and copied on write. The tokens must be the reference engine's, and when every request
+# has finished no block may still be held.
+
+# %%
+check("3.E")
 
 # %% [markdown]
 # ## Measure it: how much memory does each layout waste?

@@ -1,20 +1,23 @@
 """Grader of lab 03, the paged KV cache and prefix caching. Oracles: minillm's model, block
-manager and attention, and the invariants every allocator must keep."""
+allocator, prefix cache, attention and engine, and the invariants every allocator must keep."""
 import random
-from collections import OrderedDict
 from functools import cache
 
 import torch
 
 from minillm import LLM
+from minillm.cache import prefix as reference
+from minillm.cache.allocator import BlockAllocator as ReferenceAllocator
 from minillm.cache.prefix import chain_hash
-from minillm.utils import cdiv
 from minillm.labkit import exercise
+from minillm.labkit.endtoend import check_against_reference
 from minillm.labkit.fixtures import assert_close, randn
+from minillm.labkit.plug import lab_components
 from minillm.layers.attention import AttentionContext, causal_attention
+from minillm.utils import cdiv
 
 EXERCISES = {"3.1": "BlockAllocator", "3.2": "slot_mapping", "3.3": "paged_attention", "3.4": "block_hashes",
-             "3.5": "match_prefix", "3.6": "EvictableBlocks"}
+             "3.5": "match_prefix", "3.6": "EvictableBlocks", "3.E": "your parts in the real engine"}
 
 
 @cache
@@ -149,6 +152,114 @@ def test_random_workload_keeps_counts_and_leaks_nothing(lab):
         assert alloc.num_free == 23, f"block size {bs}: {23 - alloc.num_free} blocks leaked after freeing every table"
 
 
+@exercise("3.1")
+def test_a_pool_fills_exactly_to_capacity(lab):
+    """a prompt of exactly the pool's capacity takes every block, first to last; one token more is refused"""
+    for num_blocks, bs in ((5, 4), (7, 1), (3, 16)):
+        alloc = lab.BlockAllocator(num_blocks, bs)
+        what = f"a pool of {num_blocks} blocks of {bs}"
+        assert alloc.allocate(num_blocks * bs + 1) is None, f"{what}: allocate({num_blocks * bs + 1}) succeeded"
+        check_invariants(alloc, [], f"{what}, after a refused allocate of one token over capacity")
+        table = alloc.allocate(num_blocks * bs)
+        assert table is not None and sorted(table) == list(range(num_blocks)), \
+            f"{what}: allocate({num_blocks * bs}) gave {table}, expected every block 0..{num_blocks - 1} once"
+        assert alloc.append(table, num_blocks * bs) is True, f"{what}: append to the tokens it already holds failed"
+        assert alloc.append(table, num_blocks * bs + 1) is False and len(table) == num_blocks, \
+            f"{what}: a full table grew past the pool (or append did not return False)"
+        assert alloc.allocate(1) is None, f"{what}: allocate(1) succeeded in a full pool"
+        check_invariants(alloc, [table], f"{what}, full")
+        alloc.free(table)
+        check_invariants(alloc, [], f"{what}, after freeing the full table")
+
+
+@exercise("3.1")
+def test_a_prompt_of_exactly_one_block_takes_one_block(lab):
+    """n = block_size tokens take one block, n + 1 a second; appends inside the last block take none"""
+    for bs in (1, 4, 16):
+        alloc = lab.BlockAllocator(6, bs)
+        table = alloc.allocate(bs)
+        assert table is not None and len(table) == 1, f"block size {bs}: allocate({bs}) gave {table}, not one block"
+        assert alloc.append(table, bs) is True and len(table) == 1, \
+            f"block size {bs}: append to {bs} tokens gave a table of {len(table)} blocks"
+        assert alloc.append(table, bs + 1) is True and len(table) == 2, \
+            f"block size {bs}: append to {bs + 1} tokens gave a table of {len(table)} blocks, expected 2"
+        other = alloc.allocate(2 * bs)
+        assert other is not None and len(other) == 2, f"block size {bs}: allocate({2 * bs}) gave {other}, not 2 blocks"
+        check_invariants(alloc, [table, other], f"block size {bs}")
+
+
+@exercise("3.1")
+def test_a_fork_and_its_original_can_be_freed_in_either_order(lab):
+    """freeing the fork first (or the original first) keeps the shared blocks for the other; a fork of a fork
+    counts 3"""
+    for fork_first in (True, False):
+        alloc = lab.BlockAllocator(7, 3)
+        a = alloc.allocate(7)  # 3 blocks, the last one partly filled
+        b = alloc.fork(a)
+        c = alloc.fork(b)
+        check_invariants(alloc, [a, b, c], "after two forks of one table")
+        first, second = (b, a) if fork_first else (a, b)
+        alloc.free(first)
+        assert first == [], "free did not empty the table"
+        check_invariants(alloc, [second, c], f"after freeing the {'fork' if fork_first else 'original'} first")
+        alloc.free(c)
+        check_invariants(alloc, [second], f"after freeing the {'fork' if fork_first else 'original'} and a fork of it")
+        assert alloc.append(second, 10) and len(second) == 4, "the table left holding the shared blocks cannot grow"
+        alloc.free(second)
+        check_invariants(alloc, [], "after freeing every table")
+
+
+def assert_same_up_to_renaming(alloc, oracle, tables: list, oracle_tables: list, what: str) -> None:
+    """The two allocators agree but for block ids: tables of the same lengths, sharing the same
+    blocks in the same places, with the same ref counts, and as many blocks free."""
+    rename = {}
+    for t, o in zip(tables, oracle_tables):
+        assert len(t) == len(o), f"{what}: a table of {len(t)} blocks where minillm's allocator has {len(o)}"
+        for b, r in zip(t, o):
+            assert rename.setdefault(b, r) == r, f"{what}: the tables share blocks differently from minillm's allocator"
+    assert len(set(rename.values())) == len(rename), \
+        f"{what}: the tables share blocks differently from minillm's allocator"
+    counts = {b: alloc.ref_counts[b] for b in rename}
+    expected = {b: oracle.ref_counts[r] for b, r in rename.items()}
+    assert counts == expected, f"{what}: ref counts {counts}, minillm's allocator has {expected} for the same blocks"
+    assert alloc.num_free == oracle.num_free, \
+        f"{what}: {alloc.num_free} blocks free, minillm's allocator has {oracle.num_free}"
+
+
+@exercise("3.1")
+def test_random_operations_match_minillms_allocator(lab):
+    """seeded random allocate / append / fork / free sequences, often at exact block multiples and a full
+    pool, agree step by step with minillm's BlockAllocator (up to which block ids are handed out)"""
+    for seed, (num_blocks, bs) in enumerate(((9, 1), (11, 3), (6, 4), (16, 8)), start=3100):
+        rng = random.Random(seed)
+        alloc, oracle, live = lab.BlockAllocator(num_blocks, bs), ReferenceAllocator(num_blocks, bs), []
+        for step in range(250):
+            what = f"block size {bs}, pool of {num_blocks}, seed {seed}, operation {step}"
+            op, n = rng.random(), bs * rng.randint(0, 3) + rng.choice((0, 0, 1, bs - 1))
+            if op < 0.3 or not live:
+                n = max(n, 1)
+                table, expected = alloc.allocate(n), oracle.allocate(n)
+                refused = "refused" if expected is None else "did not"
+                assert (table is None) == (expected is None), f"{what}: allocate({n}) gave {table}, minillm's {refused}"
+                if table is not None:
+                    live.append([table, expected, n])
+            elif op < 0.6:
+                item = rng.choice(live)
+                n = item[2] + max(n, 1)
+                grew, expected = alloc.append(item[0], n), oracle.append(item[1], n)
+                assert grew == expected, f"{what}: append to {n} tokens returned {grew}, minillm's allocator {expected}"
+                item[2] = n if grew else item[2]
+            elif op < 0.75:
+                table, expected, n = rng.choice(live)
+                live.append([alloc.fork(table), oracle.fork(expected), n])
+            else:
+                table, expected, _ = live.pop(rng.randrange(len(live)))
+                alloc.free(table)
+                oracle.free(expected)
+            check_invariants(alloc, [t for t, _, _ in live], what)
+            assert_same_up_to_renaming(alloc, oracle, [t for t, _, _ in live], [o for _, o, _ in live], what)
+
+
 @exercise("3.2")
 def test_slot_mapping_follows_the_block_table(lab):
     """slots of positions start..end-1 through a shuffled table, for block sizes 1, 4 and 5"""
@@ -160,6 +271,20 @@ def test_slot_mapping_follows_the_block_table(lab):
             expected = reference_slots(table, start, end, bs)
             assert got.tolist() == expected, (f"slot_mapping({table}, {start}, {end}, block_size={bs}) gave "
                                               f"{got.tolist()}, expected {expected}")
+
+
+@exercise("3.2")
+def test_slot_mapping_matches_the_formula_on_random_tables(lab):
+    """seeded random tables, block sizes and ranges: slot = table[t // bs] * bs + t % bs for each position t"""
+    gen = torch.Generator().manual_seed(320)
+    for _ in range(40):
+        bs = int(torch.randint(1, 17, (1,), generator=gen))
+        table = torch.randperm(30, generator=gen)[:int(torch.randint(1, 9, (1,), generator=gen))].tolist()
+        start, end = sorted(torch.randint(0, len(table) * bs + 1, (2,), generator=gen).tolist())
+        got = lab.slot_mapping(table, start, end, bs)
+        expected = reference_slots(table, start, end, bs)
+        assert isinstance(got, torch.Tensor) and got.tolist() == expected, \
+            f"slot_mapping({table}, {start}, {end}, block_size={bs}) gave {got.tolist()}, expected {expected}"
 
 
 @exercise("3.2")
@@ -183,9 +308,17 @@ def scattered_pool(seed: int, num_blocks: int, bs: int, context_len: int, kv_hea
 
 @exercise("3.3")
 def test_paged_attention_equals_contiguous_attention(lab):
-    """through a shuffled table, decode, chunk and whole-prompt queries match attention over contiguous K/V"""
-    for seed, bs, ctx, n in ((301, 4, 13, 1), (302, 4, 13, 5), (303, 5, 20, 20), (304, 1, 7, 3), (305, 16, 37, 2)):
-        k_cache, v_cache, table, keys, values = scattered_pool(seed, 12 if bs > 1 else 20, bs, ctx)
+    """through a shuffled table, decode, chunk and whole-prompt queries match attention over contiguous K/V,
+    up to a context that fills the whole pool (first and last block included)"""
+    cases = [(301, 12, 4, 13, 1), (302, 12, 4, 13, 5), (303, 12, 5, 20, 20), (304, 20, 1, 7, 3), (305, 12, 16, 37, 2),
+             (306, 6, 4, 24, 1), (307, 6, 4, 24, 24), (308, 5, 3, 15, 7), (309, 9, 4, 4, 4)]
+    gen = torch.Generator().manual_seed(330)
+    for seed in range(310, 318):  # seeded random shapes
+        num_blocks, bs = int(torch.randint(2, 10, (1,), generator=gen)), int(torch.randint(1, 9, (1,), generator=gen))
+        ctx = int(torch.randint(1, num_blocks * bs + 1, (1,), generator=gen))
+        cases.append((seed, num_blocks, bs, ctx, int(torch.randint(1, ctx + 1, (1,), generator=gen))))
+    for seed, num_blocks, bs, ctx, n in cases:
+        k_cache, v_cache, table, keys, values = scattered_pool(seed, num_blocks, bs, ctx)
         q = randn(seed + 4, n, 4, 8)
         got = lab.paged_attention(q, k_cache, v_cache, table, ctx, bs)
         assert_close(got, causal_attention(q, keys, values),
@@ -224,14 +357,6 @@ def test_paged_attention_runs_the_model_like_a_full_forward(lab):
     assert_close(torch.cat(logits), llm().logits(ids), "logits through paged attention vs a full forward", atol=1e-3)
 
 
-def reference_hashes(token_ids: list[int], bs: int, hash_fn=chain_hash) -> list[int]:
-    out, parent = [], None
-    for i in range(len(token_ids) // bs):
-        parent = hash_fn(parent, tuple(token_ids[i * bs:(i + 1) * bs]))
-        out.append(parent)
-    return out
-
-
 def tokens(seed: int, n: int) -> list[int]:
     return torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -241,7 +366,7 @@ def test_block_hashes_follow_the_chain_over_full_blocks(lab):
     """one name per full block, h_i = hash(h_{i-1}, block i), for lengths on and off block boundaries"""
     for bs, n in ((4, 17), (4, 16), (7, 6), (1, 5), (16, 50)):
         ids = tokens(400 + n, n)
-        got, expected = list(lab.block_hashes(ids, bs)), reference_hashes(ids, bs)
+        got, expected = list(lab.block_hashes(ids, bs)), reference.block_hashes(ids, bs)
         what = f"block_hashes of {n} tokens, block size {bs}"
         assert len(got) == len(expected), f"{what}: {len(got)} names for {len(expected)} full blocks"
         wrong = [i for i, (g, e) in enumerate(zip(got, expected)) if g != e]
@@ -264,6 +389,20 @@ def test_block_hashes_use_the_given_hash_function(lab):
 
 
 @exercise("3.4")
+def test_block_hashes_match_minillm_on_random_prompts(lab):
+    """seeded random prompts and block sizes, lengths on, just below and just above block boundaries"""
+    rng = random.Random(430)
+    for _ in range(40):
+        bs = rng.randint(1, 9)
+        n = max(0, bs * rng.randint(0, 6) + rng.choice((-1, 0, 1)))
+        ids = [rng.randrange(50) for _ in range(n)]
+        got, expected = list(lab.block_hashes(ids, bs)), reference.block_hashes(ids, bs)
+        assert len(got) == len(expected), f"block_hashes of {n} tokens, block size {bs}: {len(got)} names, " \
+                                          f"expected one per full block: {len(expected)}"
+        assert got == expected, f"block_hashes of {n} tokens, block size {bs}: names differ from the hash chain"
+
+
+@exercise("3.4")
 def test_a_block_name_depends_on_the_prefix_before_it(lab):
     """the same block after different prefixes gets different names; a shared prefix shares names"""
     shared, a, b, tail = tokens(421, 8), tokens(422, 4), tokens(423, 4), tokens(424, 8)
@@ -275,11 +414,16 @@ def test_a_block_name_depends_on_the_prefix_before_it(lab):
 
 def register(lab, token_ids: list[int], bs: int, cache: dict, hash_fn=chain_hash, first_block: int = 0) -> list:
     """Cache entries (the notebook's CachedBlock) for every full block of token_ids, chained, as
-    the engine registers them; -> the entries."""
+    the engine registers them: a name already taken by another prefix ends the chain; -> the entries."""
     entries, parent = [], None
-    for i, h in enumerate(reference_hashes(token_ids, bs, hash_fn)):
-        parent = cache.setdefault(h, lab.CachedBlock(first_block + i, h, tuple(token_ids[i * bs:(i + 1) * bs]), parent))
-        entries.append(parent)
+    for i in range(len(token_ids) // bs):
+        block_tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+        h = hash_fn(None if parent is None else parent.hash, block_tokens)
+        entry = cache.setdefault(h, lab.CachedBlock(first_block + i, h, block_tokens, parent))
+        if entry.tokens != block_tokens or entry.parent is not parent:
+            break
+        entries.append(entry)
+        parent = entry
     return entries
 
 
@@ -305,9 +449,36 @@ def test_match_prefix_always_leaves_the_last_token_to_compute(lab):
     """a prompt of exactly k cached full blocks reuses k - 1 of them (its last token must be computed)"""
     cache, seen = {}, tokens(511, 28)
     register(lab, seen, 4, cache)
-    for n, expected in ((24, 5), (25, 6), (4, 0), (5, 1)):
+    for n, expected in ((24, 5), (25, 6), (4, 0), (5, 1), (3, 0), (1, 0), (28, 6)):
         got = matched_blocks(lab.match_prefix(seen[:n], 4, cache))
         assert len(got) == expected, f"a {n}-token prompt (block size 4) reused {len(got)} blocks, expected {expected}"
+
+
+@exercise("3.5")
+def test_match_prefix_matches_minillm_on_random_chains_with_collisions(lab):
+    """seeded random prompts cached under a weak hash (names collide often), then prompts that extend, cut or
+    alter them: the same entries as minillm's match_prefix, in order"""
+
+    def weak(parent, block):  # 5 names in all: collisions everywhere
+        return (3 * (-1 if parent is None else parent) + sum(block)) % 5
+    rng = random.Random(530)
+    for trial in range(16):
+        bs, cache, seen = rng.randint(1, 5), {}, []
+        for i in range(6):
+            base = rng.choice(seen) if seen and rng.random() < 0.5 else []
+            ids = base[:rng.randint(0, len(base))] + [rng.randrange(3) for _ in range(rng.randint(1, 5 * bs))]
+            register(lab, ids, bs, cache, hash_fn=weak, first_block=100 * i)
+            seen.append(ids)
+        for _ in range(10):
+            query = list(rng.choice(seen))
+            if rng.random() < 0.5 and query:
+                query[rng.randrange(len(query))] = rng.randrange(3)
+            query = query[:rng.randint(1, len(query))] + [rng.randrange(3) for _ in range(rng.randint(0, 2 * bs))]
+            got = list(lab.match_prefix(query, bs, cache, hash_fn=weak))
+            expected = reference.match_prefix(query, bs, cache, hash_fn=weak)
+            assert [id(e) for e in got] == [id(e) for e in expected], \
+                (f"trial {trial}, block size {bs}, a {len(query)}-token prompt: matched blocks {matched_blocks(got)}, "
+                 f"expected the entries of blocks {matched_blocks(expected)}")
 
 
 @exercise("3.5")
@@ -372,25 +543,59 @@ def test_a_reused_block_is_not_evicted_and_returns_as_most_recent(lab):
 
 
 @exercise("3.6")
-def test_eviction_order_matches_an_lru_reference_on_a_random_trace(lab):
-    """300 random add / reuse / evict operations evict the same blocks in the same order as an LRU reference"""
-    rng, pool, reference, cache = random.Random(61), lab.EvictableBlocks(), OrderedDict(), {}
+def test_eviction_forgets_exactly_the_evicted_name(lab):
+    """each eviction removes the evicted block's name from the cache and no other, so no name points at a
+    reused block"""
+    pool, cache = lab.EvictableBlocks(), {}
+    chain = register(lab, tokens(611, 20), 4, cache, first_block=20)  # blocks 20..24, named in the cache
+    held = lab.CachedBlock(9, 4242, (1, 2, 3, 4), None)  # named, but a sequence holds it: never evictable
+    cache[held.hash] = held
+    names = set(cache)
+    for e in (chain[3], chain[0], chain[4]):
+        pool.add(e)
+    for e in (chain[3], chain[0], chain[4]):
+        block = pool.evict(cache)
+        assert block == e.block, f"evicted block {block}, the least recently used is {e.block}"
+        assert all(x.block != block for x in cache.values()), \
+            f"block {block} was evicted (its K/V are about to be overwritten) but a name still points at it"
+        names.discard(e.hash)
+        assert set(cache) == names, f"evicting block {block} removed the names of blocks that were not evicted"
+
+
+@exercise("3.6")
+def test_eviction_order_matches_minillm_on_a_random_trace(lab):
+    """300 seeded random add / reuse / evict operations: the same evictable blocks, and the same evicted
+    blocks in the same order, as minillm's EvictableBlocks"""
+    rng, pool, oracle = random.Random(61), lab.EvictableBlocks(), reference.EvictableBlocks()
+    cache, oracle_cache, named = {}, {}, {}  # named: block id -> its entry
     for step in range(300):
-        idle = [b for b in range(12) if b not in reference]
+        idle = [b for b in range(12) if b not in oracle.entries]
         op = rng.random()
         if op < 0.45 and idle:
             b = rng.choice(idle)
-            e = lab.CachedBlock(b, 5000 + step, (b,), None)
-            cache[e.hash] = e
+            e = named[b] = lab.CachedBlock(b, chain_hash(None, (b, step)), (b, step), None)
+            cache[e.hash] = oracle_cache[e.hash] = e
             pool.add(e)
-            reference[b] = e
-        elif op < 0.7 and reference:
-            b = rng.choice(list(reference))
+            oracle.add(e)
+        elif op < 0.7 and oracle.entries:
+            b = rng.choice(list(oracle.entries))
             pool.reuse(b)
-            reference[b] = reference.pop(b)  # used again now; freed later, it is the newest
-            pool.add(reference[b])
-        elif reference:
-            expected, e = reference.popitem(last=False)
-            got = pool.evict(cache)
+            oracle.reuse(b)
+            if rng.random() < 0.6:  # the hit's sequence finishes soon: the block is evictable again, the newest
+                pool.add(named[b])
+                oracle.add(named[b])
+        elif oracle.entries:
+            expected, got = oracle.evict(oracle_cache), pool.evict(cache)
             assert got == expected, f"operation {step}: evicted block {got}, the least recently used is {expected}"
-            assert e.hash not in cache, f"operation {step}: block {expected} was evicted but its name is still cached"
+        assert set(pool.entries) == set(oracle.entries) and len(pool) == len(oracle), \
+            (f"operation {step}: evictable blocks {sorted(pool.entries)} (len {len(pool)}), "
+             f"expected {sorted(oracle.entries)}")
+        assert set(cache) == set(oracle_cache), \
+            f"operation {step}: names {sorted(cache)}, expected {sorted(oracle_cache)}"
+
+
+@exercise("3.E", timeout=120)
+def test_your_parts_run_the_real_engine(lab):
+    """the real engine with your block allocator, prefix matcher and evictable blocks gives the reference
+    engine's tokens, leaking no block"""
+    check_against_reference(lab_components(lab, labs=["03"]))
