@@ -2,14 +2,9 @@
 
 The engine runs live on the bundled model; each page draws one side of it from the same run.
 """
-import sys
-from pathlib import Path
-
 import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `visualizer` sits beside this file
-
-from visualizer.controls import keep_knobs, knobs  # noqa: E402
+from visualizer.controls import keep_knobs, knobs
 
 st.set_page_config(page_title="minillm visualizer", page_icon=":material/memory:", layout="wide")
 

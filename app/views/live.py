@@ -2,7 +2,7 @@
 import pandas as pd
 import streamlit as st
 
-from visualizer.controls import current_run, intro, live, run_controls
+from visualizer.controls import intro, live, run_controls
 from visualizer.live_charts import block_map, itl_chart, memory_gauge, request_colors, throughput_chart, ttft_chart
 from visualizer.run import EngineRun
 
@@ -46,7 +46,8 @@ def render(run: EngineRun) -> None:
         left.plotly_chart(block_map(kv, colors), key="block_map")
         left.caption("Grey: free · light blue: cached (a finished prompt's blocks, reusable until evicted) · "
                      "black **S**: shared by several sequences · each request has its own colour."
-                     + ("" if run.active else " The run is over: every block is back in the pool."))
+                     + (" The run is over: every block is back in the pool." if run.final_kv is not None
+                        and run.final_kv.used_blocks == 0 else ""))
         right.plotly_chart(memory_gauge(kv), key="memory_gauge")
     c = st.columns(3)
     c[0].plotly_chart(ttft_chart(samples), key="ttft")

@@ -7,6 +7,7 @@ from minillm.cache.paged import block_bytes
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from visualizer.engines import build_engine, model_choices
+from visualizer.learner_parts import describe, failure, learner_components, notebook_switch
 from visualizer.run import EngineRun
 from visualizer.settings import DEFAULTS, engine_config, request_specs
 
@@ -34,6 +35,7 @@ def knobs() -> dict:
     sb = st.sidebar
     sb.header("Run settings")
     sb.caption("They apply when you press **Run**.")
+    notebook_switch()
     sb.selectbox("Model", model_choices(), key="k_model")
     with sb.expander("Requests", expanded=True):
         st.radio("Requests", ["Seeded workload", "My prompts"], key="k_source", horizontal=True,
@@ -91,15 +93,22 @@ def start_run() -> None:
     stop_run()
     st.session_state.pop("run_error", None)
     try:
-        engine = build_engine(engine_config(values))
+        # The learner's notebooks are read here, at each Run: an edit is picked up by the next one.
+        components = learner_components(values["mine_folder"], values["mine_labs"]) if values["mine"] else None
+        engine = build_engine(engine_config(values, components))
         specs = request_specs(values, engine.tokenizer, engine.max_model_len)
         run = EngineRun(engine, specs, pace=values["pace_ms"] / 1000)
     except (ValueError, FileNotFoundError) as exc:
-        st.session_state["run_error"] = str(exc)
+        st.session_state["run_error"] = f"Cannot run: {exc}"
+        return
+    except Exception as exc:  # the learner's code may raise anything: the page must stay up
+        if not values["mine"]:
+            raise
+        st.session_state["run_error"] = f"Cannot run with your lab notebook: {failure(exc)}"
         return
     if not run.samples and not run.pending:
         run.stop()
-        st.session_state["run_error"] = "the engine refused every request: " + run.rejected[0]
+        st.session_state["run_error"] = "Cannot run: the engine refused every request: " + run.rejected[0]
         return
     st.session_state["run"] = run
 
@@ -121,11 +130,33 @@ def run_controls() -> None:
     cols[3].button("Resume", key="b_resume", icon=":material/resume:", disabled=not paused, on_click=lambda: run.resume())
     cols[4].button("Stop", key="b_stop", icon=":material/stop:", disabled=not active, on_click=stop_run)
     if st.session_state.get("run_error"):
-        st.error(f"Cannot run: {st.session_state['run_error']}")
+        st.error(st.session_state["run_error"], icon=":material/error:")
+    whose_parts(run)
+
+
+def whose_parts(run: EngineRun | None) -> None:
+    """Say when the engine on the page runs the learner's parts, and what the next Run will use."""
+    parts = run.engine.config.components if run is not None else None
+    switch = st.session_state.get("k_mine", False)
+    if parts is not None and parts.replaced():
+        st.markdown(f":violet-badge[:material/school: Your parts] This run's engine runs your {describe(parts)}; "
+                    "every other part is minillm's own.")
+        if not switch:
+            st.caption("**Run with my lab notebook** is off: the next Run uses minillm's own parts.")
+    elif switch:
+        st.caption(":material/school: **Run with my lab notebook** is on: press **Run** to run the engine with "
+                   "your parts.")
 
 
 def status_line(run: EngineRun) -> None:
-    if run.error:
+    if run.error and run.engine.config.components.replaced():
+        st.error(f"Your part failed in the engine: {failure(run.exception)}", icon=":material/error:")
+        freed = run.final_kv is not None and run.final_kv.used_blocks == 0
+        st.caption("Fix it in your notebook and press **Run** again (the notebook is read at each Run), or turn "
+                   "off **Run with my lab notebook** to run minillm's own parts. "
+                   + ("The run's blocks were all given back." if freed else
+                      "Not every block could be given back; the next Run starts with a fresh pool."))
+    elif run.error:
         st.error(f"The engine failed: {run.error}")
     for message in run.rejected[:5]:
         st.warning(f"Request refused by the engine: {message}")

@@ -54,7 +54,8 @@ class EngineRun:
         self.records: list[StepRecord] = []
         self.rejected: list[str] = []       # requests the engine refused, with its reason
         self.final_kv: KVStats | None = None
-        self.error: str | None = None
+        self.error: str | None = None       # what stopped a failed run, in words
+        self.exception: Exception | None = None  # and the exception itself (the page shows where it came from)
         self.status = "running"
         self._pending = sorted(specs, key=lambda s: s.arrival)
         self._lock, self._wake = threading.Lock(), threading.Condition()
@@ -130,11 +131,15 @@ class EngineRun:
                         self._wake.wait_for(lambda: self._stop, self.pace)
             if self._stop:
                 status = "stopped"
-        except Exception as exc:  # an engine bug must reach the page, not vanish with the thread
-            self.error, status = f"{type(exc).__name__}: {exc}", "failed"
+        except Exception as exc:  # an engine bug, or a learner's part, must reach the page, not vanish with the thread
+            self._fail(exc)
         finally:
             self._release()
-            self.status = status
+            self.status = "failed" if self.exception is not None else status
+
+    def _fail(self, exc: Exception) -> None:
+        if self.exception is None:  # the first failure is the one to explain
+            self.error, self.exception = f"{type(exc).__name__}: {exc}", exc
 
     def _next_turn(self) -> bool:
         """Wait while paused (unless a single step was asked for); -> False once stopped."""
@@ -205,11 +210,21 @@ class EngineRun:
             self.records.append(record)
 
     def _release(self) -> None:
-        """Abort what is left, so the pool is empty again, and record the pool as it ends."""
-        for request_id in {s.request_id for s in self.samples.values() if s.finish_reason is None}:
-            if self.engine.abort(request_id):
-                for sample in self.samples.values():
-                    if sample.request_id == request_id and sample.finish_reason is None:
-                        sample.finish_reason = "abort"
+        """Abort what is left, so the pool is empty again, and record the pool as it ends. A broken
+        part (a learner's) may fail here too: each request is still aborted, and the error kept."""
         self._pending.clear()
-        self.final_kv = self.engine.kv_stats()
+        for request_id in {s.request_id for s in self.samples.values() if s.finish_reason is None}:
+            try:
+                aborted = self.engine.abort(request_id)
+            except Exception as exc:
+                self._fail(exc)
+                continue
+            if aborted:
+                with self._lock:
+                    for sample in self.samples.values():
+                        if sample.request_id == request_id and sample.finish_reason is None:
+                            sample.finish_reason = "abort"
+        try:
+            self.final_kv = self.engine.kv_stats()
+        except Exception as exc:
+            self._fail(exc)

@@ -10,7 +10,9 @@ import torch
 import minillm
 from minillm import EngineConfig, SamplingParams
 from minillm.bench.workload import chat_workload
+from minillm.config import Components
 from minillm.tokenizer import Tokenizer
+from visualizer.learner_parts import LAB_PARTS, default_folder
 from visualizer.run import RequestSpec
 
 DEFAULTS = {
@@ -19,12 +21,13 @@ DEFAULTS = {
     "max_tokens": 48, "temperature": 0.8, "top_p": 0.95, "n_samples": 1, "seed": 0,
     "kv_cache": "paged", "block_size": 16, "kv_mib": 6.0, "prefix_caching": True,
     "scheduler": "continuous", "max_num_seqs": 16, "max_batched_tokens": 256, "chunked_prefill": True,
-    "pace_ms": 0,
+    "pace_ms": 0, "mine": False, "mine_labs": list(LAB_PARTS), "mine_folder": default_folder(),
 }
 
 
-def engine_config(values: dict) -> EngineConfig:
-    """The EngineConfig the knobs describe (EngineConfig itself validates and explains)."""
+def engine_config(values: dict, components: Components | None = None) -> EngineConfig:
+    """The EngineConfig the knobs describe (EngineConfig itself validates and explains), with the
+    engine's own parts unless `components` replaces some."""
     kv_bytes = values["kv_mib"] * 2**20
     if values["kv_cache"] == "paged" and kv_bytes < 1:
         raise ValueError(f"the KV budget must be more than 0 MiB, got {values['kv_mib']}")
@@ -33,7 +36,8 @@ def engine_config(values: dict) -> EngineConfig:
                         enable_prefix_caching=bool(values["prefix_caching"]), scheduler=values["scheduler"],
                         max_num_seqs=int(values["max_num_seqs"]),
                         max_num_batched_tokens=int(values["max_batched_tokens"]),
-                        enable_chunked_prefill=bool(values["chunked_prefill"]))
+                        enable_chunked_prefill=bool(values["chunked_prefill"]),
+                        components=components or Components())
 
 
 def request_specs(values: dict, tokenizer: Tokenizer, max_model_len: int) -> list[RequestSpec]:

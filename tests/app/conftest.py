@@ -1,14 +1,11 @@
 """Fixtures for the visualizer's tests: the app under Streamlit's AppTest, on the small bundled model."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-APP_DIR = Path(__file__).resolve().parents[2] / "app"
-APP = APP_DIR / "streamlit_app.py"
-sys.path.insert(0, str(APP_DIR))  # the app's own modules (`visualizer`)
+APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +38,7 @@ def run_to_end(at, timeout: float = 60):
     assert not at.exception, [e.value for e in at.exception]
     run = at.session_state["run"]
     assert run.wait(timeout), "the run did not finish in time"
+    assert run.status == "finished", f"the run ended {run.status}: {run.error}"
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return run

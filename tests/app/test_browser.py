@@ -1,7 +1,8 @@
 """A real browser: `streamlit run` on a loopback port, headless Chromium driven by Playwright.
 
-It presses Run, waits for tokens to stream, pauses and resumes, visits every page, and saves screenshots under the
-test's temporary directory (the path is printed). Skips, saying why, where no Chromium can be had.
+It presses Run, waits for tokens to stream, pauses and resumes, visits every page, runs the engine with the
+solutions' parts through "Run with my lab notebook", and saves screenshots under the test's temporary directory
+(the path is printed). Skips, saying why, where no Chromium can be had.
 """
 import os
 import re
@@ -15,6 +16,7 @@ import urllib.request
 import pytest
 
 from conftest import APP
+from test_my_notebook import ROOT
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
@@ -65,6 +67,11 @@ def server():
             proc.wait()
 
 
+def run_button(page):
+    """The Run button (its name may carry its icon's name first), and not "Help for Run with my lab notebook"."""
+    return page.get_by_role("button", name=re.compile(r"\bRun$"))
+
+
 def test_a_generation_streams_in_a_real_browser(server, tmp_path):
     executable = chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
@@ -77,10 +84,12 @@ def test_a_generation_streams_in_a_real_browser(server, tmp_path):
             rate.fill("3")  # requests keep arriving for ~8 s: the first screenshot catches the run mid-way
             rate.press("Enter")
             page.wait_for_timeout(1000)
-            page.get_by_role("button", name="Run", exact=False).first.click(timeout=60_000)
+            run_button(page).click(timeout=60_000)
             page.get_by_text("Streams", exact=True).wait_for(timeout=60_000)
-            page.get_by_role("button", name="Pause").click()  # hold the run mid-way for a steady picture
-            # On a busy machine the run may end before the click lands; then there is nothing to pause.
+            try:  # hold the run mid-way for a steady picture
+                page.get_by_role("button", name="Pause").click(timeout=5_000)
+            except sync_api.TimeoutError:
+                pass  # on a busy machine the run may end before the click lands; then there is nothing to pause
             page.get_by_text(re.compile("Run (paused|finished)")).wait_for(timeout=60_000)
             page.wait_for_timeout(2000)
             page.screenshot(path=tmp_path / "live_mid_run.png", full_page=True)
@@ -98,6 +107,30 @@ def test_a_generation_streams_in_a_real_browser(server, tmp_path):
                 page.wait_for_timeout(1500)
                 assert page.locator('[data-testid="stException"]').count() == 0, f"{name} page raised"
                 page.screenshot(path=tmp_path / f"{name}.png", full_page=True)
+            run_with_my_notebook(page, tmp_path)
         finally:
             browser.close()
     print(f"screenshots in {tmp_path}")
+
+
+def run_with_my_notebook(page, tmp_path) -> None:
+    """The switch on, the solutions as the learner's notebooks (every lab's parts, the default): the engine
+    runs their parts, and says so."""
+    page.get_by_role("link", name="Live engine").click()
+    page.get_by_text("Run with my lab notebook").click()
+    folder = page.get_by_label("Notebook folder", exact=True)
+    folder.fill(str(ROOT / "solutions"))
+    folder.press("Enter")
+    for field, value in (("Requests", "4"), ("Arrival rate (requests/s, 0 = all at once)", "0")):
+        box = page.get_by_role("spinbutton", name=field, exact=True)
+        box.fill(value)
+        box.press("Enter")
+    page.get_by_text("Run reads").wait_for(timeout=30_000)
+    run_button(page).click()
+    page.get_by_text("This run's engine runs your exercises").wait_for(timeout=60_000)  # the new run's badge
+    page.get_by_text("Run finished").wait_for(timeout=120_000)
+    assert page.locator('[data-testid="stException"]').count() == 0, "the run with the learner's parts raised"
+    assert page.get_by_text("4.3 continuous_step").count(), "the page names the learner's exercises"
+    page.wait_for_timeout(1000)
+    page.screenshot(path=tmp_path / "my_notebook.png", full_page=True)
+    page.locator('[data-testid="stSidebar"]').screenshot(path=tmp_path / "my_notebook_switch.png")

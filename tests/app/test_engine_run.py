@@ -2,6 +2,8 @@
 import time
 
 from minillm import EngineConfig, SamplingParams
+from minillm.cache.allocator import BlockAllocator
+from minillm.config import Components
 from minillm.engine.engine import LLMEngine
 from visualizer.run import EngineRun, RequestSpec
 
@@ -57,3 +59,18 @@ def test_parallel_samples_are_tracked_apart():
     assert run.wait(30)
     assert list(run.samples) == ["r0.0", "r0.1"]
     assert all(len(s.token_times) == 8 for s in run.samples.values())
+
+
+class FreeFails(BlockAllocator):
+    """A broken part, as a learner's may be: it cannot give blocks back."""
+
+    def free(self, table: list[int]) -> None:
+        raise RuntimeError("free is broken")
+
+
+def test_a_part_that_fails_while_freeing_still_ends_the_run_as_failed():
+    broken = LLMEngine(EngineConfig(model="pico", num_kv_blocks=64, components=Components(block_allocator=FreeFails)))
+    run = EngineRun(broken, [*specs(1, max_tokens=2), *specs(2, max_tokens=50)[1:]])
+    assert run.wait(30), "the run must end, not hang in its clean-up"
+    assert run.status == "failed" and run.error == "RuntimeError: free is broken"
+    assert isinstance(run.exception, RuntimeError) and run.final_kv is not None
