@@ -35,7 +35,8 @@ def make_hf_model(out: Path, kind: str = "llama", seed: int = 0, vocab_size: int
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     kinds = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(tie_word_embeddings=False, rope_theta=500.0)),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                  dict(tie_word_embeddings=False, rope_theta=500.0)),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=None)),
     }
@@ -53,3 +54,27 @@ def make_hf_model(out: Path, kind: str = "llama", seed: int = 0, vocab_size: int
     model.save_pretrained(out, safe_serialization=True)
     make_tokenizer_json(out / "tokenizer.json", vocab_size)
     return model
+
+
+# -- a real browser and local servers, for end-to-end tests of the app and the notebooks ----------
+# Debian's chromium, never a test tool's own download; no background networking: the machine may be offline.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+
+
+def chromium() -> str:
+    """The Chromium executable, or skip the calling test with the reason."""
+    import shutil
+
+    import pytest
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.skip("no Chromium on this machine: install Debian's `chromium` (.ci/run does) to run the browser test")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -27,8 +27,6 @@ from minillm.labkit import check
 from minillm.models.config import ModelConfig
 
 # %%
-import time
-
 import plotly.graph_objects as go
 import torch
 
@@ -47,10 +45,15 @@ MODEL = "tiny"  # the bundled model: a 6-layer Llama-style decoder trained on Py
 # 300 FLOP/byte: work that does fewer than ~300 FLOPs per byte it touches leaves the tensor cores idle.
 
 # %%
+import math
+
 intensity = [2 ** e for e in range(-2, 13)]
 peak, bandwidth = 989e12, 3.35e12  # H100 SXM: dense bf16 tensor-core FLOP/s, HBM3 bytes/s
+ridge = peak / bandwidth
 fig = go.Figure(go.Scatter(x=intensity, y=[min(peak, i * bandwidth) / 1e12 for i in intensity], name="H100 roofline"))
-fig.add_vline(x=peak / bandwidth, line_dash="dot", annotation_text=f"ridge ≈ {peak / bandwidth:.0f} FLOP/B")
+# On a log axis plotly places a line (a shape) at the value itself but its label (an annotation) at log10 of it.
+fig.add_vline(x=ridge, line_dash="dot", annotation_text=f"ridge ≈ {ridge:.0f} FLOP/B", annotation_x=math.log10(ridge),
+              annotation_position="bottom right")
 fig.update_layout(title="The roofline of an H100", xaxis_type="log", yaxis_type="log", height=360,
                   xaxis_title="arithmetic intensity (FLOP / byte)", yaxis_title="attainable TFLOP/s")
 fig.show()
@@ -254,12 +257,14 @@ HARDWARE = {  # name: (peak FLOP/s, bandwidth bytes/s, bytes per element used fo
 }
 fig = go.Figure()
 for name, (p, bw, _) in HARDWARE.items():
-    fig.add_trace(go.Scatter(x=intensity, y=[min(p, i * bw) for i in intensity], name=name))
+    fig.add_trace(go.Scatter(x=intensity, y=[min(p, i * bw) / 1e12 for i in intensity], name=name))
 for label, m in (("decode matvec (m=1)", 1), ("prefill matmul (m=2048)", 2048)):
     f, b = matmul_cost(m, 4096, 4096, 2)
-    fig.add_vline(x=f / b, line_dash="dot", annotation_text=label)
+    fig.add_vline(x=f / b, line_dash="dot", annotation_text=label, annotation_x=math.log10(f / b),
+                  annotation_position="bottom right")
 fig.update_layout(title="Rooflines, with the intensity of a 4096×4096 layer in decode and prefill",
-                  xaxis_type="log", yaxis_type="log", xaxis_title="FLOP / byte", yaxis_title="attainable FLOP/s", height=420)
+                  xaxis_type="log", yaxis_type="log", xaxis_title="FLOP / byte", yaxis_title="attainable TFLOP/s",
+                  height=420)
 fig.show()
 
 # %% [markdown]
@@ -304,12 +309,11 @@ with torch.inference_mode():
         predicted = decode_tokens_per_s(cfg, 1, 1, cpu_flops, cpu_bandwidth, 4)
         megabytes = decode_step_cost(cfg, 1, 1, 4)[1] / 1e6
         rows.append((f"{megabytes:.0f} MB of weights", predicted, measured))
-        del model
 out = LLM(MODEL).generate([list(range(1, 33))], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
 fig = go.Figure([go.Bar(name="roofline prediction", x=[r[0] for r in rows], y=[r[1] for r in rows]),
                  go.Bar(name="measured forward", x=[r[0] for r in rows], y=[r[2] for r in rows])])
 fig.update_layout(title="Decode tokens/s at batch 1: prediction vs measurement", barmode="group",
-                  yaxis_type="log", yaxis_title="tokens/s", height=360)
+                  yaxis_type="log", yaxis_dtick="D2", yaxis_title="tokens/s", height=360)
 fig.show()
 for label, predicted, measured in rows:
     print(f"{label:>22}: predicted {predicted:8.1f} tok/s, measured {measured:8.1f} tok/s ({measured / predicted:.0%})")

@@ -34,9 +34,6 @@ from minillm.labkit import check
 from minillm.models.config import ModelConfig
 
 # %%
-import time
-from pathlib import Path
-
 import plotly.graph_objects as go
 from safetensors.torch import load_file
 

@@ -14,8 +14,10 @@ def roofline_chart(hw: HardwareProfile, dtype: str, points: list[dict]) -> go.Fi
                                name=f"roof: {hw.name}", line=dict(color="#212529", width=3),
                                hovertemplate="%{x:.1f} FLOP/B → %{y:.3g} TFLOP/s<extra></extra>"))
     ridge = hw.peak(dtype) / hw.bandwidth
-    fig.add_vline(x=ridge, line_dash="dot", line_color="#8c8c8c",
-                  annotation_text=f"ridge {ridge:.0f} FLOP/B", annotation_position="bottom right")
+    # On a log axis plotly draws a line (a shape) at the value itself, but puts its label (an
+    # annotation) at log10 of the value: give the label its position in those units.
+    fig.add_vline(x=ridge, line_dash="dot", line_color="#8c8c8c", annotation_text=f"ridge {ridge:.0f} FLOP/B",
+                  annotation_x=float(np.log10(ridge)), annotation_position="bottom right")
     style = {"predicted": dict(symbol="circle-open", size=16, line=dict(width=3)),
              "measured": dict(symbol="star", size=16)}
     colors = {"prefill": "#4c72b0", "decode": "#55a868"}

@@ -7,31 +7,16 @@ solutions' parts through "Run with my lab notebook", and saves screenshots under
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-
 from conftest import APP
 from test_my_notebook import ROOT
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.skip("no Chromium on this machine: install Debian's `chromium` (.ci/run does) to run the browser test")
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from minillm.testing import CHROMIUM_FLAGS, chromium, free_port
 
 
 @pytest.fixture

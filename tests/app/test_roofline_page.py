@@ -1,4 +1,5 @@
 """The Roofline page: profiles, predicted prefill and decode points, the measured engine point."""
+import pytest
 from conftest import errors, figures
 
 
@@ -61,3 +62,18 @@ def test_invalid_batch_and_context_get_messages(app):
     app.selectbox(key="roof_model").set_value("pico").run()
     app.number_input(key="roof_context").set_value(4096).run()
     assert not app.exception and any("at most 512 tokens" in e for e in errors(app))
+
+
+def test_the_ridge_label_sits_on_the_ridge_line_of_a_log_axis():
+    """On a log axis plotly reads an annotation's x as log10 of the value (a shape's x as the value):
+    a label given the raw value would land at 10^ridge and stretch the axis past every point."""
+    import math
+
+    from minillm.perf import PROFILES
+    from visualizer.roofline_chart import roofline_chart
+    for hw in PROFILES.values():
+        fig = roofline_chart(hw, "bfloat16", []).to_dict()
+        ridge = hw.peak("bfloat16") / hw.bandwidth
+        (line,), (label,) = fig["layout"]["shapes"], fig["layout"]["annotations"]
+        assert line["x0"] == pytest.approx(ridge)
+        assert label["x"] == pytest.approx(math.log10(ridge)), f"{hw.name}: the ridge label is not at the line"

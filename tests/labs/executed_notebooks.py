@@ -1,0 +1,40 @@
+"""The solution notebooks, each run top to bottom once per test session and kept with its outputs.
+
+test_lab_notebooks_run.py runs them; the browser test opens the kept copies instead of running the notebooks a
+second time. (A plain module, not a conftest.py: the tests in tests/app import their conftest by name, and a second
+conftest.py loaded after theirs would shadow it.)
+"""
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ExecutedNotebooks:
+    """solutions/<stem>.ipynb run in a real kernel, saved with its outputs in this session's pytest temporary folder."""
+
+    def __init__(self, tmp_path_factory):
+        self.folder = tmp_path_factory.getbasetemp() / "executed-notebooks"
+        self.folder.mkdir(exist_ok=True)
+
+    def run(self, stem: str, timeout: float) -> tuple[nbformat.NotebookNode, float]:
+        """Run the notebook top to bottom: (the executed notebook, seconds). Saved even when a cell fails,
+        with the outputs up to the failure."""
+        nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
+        start = time.perf_counter()
+        try:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(ROOT / "solutions")}}).execute()
+            return nb, time.perf_counter() - start
+        finally:
+            nbformat.write(nb, self.folder / f"{stem}.ipynb")
+
+    def path(self, stem: str, timeout: float) -> Path:
+        """The executed notebook: this session's run when there was one, else a run now."""
+        saved = self.folder / f"{stem}.ipynb"
+        if not saved.exists():
+            self.run(stem, timeout)
+        return saved
