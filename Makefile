@@ -1,6 +1,7 @@
 # One command per job; each bootstraps the virtual environment in .venv on first use.
 #   make app     the main job: the demo on the bundled model
-#   make test    the whole test suite (what CI runs)
+#   make test    lint, then the whole test suite (what CI runs)
+#   make lint    ruff: lint and import order (configured in pyproject.toml)
 #   make lab     JupyterLab on the learner notebooks
 #   make grade LAB=NN   grade your notebook for lab NN
 #   make labs    regenerate the notebooks from solutions/*.py (keeps learners' edited notebooks)
@@ -14,7 +15,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB ?= 01
 
-.PHONY: app test lab grade labs bench venv clean
+.PHONY: app test lint lab grade labs bench venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +33,10 @@ app: $(STAMP)
 	$(VENV)/bin/streamlit run app/streamlit_app.py --server.headless true --server.port $(APP_PORT) \
 		--server.address $(APP_ADDRESS) --browser.gatherUsageStats false --client.toolbarMode minimal
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest -q
 
 lab: $(STAMP)

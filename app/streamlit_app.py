@@ -14,7 +14,8 @@ RUN_PAGES = [
     st.Page("views/memory.py", title="Paged memory explorer", icon=":material/grid_view:"),
 ]
 page = st.navigation({"The engine, live": RUN_PAGES,
-                      "Models of performance": [st.Page("views/roofline.py", title="Roofline", icon=":material/show_chart:")]})
+                      "Models of performance": [st.Page("views/roofline.py", title="Roofline",
+                                                        icon=":material/show_chart:")]})
 keep_knobs()
 if page.title in [p.title for p in RUN_PAGES]:
     knobs()

@@ -2,10 +2,8 @@
 from minillm.async_llm import AsyncLLM
 from minillm.config import EngineConfig
 from minillm.llm import LLM
-from minillm.outputs import RequestOutput, StreamChunk
+from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams
-
-from minillm.outputs import Completion
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "Completion", "StreamChunk", "EngineConfig"]
 __version__ = "0.1.0"

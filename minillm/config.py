@@ -19,7 +19,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Components:
     """Replacements for parts of the engine; None keeps the engine's own. Each must implement the
     interface of the part it replaces (see the module named in each comment)."""
-    sample: Callable | None = None            # sampling.sample(logits [rows, vocab], temperature, top_k, top_p, generator)
+    sample: Callable | None = None            # sampling.sample(logits, temperature, top_k, top_p, generator)
     block_allocator: Callable | None = None   # cache/allocator.BlockAllocator(num_blocks, block_size)
     match_prefix: Callable | None = None      # cache/prefix.match_prefix(token_ids, block_size, cache, hash_fn)
     evictable_blocks: Callable | None = None  # cache/prefix.EvictableBlocks()

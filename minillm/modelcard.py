@@ -27,7 +27,8 @@ def write_card(model_dir: Path) -> None:
     picks = curve[:: max(1, len(curve) // 8)]
     if picks[-1] is not curve[-1]:
         picks.append(curve[-1])
-    rows = "\n".join(f"| {c['step']} | {c['train_loss']:.3f} | {c['heldout_loss']:.3f} | {c['seconds']:.0f} |" for c in picks)
+    rows = "\n".join(f"| {c['step']} | {c['train_loss']:.3f} | {c['heldout_loss']:.3f} | {c['seconds']:.0f} |"
+                     for c in picks)
     samples = "\n\n".join(f"```python\n{prompt}{text}\n```" for prompt, text in greedy_samples(model_dir))
     card = f"""# minillm `{name}`
 
@@ -41,7 +42,8 @@ this project with `python -m minillm train --models {name}` so that everything r
 | architecture | `LlamaForCausalLM` (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) |
 | layers | {cfg['num_hidden_layers']} |
 | hidden size | {cfg['hidden_size']} |
-| attention heads / key-value heads | {cfg['num_attention_heads']} / {cfg['num_key_value_heads']} (head dim {cfg['head_dim']}) |
+| attention heads / key-value heads | {cfg['num_attention_heads']} / {cfg['num_key_value_heads']} \
+(head dim {cfg['head_dim']}) |
 | MLP intermediate size | {cfg['intermediate_size']} |
 | vocabulary | {cfg['vocab_size']} (byte-level BPE, shared by `tiny` and `pico`) |
 | context | trained on {p['seq_len']}-token windows; `max_position_embeddings` {cfg['max_position_embeddings']} |
@@ -58,7 +60,8 @@ The tokenizer averages {log['bytes_per_token']} bytes per token on the training 
 
 ## Training
 {p['steps']} steps of {p['batch']} windows x {p['seq_len']} tokens ({log['train_tokens_seen']:,} tokens, about
-{log['train_tokens_seen'] / log['train_tokens']:.1f} epochs); AdamW (betas 0.9, 0.95, weight decay 0.1 on matrices), peak
+{log['train_tokens_seen'] / log['train_tokens']:.1f} epochs); AdamW (betas 0.9, 0.95, weight decay 0.1 on \
+matrices), peak
 learning rate {p['lr']}, 100 warm-up steps then cosine decay to 10%, gradient clipping at 1.0, seed {log['seed']},
 {log['precision']}. Took {log['train_seconds'] / 60:.1f} minutes on {log['machine']}.
 
@@ -74,7 +77,8 @@ committed weights.
 
 ## Greedy samples
 Each block is a prompt (its first lines, up to the colon) and the model's greedy continuation of
-{SAMPLE_TOKENS} tokens, reproduced by `python -m minillm generate --model {name} --prompt ... --max-tokens {SAMPLE_TOKENS}`.
+{SAMPLE_TOKENS} tokens, reproduced by `python -m minillm generate --model {name} --prompt ... \
+--max-tokens {SAMPLE_TOKENS}`.
 
 {samples}
 

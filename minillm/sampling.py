@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 MAX_LOGPROBS = 20
 
 
@@ -36,11 +35,14 @@ class SamplingParams:
             (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
             (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
              f"logprobs must be None or an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}"),
-            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"),
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+             f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"),
             (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
-            (isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}"),
+            (isinstance(self.top_k, int) and self.top_k >= 0,
+             f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop!r}"),
+            (all(isinstance(s, str) and s for s in self.stop),
+             f"stop strings must be non-empty strings, got {self.stop!r}"),
             (self.seed is None or isinstance(self.seed, int), f"seed must be an integer or None, got {self.seed!r}"),
         ]
         for ok, message in checks:

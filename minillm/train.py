@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm.perf import machine
 from minillm.layers.attention import AttentionContext
+from minillm.modelcard import write_card
 from minillm.models.config import ModelConfig
 from minillm.models.export import save_checkpoint
 from minillm.models.llama import LlamaForCausalLM
-from minillm.modelcard import write_card
+from minillm.perf import machine
 
 EOT = "<|endoftext|>"
 EXCLUDED_DIRS = {"test", "tests", "idlelib", "site-packages"}
@@ -157,7 +157,7 @@ def hf_config(p: Preset, eot: int) -> dict:
 def init_weights(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 

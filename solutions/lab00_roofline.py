@@ -11,9 +11,11 @@
 #
 # ## Learning objectives
 # By the end you can
-# 1. count the FLOPs and bytes of a matmul, a matrix-vector product and attention, and compute their **arithmetic intensity**;
+# 1. count the FLOPs and bytes of a matmul, a matrix-vector product and attention, and compute their
+#    **arithmetic intensity**;
 # 2. predict a kernel's time with the roofline: `max(FLOPs / peak FLOP/s, bytes / bandwidth)`;
-# 3. count the bytes a decode step must move (weights + KV cache) and predict decode tokens/s for any model on any hardware;
+# 3. count the bytes a decode step must move (weights + KV cache) and predict decode tokens/s for any
+#    model on any hardware;
 # 4. explain why decode is memory-bound and prefill compute-bound, and why batching helps decode;
 # 5. compare your prediction with `minillm`'s measured decode speed on this machine.
 #

@@ -11,8 +11,10 @@
 #
 # ## Learning objectives
 # By the end you can
-# 1. write RMSNorm, rotary position embeddings (RoPE), causal grouped-query attention and the SwiGLU MLP as plain tensor code;
-# 2. explain why the causal mask must be *offset* when the queries are only the last few positions (the situation a KV cache creates);
+# 1. write RMSNorm, rotary position embeddings (RoPE), causal grouped-query attention and the SwiGLU
+#    MLP as plain tensor code;
+# 2. explain why the causal mask must be *offset* when the queries are only the last few positions
+#    (the situation a KV cache creates);
 # 3. map query heads to key/value heads in grouped-query attention, and say what GQA saves;
 # 4. read a Hugging Face checkpoint (`config.json` + `model.safetensors`) and run it with your own code;
 # 5. measure where a forward pass spends its time.
@@ -135,7 +137,8 @@ check("1.2")
 #
 # Split each head vector into halves `x1 = x[..., :d/2]`, `x2 = x[..., d/2:]`. Then
 #
-# $$\text{out} = x \odot \cos + \operatorname{rotate\_half}(x) \odot \sin, \qquad \operatorname{rotate\_half}([x_1, x_2]) = [-x_2, x_1]$$
+# $$\text{out} = x \odot \cos + \operatorname{rotate\_half}(x) \odot \sin, \qquad
+# \operatorname{rotate\_half}([x_1, x_2]) = [-x_2, x_1]$$
 #
 # Because both q and k are rotated, the score `q·k` depends only on the *distance* between their
 # positions. That is why a cached key never needs rotating again. (The RoPE paper pairs adjacent
@@ -209,7 +212,8 @@ check("1.4")
 # %% [markdown]
 # ## Exercise 1.5 · The SwiGLU MLP
 #
-# $$\operatorname{MLP}(x) = W_\text{down}\big(\operatorname{silu}(W_\text{gate}\,x) \odot W_\text{up}\,x\big), \qquad \operatorname{silu}(z) = z\,\sigma(z)$$
+# $$\operatorname{MLP}(x) = W_\text{down}\big(\operatorname{silu}(W_\text{gate}\,x) \odot W_\text{up}\,x\big), \qquad
+# \operatorname{silu}(z) = z\,\sigma(z)$$
 #
 # Weights are stored as PyTorch's `nn.Linear` stores them, `[out_features, in_features]`, so
 # "apply `W`" is `x @ W.T` (or `F.linear(x, W)`).
@@ -322,7 +326,8 @@ model_dir = llm.engine.model_dir
 cfg = ModelConfig.from_file(model_dir / "config.json")
 weights = load_file(model_dir / "model.safetensors")
 print(f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads on "
-      f"{cfg.num_key_value_heads} kv heads, vocab {cfg.vocab_size}, {sum(t.numel() for t in weights.values()):,} parameters")
+      f"{cfg.num_key_value_heads} kv heads, vocab {cfg.vocab_size}, "
+      f"{sum(t.numel() for t in weights.values()):,} parameters")
 
 prompt = "def fibonacci(n):"
 ids = torch.tensor(llm.tokenizer.encode(prompt))
@@ -364,14 +369,16 @@ fig.show()
 n = 256
 layer0 = {k[len("model.layers.0."):]: t for k, t in weights.items() if k.startswith("model.layers.0.")}
 x = torch.randn(n, cfg.hidden_size)
-q, k, v = torch.randn(n, cfg.num_attention_heads, cfg.head_dim), torch.randn(n, cfg.num_key_value_heads, cfg.head_dim), torch.randn(n, cfg.num_key_value_heads, cfg.head_dim)
+q, k, v = (torch.randn(n, cfg.num_attention_heads, cfg.head_dim), torch.randn(n, cfg.num_key_value_heads, cfg.head_dim),
+           torch.randn(n, cfg.num_key_value_heads, cfg.head_dim))
 cos, sin = rope_cos_sin(torch.arange(n), cfg.head_dim, cfg.rope_theta)
 parts = {
     "rms_norm": lambda: rms_norm(x, layer0["input_layernorm.weight"], cfg.rms_norm_eps),
     "q, k, v, o projections": lambda: [F.linear(x, layer0[f"self_attn.{p}_proj.weight"]) for p in "qkvo"],
     "RoPE": lambda: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)),
     "attention (scores, softmax, mix)": lambda: causal_gqa_attention(q, k, v),
-    "SwiGLU MLP": lambda: swiglu(x, layer0["mlp.gate_proj.weight"], layer0["mlp.up_proj.weight"], layer0["mlp.down_proj.weight"]),
+    "SwiGLU MLP": lambda: swiglu(x, layer0["mlp.gate_proj.weight"], layer0["mlp.up_proj.weight"],
+                                 layer0["mlp.down_proj.weight"]),
 }
 with torch.no_grad():
     ms = {name: median_time(fn, 3) * 1e3 for name, fn in parts.items()}

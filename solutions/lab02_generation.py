@@ -11,7 +11,8 @@
 #
 # ## Learning objectives
 # By the end you can
-# 1. tell **prefill** (the prompt, many tokens at once) from **decode** (one token per step) and say why their costs differ;
+# 1. tell **prefill** (the prompt, many tokens at once) from **decode** (one token per step) and say
+#    why their costs differ;
 # 2. write a KV cache that plugs into a real engine's model, with the positions right;
 # 3. implement greedy, temperature, top-k and top-p sampling, reproducibly seeded;
 # 4. define and measure **TTFT** (time to first token) and **TPOT** (time per output token);
@@ -257,7 +258,8 @@ ids = llm.tokenizer.encode("def add(a, b):\n    return")
 last = llm.logits(ids)[-1:]  # [1, vocab]
 top = last.topk(12).indices[0]
 labels = [repr(llm.tokenizer.decode([t])) for t in top.tolist()]
-settings = {"T=1": (1.0, 0, 1.0), "T=0.5": (0.5, 0, 1.0), "T=1, top-k 5": (1.0, 5, 1.0), "T=1, top-p 0.8": (1.0, 0, 0.8)}
+settings = {"T=1": (1.0, 0, 1.0), "T=0.5": (0.5, 0, 1.0), "T=1, top-k 5": (1.0, 5, 1.0),
+            "T=1, top-p 0.8": (1.0, 0, 0.8)}
 fig = go.Figure([go.Bar(name=name, x=labels, y=top_p_filter(top_k_filter(last / t, k), p).softmax(-1)[0, top])
                  for name, (t, k, p) in settings.items()])
 fig.update_layout(title="Next-token probabilities after each filter (12 most likely tokens)", barmode="group",
@@ -318,7 +320,8 @@ check("2.6")
 # %%
 prompt_ids = llm.tokenizer.encode("class Stack:\n    def __init__(self):")
 for seed in (0, 1):
-    print(f"seed {seed}:", repr(llm.tokenizer.decode(generate(model, prompt_ids, 20, temperature=0.8, top_p=0.95, seed=seed))))
+    sampled = generate(model, prompt_ids, 20, temperature=0.8, top_p=0.95, seed=seed)
+    print(f"seed {seed}:", repr(llm.tokenizer.decode(sampled)))
 print("greedy:", repr(llm.tokenizer.decode(generate(model, prompt_ids, 20))))
 
 # %% [markdown]
@@ -376,8 +379,10 @@ fig.update_layout(title="Latency of your generation loop", xaxis_title="prompt l
                   yaxis_title="ms", height=340)
 fig.show()
 
-out = llm.generate([torch.randint(1, cfg.vocab_size, (256,)).tolist()], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
-print(f"minillm's engine, 256-token prompt: TTFT {out.metrics['ttft'] * 1e3:.1f} ms, TPOT {out.metrics['tpot'] * 1e3:.1f} ms")
+out = llm.generate([torch.randint(1, cfg.vocab_size, (256,)).tolist()],
+                   SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+print(f"minillm's engine, 256-token prompt: TTFT {out.metrics['ttft'] * 1e3:.1f} ms, "
+      f"TPOT {out.metrics['tpot'] * 1e3:.1f} ms")
 
 # %% [markdown]
 # **What the cache buys.** At context length `c`, one new token costs either a cached decode step

@@ -63,7 +63,8 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 # ## The concept: block tables
 #
 # The pool holds, for every layer, one big tensor of keys and one of values, each
-# `[num_blocks * block_size, kv_heads, head_dim]`, allocated once when the engine starts. A *slot* is one token's row in it; block `b` owns slots
+# `[num_blocks * block_size, kv_heads, head_dim]`, allocated once when the engine starts.
+# A *slot* is one token's row in it; block `b` owns slots
 # `b * block_size .. b * block_size + block_size - 1`. A sequence's block table lists its blocks in
 # token order, so token `t` lives in block `table[t // block_size]` at offset `t % block_size`:
 #
@@ -86,7 +87,7 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 manager = BlockAllocator(num_blocks=24, block_size=8)
 lengths = {"A": 9, "B": 3, "C": 17, "D": 6}
 tables = {name: manager.allocate(n) for name, n in lengths.items()}
-for step in range(14):  # they decode together, each growing by one token per step
+for _ in range(14):  # they decode together, each growing by one token per step
     for name in tables:
         lengths[name] += 1
         manager.append(tables[name], lengths[name])

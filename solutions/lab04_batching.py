@@ -576,7 +576,7 @@ def print_summaries(results: dict) -> None:
 def gantt(runs: dict, title: str) -> go.Figure:
     """One row of subplots per policy: a bar per (request, step), prefill chunks vs decodes."""
     fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, subplot_titles=list(runs), vertical_spacing=0.04)
-    for row, (name, steps) in enumerate(runs.items(), 1):
+    for row, steps in enumerate(runs.values(), 1):
         for phase, color in (("prefill", "#e4572e"), ("decode", "#3d6fb6")):
             bars = [(f"req {rid}", seconds * 1e3, start * 1e3, n) for start, seconds, work in steps
                     for rid, n, p in work if p == phase]

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from minillm import AsyncLLM, LLM, SamplingParams
+from minillm import LLM, AsyncLLM, SamplingParams
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

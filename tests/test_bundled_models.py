@@ -22,7 +22,8 @@ def test_both_models_are_bundled_with_every_file():
     for name in NAMES:
         for f in ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md"]:
             assert (BUNDLED_DIR / name / f).is_file(), f"{name} lacks {f}"
-    assert (BUNDLED_DIR / "tiny" / "tokenizer.json").read_bytes() == (BUNDLED_DIR / "pico" / "tokenizer.json").read_bytes()
+    assert ((BUNDLED_DIR / "tiny" / "tokenizer.json").read_bytes()
+            == (BUNDLED_DIR / "pico" / "tokenizer.json").read_bytes())
 
 
 def test_default_llm_is_tiny_and_names_resolve():
@@ -87,5 +88,6 @@ def test_card_samples_are_the_models_own_greedy_python(name):
         # Python-like: what follows a line ending in a colon is an indented block.
         assert re.match(r"\n[ ]{4,}\S", out.text), f"no indented block after {prompt!r}: {out.text[:40]!r}"
     # ... written in Python's own vocabulary: statements and keywords, not just prose.
-    keywords = re.findall(r"\b(return|self|if|else|def|for|while|import|None|not|is|raise)\b", "".join(o.text for o in outs))
+    keywords = re.findall(r"\b(return|self|if|else|def|for|while|import|None|not|is|raise)\b",
+                          "".join(o.text for o in outs))
     assert len(keywords) >= 5, f"only {keywords} in the greedy samples"

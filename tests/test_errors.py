@@ -71,7 +71,8 @@ def test_unknown_model_name(tmp_path):
     ("", SamplingParams(), "prompt is empty"),
     ([], SamplingParams(), "empty"),
     ([1, 2, 99999], SamplingParams(), r"token ids must be integers in \[0, 320\)"),
-    ([1] * 250, SamplingParams(max_tokens=10), r"250 tokens.*max_tokens \(10\) = 260 exceeds the context length of 256"),
+    ([1] * 250, SamplingParams(max_tokens=10),
+     r"250 tokens.*max_tokens \(10\) = 260 exceeds the context length of 256"),
 ])
 def test_bad_requests_are_rejected_before_any_compute(llama_llm, prompt, params, message):
     with pytest.raises(ValueError, match=message):

@@ -23,7 +23,8 @@ def test_paged_generation_is_token_identical_to_contiguous(block_size, hf_llama,
     paged = LLM(str(hf_llama[0]), block_size=block_size, num_kv_blocks=512 // block_size + 8)
     batch = prompts([5, 23, 40])  # 40 spans blocks for every size; 23 is not a multiple of 7 or 16
     params = SamplingParams(max_tokens=30, **GREEDY)
-    assert [o.token_ids for o in paged.generate(batch, params)] == [o.token_ids for o in contiguous.generate(batch, params)]
+    assert ([o.token_ids for o in paged.generate(batch, params)]
+            == [o.token_ids for o in contiguous.generate(batch, params)])
     assert paged.engine.kv_stats().used_blocks == 0
 
 

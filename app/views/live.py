@@ -20,7 +20,8 @@ def request_table(run: EngineRun, records, samples) -> pd.DataFrame:
     for key, s in samples.items():
         ttft = s.token_times[0] - s.arrival if s.token_times else None
         gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
-        rows.append({"request": key, "state": s.finish_reason and f"done ({s.finish_reason})" or states.get(key, "arriving"),
+        rows.append({"request": key,
+                     "state": s.finish_reason and f"done ({s.finish_reason})" or states.get(key, "arriving"),
                      "prompt tokens": s.prompt_tokens, "output tokens": len(s.token_times),
                      "TTFT ms": None if ttft is None else round(1000 * ttft, 1),
                      "mean ITL ms": round(1000 * sum(gaps) / len(gaps), 2) if gaps else None, "text": s.text})
@@ -29,7 +30,8 @@ def request_table(run: EngineRun, records, samples) -> pd.DataFrame:
 
 def render(run: EngineRun) -> None:
     records, samples = run.snapshot()
-    kv = records[-1].event.kv if run.active and records else (run.final_kv or (records[-1].event.kv if records else None))
+    kv = (records[-1].event.kv if run.active and records
+          else (run.final_kv or (records[-1].event.kv if records else None)))
     tokens = sum(r.event.output_tokens for r in records)
     last = records[-1].event if records else None
     m = st.columns(7)

@@ -6,8 +6,19 @@ import streamlit as st
 
 from minillm import EngineConfig
 from minillm.models.registry import bundled_models
-from minillm.perf import (PROFILES, bound, decode_cost, dtype_bytes, kv_bytes_per_token, measure_engine,
-                          measure_machine, model_shape, param_count, predicted_time, prefill_cost)
+from minillm.perf import (
+    PROFILES,
+    bound,
+    decode_cost,
+    dtype_bytes,
+    kv_bytes_per_token,
+    measure_engine,
+    measure_machine,
+    model_shape,
+    param_count,
+    predicted_time,
+    prefill_cost,
+)
 from minillm.perf.shapes import shape_names
 from visualizer.controls import intro
 from visualizer.engines import build_engine
@@ -87,7 +98,8 @@ d[1].download_button("Download (JSON)", json.dumps({"hardware": hw.name, "model"
                      "roofline.json", "application/json", key="dl_roof_json", on_click="ignore")
 
 total = param_count(cfg) * dtype_bytes(dtype) + batch * context * kv_bytes_per_token(cfg, dtype)
-note = f"{model}: {param_count(cfg) / 1e6:,.1f} M weights in the linear layers; weights + KV cache = {total / 1e9:.3g} GB"
+note = (f"{model}: {param_count(cfg) / 1e6:,.1f} M weights in the linear layers; "
+        f"weights + KV cache = {total / 1e9:.3g} GB")
 if total > hw.memory_bytes:
     st.warning(f"{note}, more than the {hw.memory_bytes / 1e9:.3g} GB of one {hw.name}: it would be split over "
                f"{-(-total // hw.memory_bytes):.0f} of them.")

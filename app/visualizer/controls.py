@@ -125,9 +125,12 @@ def run_controls() -> None:
     active, paused = run is not None and run.active, run is not None and run.status == "paused"
     cols = st.columns([1.2, 1, 1, 1, 1, 4])
     cols[0].button("Run", type="primary", key="b_run", icon=":material/play_arrow:", on_click=start_run)
-    cols[1].button("Pause", key="b_pause", icon=":material/pause:", disabled=not active or paused, on_click=lambda: run.pause())
-    cols[2].button("Step", key="b_step", icon=":material/skip_next:", disabled=not paused, on_click=lambda: run.step_once())
-    cols[3].button("Resume", key="b_resume", icon=":material/resume:", disabled=not paused, on_click=lambda: run.resume())
+    cols[1].button("Pause", key="b_pause", icon=":material/pause:", disabled=not active or paused,
+                   on_click=lambda: run.pause())
+    cols[2].button("Step", key="b_step", icon=":material/skip_next:", disabled=not paused,
+                   on_click=lambda: run.step_once())
+    cols[3].button("Resume", key="b_resume", icon=":material/resume:", disabled=not paused,
+                   on_click=lambda: run.resume())
     cols[4].button("Stop", key="b_stop", icon=":material/stop:", disabled=not active, on_click=stop_run)
     if st.session_state.get("run_error"):
         st.error(st.session_state["run_error"], icon=":material/error:")

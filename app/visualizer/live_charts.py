@@ -42,7 +42,8 @@ def block_map(kv: KVStats, colors: dict[str, str], columns: int = 16) -> go.Figu
                                colorscale=scale, showscale=False, xgap=2, ygap=2,
                                hovertemplate="%{customdata}<extra></extra>"))
     unit = "sequence reservations (contiguous)" if kv.kind == "contiguous" else f"blocks of {kv.block_size} tokens"
-    fig.update_layout(title=f"KV pool: {len(owners)} {unit}", height=90 + 26 * rows, margin=dict(l=10, r=10, t=40, b=10),
+    fig.update_layout(title=f"KV pool: {len(owners)} {unit}", height=90 + 26 * rows,
+                      margin=dict(l=10, r=10, t=40, b=10),
                       xaxis=dict(visible=False), yaxis=dict(visible=False, autorange="reversed"))
     return fig
 

@@ -45,11 +45,13 @@ def waste_rows(workload: list[Request], block_size: int, pool_tokens: int, max_m
                 (f"paged, block {block_size}", lambda: paged_waste(workload, block_size),
                  lambda: concurrency(workload, pool_tokens, block_size))]
     if block_size != 1:
-        variants.append(("paged, block 1", lambda: paged_waste(workload, 1), lambda: concurrency(workload, pool_tokens, 1)))
+        variants.append(("paged, block 1", lambda: paged_waste(workload, 1),
+                         lambda: concurrency(workload, pool_tokens, 1)))
     need = {"contiguous, max": max_model_len, "contiguous, prompt": max(capped(r) for r in workload),
             "paged": max(-(-(r.prompt_len + r.output_len) // block_size) * block_size for r in workload)}
     return [{"allocation": name, "KV waste %": round(100 * waste(), 1),
-             "requests at once": round(conc(), 2) if next(v for k, v in need.items() if name.startswith(k)) <= pool_tokens
+             "requests at once": round(conc(), 2)
+             if next(v for k, v in need.items() if name.startswith(k)) <= pool_tokens
              else None} for name, waste, conc in variants]
 
 

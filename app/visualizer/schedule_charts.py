@@ -33,8 +33,8 @@ def queue_chart(records: list[StepRecord], cursor: int | None = None) -> go.Figu
     fig = go.Figure()
     fig.add_scatter(x=steps, y=[r.event.waiting for r in records], name="waiting", line_color="#8c8c8c")
     fig.add_scatter(x=steps, y=[r.event.running for r in records], name="running", line_color="#55a868")
-    fig.add_scatter(x=steps, y=[r.event.num_preemptions for r in records], name="preemptions so far", line_color="#c44e52",
-                    line_dash="dot")
+    fig.add_scatter(x=steps, y=[r.event.num_preemptions for r in records], name="preemptions so far",
+                    line_color="#c44e52", line_dash="dot")
     fig.update_layout(title="Queues", height=260, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="engine step",
                       yaxis_title="sequences")
     _cursor(fig, cursor)

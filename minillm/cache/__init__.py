@@ -13,7 +13,8 @@ DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 __all__ = ["CacheManager", "make_cache_manager", "block_bytes"]
 
 
-def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> CacheManager:
+def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype,
+                       device: torch.device) -> CacheManager:
     if config.kv_cache == CacheKind.CONTIGUOUS:
         return ContiguousCacheManager(cfg, dtype, device)
     per_block = block_bytes(cfg, config.block_size, dtype)

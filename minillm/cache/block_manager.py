@@ -30,7 +30,8 @@ class BlockTable:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 components: Components = Components()) -> None:
+                 components: Components | None = None) -> None:
+        components = components or Components()
         self.num_blocks, self.block_size = num_blocks, block_size
         self.allocator = (components.block_allocator or BlockAllocator)(num_blocks, block_size)
         self.enable_prefix_caching = enable_prefix_caching
@@ -127,7 +128,8 @@ class BlockManager:
             name = self.hash_fn(None if parent is None else parent.hash, tokens)
             entry = self.cache.get(name)
             if entry is None:
-                entry = self.cache[name] = self.named[table.blocks[i]] = CachedBlock(table.blocks[i], name, tokens, parent)
+                entry = CachedBlock(table.blocks[i], name, tokens, parent)
+                self.cache[name] = self.named[entry.block] = entry
                 self.allocator.fork([entry.block])  # the prefix cache's own reference
             elif entry.tokens != tokens or entry.parent is not parent:
                 self.collisions += 1

@@ -101,7 +101,7 @@ class PagedCacheManager:
     kind = CacheKind.PAGED
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, enable_prefix_caching: bool, components: Components = Components()) -> None:
+                 device: torch.device, enable_prefix_caching: bool, components: Components | None = None) -> None:
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, components)
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
@@ -179,7 +179,8 @@ class PagedCacheManager:
             lengths = [length for _, _, length in part]
             padding = None
             if min(lengths) < width * bs:
-                padding = torch.arange(width * bs, device=self.device) >= torch.tensor(lengths, device=self.device)[:, None]
+                ends = torch.tensor(lengths, device=self.device)[:, None]
+                padding = torch.arange(width * bs, device=self.device) >= ends  # [B, width * block_size]
             rows = [r for r, _, _ in part]
             if rows == list(range(rows[0], rows[0] + len(rows))):
                 rows = slice(rows[0], rows[0] + len(rows))

@@ -23,8 +23,7 @@ from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams, sample_requests, token_logprobs
-from minillm.state import (FinishReason, KVStats, ScheduledSeq, ScheduledWork, Sequence, SequenceSnapshot,
-                           StepEvent)
+from minillm.state import FinishReason, KVStats, ScheduledSeq, ScheduledWork, Sequence, SequenceSnapshot, StepEvent
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

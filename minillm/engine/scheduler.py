@@ -10,7 +10,7 @@ from collections import deque
 from minillm.cache.base import CacheManager
 from minillm.config import EngineConfig
 from minillm.engine import policy
-from minillm.state import FinishReason, Phase, SchedulerPolicy, ScheduledSeq, Sequence, SequenceStatus
+from minillm.state import FinishReason, Phase, ScheduledSeq, SchedulerPolicy, Sequence, SequenceStatus
 
 
 class Scheduler:

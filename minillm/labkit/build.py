@@ -45,7 +45,8 @@ def build(root: Path, lab: str | None = None, force: bool = False) -> list[str]:
 def fresh(root: Path, lab: str) -> str:
     """Write a fresh learner copy of one lab to labs/fresh/, touching nothing else."""
     (source,) = _sources(root, lab)
-    path = _write(root / "labs" / "fresh" / f"{source.stem}.ipynb", to_json(learner_copy(read_source(source), source.stem)))
+    path = _write(root / "labs" / "fresh" / f"{source.stem}.ipynb",
+                  to_json(learner_copy(read_source(source), source.stem)))
     return f"fresh copy of lab {lab}: {_rel(path, root)}"
 
 

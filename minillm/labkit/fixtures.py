@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+
 def randn(seed: int, *shape: int, scale: float = 1.0) -> torch.Tensor:
     """Float32 normal values of both signs, from their own seed (not the notebook's)."""
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
@@ -30,7 +31,8 @@ def assert_close(actual, expected: torch.Tensor, what: str, atol: float = 1e-5, 
     assert not actual.isnan().any(), f"{what}: the output contains NaN"
     inf = expected.isinf()
     mismatched = int((actual.isinf() != inf).sum() + (actual[inf] != expected[inf]).sum())
-    assert not mismatched, f"{what}: {mismatched} entries are infinite where the reference is not, or the other way round"
+    assert not mismatched, \
+        f"{what}: {mismatched} entries are infinite where the reference is not, or the other way round"
     err = (actual - expected)[~inf].abs().max().item() if (~inf).any() else 0.0
     assert torch.allclose(actual, expected, atol=atol, rtol=rtol), \
         f"{what}: differs from the reference by up to {err:.3g} (allowed {atol:g} + {rtol:g}*|reference|)"

@@ -2,8 +2,8 @@
 import time
 
 import pytest
-
 from conftest import errors, figures, run_to_end
+
 from visualizer.controls import REFRESH_S
 
 

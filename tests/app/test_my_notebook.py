@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import APP, errors, run_to_end
+
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import LABS, PARTS, calls
 from visualizer.learner_parts import LAB_PARTS

@@ -1,8 +1,16 @@
 """minillm.perf: the roofline arithmetic and the hardware profiles."""
 import pytest
 
-from minillm.perf import (PROFILES, bound, decode_cost, measure_machine, model_shape, param_count, predicted_time,
-                          prefill_cost)
+from minillm.perf import (
+    PROFILES,
+    bound,
+    decode_cost,
+    measure_machine,
+    model_shape,
+    param_count,
+    predicted_time,
+    prefill_cost,
+)
 
 
 def test_param_count_matches_the_published_size():

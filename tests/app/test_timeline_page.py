@@ -1,5 +1,6 @@
 """The Scheduler timeline page: the Gantt of steps x requests, queues, token budget, the step cursor."""
 from conftest import figures, run_to_end
+
 from visualizer.schedule_charts import STATES
 
 

@@ -543,7 +543,8 @@ def random_step(seed: int):
 
 @exercise("4.5")
 def test_flatten_batch_matches_minillm_on_mixed_steps(lab):
-    """prefills, later chunks and decodes of several sequences: ids, positions, cu_seqlens, slots as minillm builds them"""
+    ("prefills, later chunks and decodes of several sequences: ids, positions, cu_seqlens, "
+     "slots as minillm builds them")
     for seed in range(451, 491):
         assert_flattened_like_minillm(lab, random_step(seed), f"random step {seed - 450}")
 
@@ -574,5 +575,6 @@ def test_flatten_batch_fills_the_last_partial_block(lab):
 # -- 4.E the whole policy in the real engine --------------------------------------------------
 @exercise("4.E", timeout=120)
 def test_your_step_policy_runs_the_real_engine(lab):
-    """the real engine with your step policy gives the reference engine's tokens, continuous and static, leaking no block"""
+    ("the real engine with your step policy gives the reference engine's tokens, continuous and static, "
+     "leaking no block")
     check_against_reference(lab_components(lab, labs=["04"]))

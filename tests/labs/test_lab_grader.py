@@ -40,7 +40,8 @@ def test_every_exercise_is_graded_and_every_grade_has_an_exercise(lab):
     tested = {fn.exercise for fn in graded_tests(module)}
     end_to_end = {e for e in tested if e.endswith(".E")}  # the lab's parts together in the real engine
     assert in_notebook == tested - end_to_end and tested == set(module.EXERCISES), \
-        f"lab {lab}: notebook exercises {sorted(in_notebook)}, graded {sorted(tested)}, listed {sorted(module.EXERCISES)}"
+        (f"lab {lab}: notebook exercises {sorted(in_notebook)}, graded {sorted(tested)}, "
+         f"listed {sorted(module.EXERCISES)}")
     assert 4 <= len(in_notebook) <= 8, f"lab {lab} has {len(in_notebook)} exercises; a lab has 4 to 8"
 
 
@@ -54,7 +55,8 @@ def test_every_graded_test_fails_on_the_learner_stubs(tmp_path):
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--target", str(tmp_path),
                           *graders], cwd=ROOT, capture_output=True, text=True, timeout=280)
     summary = run.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(rf"{expected} failed in .*", summary), f"expected {expected} failures, got: {summary}\n{run.stdout[-3000:]}"
+    assert re.fullmatch(rf"{expected} failed in .*", summary), \
+        f"expected {expected} failures, got: {summary}\n{run.stdout[-3000:]}"
     assert "not implemented yet" in run.stdout and "gradebook" in run.stdout
     for lab in LABS:
         assert re.search(rf"^{lab}\s+total\s+0/\d+$", run.stdout, re.M), f"lab {lab} scored points on stubs"

@@ -93,7 +93,8 @@ def test_invalid_json_fails_every_exercise_with_a_message(tmp_path):
 def test_syntax_error_names_the_cell_and_other_exercises_are_still_graded(tmp_path):
     path = tmp_path / LAB00.name
     shutil.copy(LAB00, path)
-    edit_exercise(path, "0.3", "def attention_cost(q_len, kv_len, heads, kv_heads, head_dim, bytes_per_element)\n    return 0")
+    edit_exercise(path, "0.3",
+                  "def attention_cost(q_len, kv_len, heads, kv_heads, head_dim, bytes_per_element)\n    return 0")
     grades = grade(path)
     assert all(not o.passed and "(Exercise 0.3): syntax error at line 1" in o.message for o in grades["0.3"])
     assert all(o.passed for ex in ("0.1", "0.2", "0.4") for o in grades[ex])
@@ -132,8 +133,10 @@ def run_check(exercise: str, namespace: dict) -> str:
 
 
 def test_check_reports_pass_and_the_failing_property():
-    good = "def roofline_time(flops, bytes_moved, peak_flops, bandwidth):\n    return max(flops / peak_flops, bytes_moved / bandwidth)"
-    bad = "def roofline_time(flops, bytes_moved, peak_flops, bandwidth):\n    return flops / peak_flops + bytes_moved / bandwidth"
+    good = ("def roofline_time(flops, bytes_moved, peak_flops, bandwidth):\n"
+            "    return max(flops / peak_flops, bytes_moved / bandwidth)")
+    bad = ("def roofline_time(flops, bytes_moved, peak_flops, bandwidth):\n"
+           "    return flops / peak_flops + bytes_moved / bandwidth")
     for source, verdict in ((good, "✅ Exercise 0.2"), (bad, "❌ Exercise 0.2")):
         namespace = {}
         exec(source, namespace)
