@@ -12,7 +12,7 @@ SAMPLE_TOKENS = 48
 def greedy_samples(model_dir: Path) -> list[tuple[str, str]]:
     from minillm import LLM, SamplingParams
     llm = LLM(str(model_dir), device="cpu", dtype="float32")
-    outs = llm.generate(SAMPLE_PROMPTS, SamplingParams(max_tokens=SAMPLE_TOKENS, temperature=0))
+    outs = llm.generate(SAMPLE_PROMPTS, SamplingParams(max_tokens=SAMPLE_TOKENS, temperature=0), use_tqdm=False)
     return [(p, o.text) for p, o in zip(SAMPLE_PROMPTS, outs)]
 
 
@@ -21,8 +21,9 @@ def write_card(model_dir: Path) -> None:
     cfg = json.loads((model_dir / "config.json").read_text())
     p = log["preset"]
     name = model_dir.name
-    role = ("the default model: the target for speculative decoding and the subject of most labs"
-            if name == "tiny" else "the draft model for speculative decoding: small, fast, and worse")
+    role = ("the default model: the subject of most labs, and the target for speculative decoding "
+            "(coming in lab 05)" if name == "tiny" else
+            "the draft model for speculative decoding (coming in lab 05): small, fast, and worse")
     curve = log["loss_curve"]
     picks = curve[:: max(1, len(curve) // 8)]
     if picks[-1] is not curve[-1]:
@@ -86,8 +87,8 @@ Each block is a prompt (its first lines, up to the colon) and the model's greedy
 It has learned the surface of Python: indentation, keywords, docstrings, common names and idioms of
 the standard library. It writes code that looks like Python and often parses, but it does not
 reason: functions rarely do what their names promise, and it repeats itself on long greedy runs.
-Use it to watch an inference engine work, to measure speculative decoding's acceptance rate and
-quantization's perplexity cost, not to write code. Its knowledge stops at the standard library's
-source; it has seen no natural-language chat.
+Use it to watch an inference engine work (and, once labs 05 and 06 exist, to measure speculative
+decoding's acceptance rate and quantization's perplexity cost), not to write code. Its knowledge
+stops at the standard library's source; it has seen no natural-language chat.
 """
     (model_dir / "README.md").write_text(card)

@@ -441,4 +441,4 @@ for c, a, b, s in zip(contexts, cached_ms, recompute_ms, speedup):
 #   at once, and can use FlashInfer's sorting-free top-k/top-p kernels; each request still carries
 #   its own seed, as yours does.
 # * **TTFT and TPOT as SLOs.** Deployments set targets for both (say TTFT < 500 ms, TPOT < 50 ms) and
-#   measure *goodput*: requests per second that meet them. Lab 08.
+#   measure *goodput*: requests per second that meet them (coming in lab 08).

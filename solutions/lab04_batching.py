@@ -753,4 +753,4 @@ fig.show()
 #   waiting queue to maximise prefix reuse; it overlaps the CPU scheduling of the next step with the
 #   GPU running the current one.
 # * **Disaggregation** (DistServe, Splitwise, Mooncake) goes further: prefill and decode run on
-#   different GPUs, so neither can stall the other; the KV cache travels between them (lab 09).
+#   different GPUs, so neither can stall the other; the KV cache travels between them (coming in lab 09).

@@ -52,8 +52,8 @@ class PagedContext(AttentionContext):
     slot_mapping: [num_tokens], where each new token's K/V go.
     Decode rows (one new token each) are attended in groups of similar context length, so little
     is padded: each group is (rows: a slice when adjacent in the batch, else an index tensor;
-    blocks [B * max_blocks]: each row's block table padded with block 0; padding [B, max_blocks *
-    block_size]: True past a row's context, or None when nothing is padded).
+    blocks [B * max_blocks]: each row's block table padded with block 0; the longest context L;
+    padding [B, L]: True past a row's context, or None when every row's context is L long).
     Prefill chunks are attended one by one: (first row, rows, blocks, context length).
     """
 
@@ -69,11 +69,11 @@ class PagedContext(AttentionContext):
         pool.v_slots[layer_idx].index_copy_(0, self.slot_mapping, v)
         k_blocks, v_blocks = pool.k_blocks[layer_idx], pool.v_blocks[layer_idx]
         if self.decode_only:  # the common decode step: one group, its rows in batch order
-            _, blocks, padding = self.decode_groups[0]
-            return paged_decode(q, k_blocks, v_blocks, blocks, padding)
+            _, blocks, length, padding = self.decode_groups[0]
+            return paged_decode(q, k_blocks, v_blocks, blocks, length, padding)
         out = torch.empty_like(q)
-        for rows, blocks, padding in self.decode_groups:
-            out[rows] = paged_decode(q[rows], k_blocks, v_blocks, blocks, padding)
+        for rows, blocks, length, padding in self.decode_groups:
+            out[rows] = paged_decode(q[rows], k_blocks, v_blocks, blocks, length, padding)
         for start, n, blocks, context_len in self.prefills:
             # Gather this sequence's blocks, in table order: [context_len, kv_heads, d].
             keys = k_blocks.index_select(0, blocks).flatten(0, 1)[:context_len]
@@ -83,12 +83,12 @@ class PagedContext(AttentionContext):
 
 
 def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, blocks: torch.Tensor,
-                 padding: torch.Tensor | None) -> torch.Tensor:
-    """q: [B, heads, d], one query per sequence, over the blocks [B * max_blocks] of their
-    contexts (whole blocks are gathered: one copy per block, not per token) -> [B, heads, d]."""
+                 length: int, padding: torch.Tensor | None) -> torch.Tensor:
+    """q: [B, heads, d], one query per sequence, over the blocks [B * max_blocks] of contexts up to
+    `length` long (whole blocks are gathered: one copy per block, not per token) -> [B, heads, d]."""
     b, kv_heads, d = q.shape[0], k_blocks.shape[2], k_blocks.shape[3]
-    keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)  # [B, max_blocks * block_size, kv_heads, d]
-    values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)
+    keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]  # [B, length, kv_heads, d]
+    values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]
     if padding is not None:
         # Padded slots get attention weight 0, but 0 x NaN is NaN: stale values there (a freed
         # block's, from another request that overflowed) must not leak into this one's output.
@@ -171,22 +171,22 @@ class PagedCacheManager:
     def _group(self, decodes: list[tuple[int, list[int], int]]) -> list[tuple]:
         """Sort decode rows by context length and pad each run of DECODE_GROUP to its longest."""
         decodes = sorted(decodes, key=lambda d: d[2])
-        groups, bs = [], self.block_size
+        groups = []
         for i in range(0, len(decodes), self.DECODE_GROUP):
             part = decodes[i:i + self.DECODE_GROUP]
             width = len(part[-1][1])  # blocks of the longest context
             tables = [blocks + [0] * (width - len(blocks)) for _, blocks, _ in part]
             lengths = [length for _, _, length in part]
             padding = None
-            if min(lengths) < width * bs:
+            if lengths[0] < lengths[-1]:
                 ends = torch.tensor(lengths, device=self.device)[:, None]
-                padding = torch.arange(width * bs, device=self.device) >= ends  # [B, width * block_size]
+                padding = torch.arange(lengths[-1], device=self.device) >= ends  # [B, longest]
             rows = [r for r, _, _ in part]
             if rows == list(range(rows[0], rows[0] + len(rows))):
                 rows = slice(rows[0], rows[0] + len(rows))
             else:
                 rows = torch.tensor(rows, device=self.device)
-            groups.append((rows, torch.tensor(tables, device=self.device).flatten(), padding))
+            groups.append((rows, torch.tensor(tables, device=self.device).flatten(), lengths[-1], padding))
         return groups
 
     def stats(self, seqs: list[Sequence]) -> KVStats:

@@ -120,9 +120,11 @@ def test_grader_run_reports_a_broken_cell_and_grades_the_rest(tmp_path):
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--target", str(tmp_path),
                           str(ROOT / "tests" / "labs" / "test_lab00_roofline.py")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert "1 failed, 5 passed" in run.stdout, run.stdout[-2000:]
+    total = len(graded_tests(grader_module("00")))
+    broken = len(graded_tests(grader_module("00"), "0.1"))
+    assert f"{broken} failed, {total - broken} passed" in run.stdout, run.stdout[-2000:]
     assert "Exercise 0.1 (matmul_cost)" in run.stdout and "syntax error" in run.stdout
-    assert "00   total" in run.stdout and "5/6" in run.stdout
+    assert "00   total" in run.stdout and f"{total - broken}/{total}" in run.stdout
 
 
 def run_check(exercise: str, namespace: dict) -> str:
@@ -142,16 +144,16 @@ def test_check_reports_pass_and_the_failing_property():
         exec(source, namespace)
         printed = run_check("0.2", namespace)
         assert verdict in printed, printed
-    assert "in both regimes" in printed and "expected" in printed
+    assert "exactly at the ridge" in printed and "expected" in printed
 
 
 def test_endless_loop_fails_its_test_after_the_time_limit(monkeypatch):
     namespace = {}
     exec("def matmul_cost(m, k, n, bytes_per_element):\n    while True:\n        pass", namespace)
-    (test,) = graded_tests(grader_module("00"), "0.1")
-    monkeypatch.setattr(test, "timeout", 0.5)
-    (outcome,) = run_graded(grader_module("00"), namespace, "0.1")
-    assert not outcome.passed and "longer than 0.5 s" in outcome.message
+    for test in graded_tests(grader_module("00"), "0.1"):
+        monkeypatch.setattr(test, "timeout", 0.5)
+    outcomes = run_graded(grader_module("00"), namespace, "0.1")
+    assert outcomes and all(not o.passed and "longer than 0.5 s" in o.message for o in outcomes)
 
 
 def test_build_refuses_a_solution_block_outside_an_exercise_cell(tmp_path):
