@@ -46,10 +46,11 @@ class LLM:
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
         done: dict[str, RequestOutput] = {}
+        wanted = set(ids)  # the engine may be running other requests too (a stream, another caller)
         with tqdm(total=len(ids), desc="Generating", unit="req", **({} if use_tqdm else {"disable": True})) as bar:
             while len(done) < len(ids):
                 for chunk in self.engine.step():
-                    if chunk.request is not None:
+                    if chunk.request is not None and chunk.request_id in wanted:
                         done[chunk.request_id] = chunk.request
                         bar.update()
         return [done[i] for i in ids]

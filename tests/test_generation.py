@@ -85,3 +85,12 @@ def test_generate_keeps_prompt_order_and_per_prompt_params(llama_llm):
     outs = llama_llm.generate(prompts, params)
     assert [o.prompt_token_ids for o in outs] == prompts
     assert [len(o.token_ids) for o in outs] == [3, 7, 5]
+
+
+def test_generate_returns_its_own_requests_while_another_is_in_flight(llama_llm):
+    """Another request on the same engine, finishing while generate runs, is not taken for one of generate's."""
+    other = llama_llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 6)]
+    outs = llama_llm.generate([[4, 5], [6, 7, 8]], params)
+    assert [len(o.token_ids) for o in outs] == [3, 6] and other not in {o.request_id for o in outs}
+    assert not llama_llm.engine.has_unfinished() and llama_llm.engine.kv_stats().used_blocks == 0

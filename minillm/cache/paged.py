@@ -52,8 +52,10 @@ class PagedContext(AttentionContext):
     slot_mapping: [num_tokens], where each new token's K/V go.
     Decode rows (one new token each) are attended in groups of similar context length, so little
     is padded: each group is (rows: a slice when adjacent in the batch, else an index tensor;
-    blocks [B * max_blocks]: each row's block table padded with block 0; the longest context L;
-    padding [B, L]: True past a row's context, or None when every row's context is L long).
+    blocks [B * max_blocks]: each row's block table padded with block 0, or, for a lone sequence
+    whose blocks happen to be consecutive in the pool, the number of its first block (read in
+    place, no gather); the longest context L; padding [B, L]: True past a row's context, or None
+    when every row's context is L long).
     Prefill chunks are attended one by one: (first row, rows, blocks, context length).
     """
 
@@ -82,16 +84,22 @@ class PagedContext(AttentionContext):
         return out
 
 
-def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, blocks: torch.Tensor,
+def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, blocks: torch.Tensor | int,
                  length: int, padding: torch.Tensor | None) -> torch.Tensor:
     """q: [B, heads, d], one query per sequence, over the blocks [B * max_blocks] of contexts up to
     `length` long (whole blocks are gathered: one copy per block, not per token) -> [B, heads, d]."""
-    b, kv_heads, d = q.shape[0], k_blocks.shape[2], k_blocks.shape[3]
+    b, (_, block_size, kv_heads, d) = q.shape[0], k_blocks.shape
+    if isinstance(blocks, int):  # one sequence on consecutive blocks: a view of the pool, no copy
+        start = blocks * block_size
+        keys = k_blocks.view(-1, kv_heads, d)[start:start + length][None]
+        values = v_blocks.view(-1, kv_heads, d)[start:start + length][None]
+        return decode_attention(q, keys, values)
     keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]  # [B, length, kv_heads, d]
     values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]
     if padding is not None:
-        # Padded slots get attention weight 0, but 0 x NaN is NaN: stale values there (a freed
-        # block's, from another request that overflowed) must not leak into this one's output.
+        # Padded slots are masked out, but a masked NaN still poisons the sum it is masked in:
+        # stale K/V there (a freed block's, from a request that overflowed) must not leak into this one.
+        keys.masked_fill_(padding[:, :, None, None], 0.0)
         values.masked_fill_(padding[:, :, None, None], 0.0)
     return decode_attention(q, keys, values, padding)
 
@@ -186,7 +194,12 @@ class PagedCacheManager:
                 rows = slice(rows[0], rows[0] + len(rows))
             else:
                 rows = torch.tensor(rows, device=self.device)
-            groups.append((rows, torch.tensor(tables, device=self.device).flatten(), lengths[-1], padding))
+            first = tables[0][0]
+            if len(part) == 1 and tables[0] == list(range(first, first + width)):
+                blocks = first
+            else:
+                blocks = torch.tensor(tables, device=self.device).flatten()
+            groups.append((rows, blocks, lengths[-1], padding))
         return groups
 
     def stats(self, seqs: list[Sequence]) -> KVStats:
