@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from minillm.cache.block_manager import BlockManager, BlockTable
 from minillm.config import Components
+from minillm.utils import cdiv
 
 BS = 4
 
@@ -31,7 +32,7 @@ class Model:
         assert not set(free) & (set(refs) | set(bm.named)), "a held block is on the free list"
         assert len(free) + len(set(refs) | set(bm.named)) == bm.num_blocks, "a block leaked"
         for sid, table in self.tables.items():
-            assert len(table.blocks) == -(-len(self.tokens[sid]) // BS), "table does not cover its tokens"
+            assert len(table.blocks) == cdiv(len(self.tokens[sid]), BS), "table does not cover its tokens"
             assert len(set(table.blocks)) == len(table.blocks), "a table holds a block twice: two tokens share a slot"
             for i, entry in enumerate(table.named):
                 assert entry.tokens == tuple(self.tokens[sid][i * BS:(i + 1) * BS]), "a table names a block wrongly"

@@ -111,22 +111,23 @@ def test_engines_can_share_loaded_weights_and_observers_can_leave(hf_llama):
 
 
 def test_garbage_in_unwritten_slots_never_reaches_attention():
-    """Decode gathers whole blocks, the unwritten tail of each sequence's last block included:
-    those slots are masked, and must stay harmless even when the memory holds NaN."""
-    from minillm.cache.block_manager import BlockTable
+    """Decode gathers whole blocks, the unwritten tail of each sequence's last block included, and
+    pads shorter rows: those slots are masked, and whatever a block held before (NaN, say, from a
+    request that overflowed) must not reach the next sequence that is given it."""
     from minillm.cache.paged import PagedCacheManager
     from minillm.layers.attention import causal_attention
     from minillm.models.config import ModelConfig
     from minillm.state import Phase, ScheduledSeq, Sequence
     cfg = ModelConfig("LlamaForCausalLM", 64, 32, 64, 1, 6, 2, 8, 128)
     cache = PagedCacheManager(cfg, 16, 4, torch.float32, torch.device("cpu"), False)
-    cache.pool.k.fill_(float("nan"))
-    cache.pool.v.fill_(float("nan"))
+    cache.pool.k[:, :16 * 4].fill_(float("nan"))  # every block a previous owner left full of NaN
+    cache.pool.v[:, :16 * 4].fill_(float("nan"))
     gen = torch.Generator().manual_seed(0)
     lengths, seqs = [6, 11, 3], []
     for i, n in enumerate(lengths):  # contexts that end mid-block: 2, 3 and 1 blocks of 4
         seq = Sequence(str(i), None, list(range(n)), SamplingParams(), torch.Generator(), None, ())
-        seq.kv, seq.num_computed_tokens = BlockTable([15 - 3 * i - b for b in range(-(-n // 4))]), n - 1
+        assert cache.allocate(seq) == 0
+        seq.num_computed_tokens = n - 1
         seqs.append(seq)
     keys = [torch.randn(n, 2, 8, generator=gen) for n in lengths]
     values = [torch.randn(n, 2, 8, generator=gen) for n in lengths]

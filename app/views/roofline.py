@@ -20,6 +20,7 @@ from minillm.perf import (
     prefill_cost,
 )
 from minillm.perf.shapes import shape_names
+from minillm.utils import cdiv
 from visualizer.controls import intro
 from visualizer.engines import build_engine
 from visualizer.roofline_chart import roofline_chart
@@ -102,7 +103,7 @@ note = (f"{model}: {param_count(cfg) / 1e6:,.1f} M weights in the linear layers;
         f"weights + KV cache = {total / 1e9:.3g} GB")
 if total > hw.memory_bytes:
     st.warning(f"{note}, more than the {hw.memory_bytes / 1e9:.3g} GB of one {hw.name}: it would be split over "
-               f"{-(-total // hw.memory_bytes):.0f} of them.")
+               f"{cdiv(total, hw.memory_bytes):.0f} of them.")
 else:
     st.caption(f"{note}, within the {hw.memory_bytes / 1e9:.3g} GB of {hw.name}.")
 st.caption(f"Figures: {hw.source}. {hw.notes}")
@@ -116,7 +117,7 @@ elif batch * context > 16384 or context + DECODE_STEPS + 1 > cfg.max_position_em
                f"16,384 tokens and context within {cfg.max_position_embeddings - DECODE_STEPS - 1} for {model}.")
 elif st.button(f"Measure {model}: prefill {batch} x {context} tokens, then {DECODE_STEPS} decode steps",
                key="b_measure", icon=":material/timer:"):
-    blocks = batch * (-(-(context + DECODE_STEPS + 1) // 16) + 1)
+    blocks = batch * (cdiv(context + DECODE_STEPS + 1, 16) + 1)
     engine = build_engine(EngineConfig(model=model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
                                        enable_chunked_prefill=False, enable_prefix_caching=False, num_kv_blocks=blocks))
     with st.spinner("Running the engine..."):

@@ -4,6 +4,7 @@ from plotly.subplots import make_subplots
 
 from minillm.bench.memory import concurrency, contiguous_waste, paged_waste
 from minillm.bench.workload import Request
+from minillm.utils import cdiv
 from visualizer.live_charts import CACHED, FREE
 from visualizer.run import SampleView, StepRecord
 
@@ -48,7 +49,7 @@ def waste_rows(workload: list[Request], block_size: int, pool_tokens: int, max_m
         variants.append(("paged, block 1", lambda: paged_waste(workload, 1),
                          lambda: concurrency(workload, pool_tokens, 1)))
     need = {"contiguous, max": max_model_len, "contiguous, prompt": max(capped(r) for r in workload),
-            "paged": max(-(-(r.prompt_len + r.output_len) // block_size) * block_size for r in workload)}
+            "paged": max(cdiv(r.prompt_len + r.output_len, block_size) * block_size for r in workload)}
     return [{"allocation": name, "KV waste %": round(100 * waste(), 1),
              "requests at once": round(conc(), 2)
              if next(v for k, v in need.items() if name.startswith(k)) <= pool_tokens

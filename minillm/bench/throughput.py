@@ -1,4 +1,5 @@
-"""Offline throughput: one seeded workload through each batching policy, and through transformers.
+"""Offline throughput: one seeded workload through each batching policy at several batch sizes,
+and through transformers.
 
 The default model has SmolLM2-135M's shape (random weights, as in the decode benchmark): its
 540 MB of weights must stream from memory every step, as a real model's do, which is what makes
@@ -7,11 +8,13 @@ in the CPU's cache, a step's cost grows with its batch, and batching policies di
 Sequential, much slower, is timed on the first 16 requests only (tokens/s hardly depends on
 how many it runs).
 
-Every variant generates exactly the workload's output lengths (EOS ignored), so output tokens/s
-compare like with like. transformers runs padded static batches of the same size with
-`generate`; a padded batch runs until its longest member is done, and only each request's own
-tokens are counted as output.
+Continuous and static batching run at every batch size of the sweep (4 to 32; 4 and 16 with
+--quick), the two back to back in alternating order. Every variant generates exactly the
+workload's output lengths (EOS ignored), so output tokens/s compare like with like. transformers
+runs padded static batches of the largest size with `generate`; a padded batch runs until its
+longest member is done, and only each request's own tokens are counted as output.
 """
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -26,16 +29,22 @@ from minillm.bench.workload import chat_workload
 from minillm.models.registry import resolve_model_path
 from minillm.testing import SMOLLM2_135M_SHAPE, make_hf_model
 
+STEP_PHASES = {"schedule": "scheduler", "prepare": "step tensors (ids, positions, slot mapping, block tables)",
+               "model": "model forward + logits", "attention": "  of which attention (block gathers + grouped SDPA)",
+               "sample": "sampler", "update": "detokenizer + stop checks", "telemetry": "telemetry"}
+
 
 def make_prompts(workload, vocab: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(1, vocab, (r.prompt_len,), generator=gen).tolist() for r in workload]
 
 
-def run_minillm(model: str, prompts, workload, **config) -> tuple[float, list[list[int]]]:
+def run_minillm(model: str, prompts, workload, observer=None, **config) -> tuple[float, list[list[int]]]:
     llm = LLM(model, **config)
     params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in workload]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+    if observer is not None:
+        llm.engine.subscribe(observer)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -45,6 +54,7 @@ def run_minillm(model: str, prompts, workload, **config) -> tuple[float, list[li
 @torch.inference_mode()
 def run_transformers(model_dir, prompts, workload, batch_size: int) -> float:
     import transformers
+    transformers.utils.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     start, useful = time.perf_counter(), 0
     for i in range(0, len(prompts), batch_size):
@@ -70,34 +80,63 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
 
 
 def measure(model: str, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
-    n, batch = (32, 16) if quick else (128, 32)
-    workload = chat_workload(n, seed=0, max_prompt=320, max_output=192, median_prompt=96, median_output=64)
-    prompts = make_prompts(workload, 4096)
-    rates, outputs = {}, {}
-    policies = [("continuous", dict(scheduler="continuous", max_num_seqs=batch)),
-                ("static", dict(scheduler="static", max_num_seqs=batch))]
-    with progress("throughput", len(policies) + (1 if quick else 2), unit="variant") as bar:
-        for name, config in policies:
-            bar.set_description(f"throughput: {name} batching")
-            rates[name], outputs[name] = run_minillm(model, prompts, workload, **config)
-            bar.update()
+    """Continuous against static batching at every batch size of the sweep (the two interleaved,
+    in alternating order, so drift hits both alike); transformers and sequential for reference."""
+    n, batches, max_output = (16, (4, 16), 48) if quick else (128, (4, 8, 16, 32), 192)
+    workload = chat_workload(n, seed=0, max_prompt=320, max_output=max_output, median_prompt=96, median_output=64)
+    prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
+    rates, outputs, full_steps = {}, {}, []
+    profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
+
+    def keep_full_decode_steps(event):
+        if len(event.scheduled) == profiled and all(w.phase == "decode" for w in event.scheduled):
+            full_steps.append(event.timings)
+
+    with progress("throughput", 2 * len(batches) + (1 if quick else 2), unit="variant") as bar:
+        for i, batch in enumerate(batches):
+            order = ("continuous", "static") if i % 2 == 0 else ("static", "continuous")
+            for policy in order:
+                bar.set_description(f"throughput: {policy} batching, batch {batch}")
+                name = f"{policy}, batch {batch}"
+                profile = dict(observer=keep_full_decode_steps, profile_attention=True) \
+                    if (policy, batch) == ("continuous", profiled) else {}
+                rates[name], outputs[name] = run_minillm(model, prompts, workload, scheduler=policy,
+                                                         max_num_seqs=batch, **profile)
+                bar.update()
         if not quick:
             bar.set_description("throughput: sequential (first 16)")
             rates["sequential (first 16)"], seq_out = run_minillm(model, prompts[:16], workload[:16],
                                                                   scheduler="sequential")
-            outputs["sequential"] = seq_out + outputs["continuous"][16:]
+            outputs["sequential"] = seq_out + outputs[f"continuous, batch {batches[-1]}"][16:]
             bar.update()
-        bar.set_description("throughput: transformers padded batches")
-        rates["transformers"] = run_transformers(model, prompts, workload, batch)
+        bar.set_description(f"throughput: transformers padded batches of {batches[-1]}")
+        rates[f"transformers, batch {batches[-1]}"] = run_transformers(model, prompts, workload, batches[-1])
         bar.update()
-    base = rates["continuous"]
-    figures = {"model": label, "requests": n, "batch_size": batch, "output_tokens": sum(r.output_len for r in workload),
-               "tokens_per_s": rates, "continuous_vs": {k: base / v for k, v in rates.items() if k != "continuous"},
-               "outputs_identical_across_policies": all(o == outputs["continuous"] for o in outputs.values())}
-    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-320, output 4-192 tokens, log-normal), "
-          f"batch size {batch}")
-    print_table([{"variant": k, "output tok/s": v, "continuous speedup": base / v} for k, v in rates.items()],
-                "offline throughput")
-    print(f"\ngreedy outputs identical across minillm policies: {figures['outputs_identical_across_policies']}")
+    sweep = [{"batch": b, "continuous tok/s": rates[f"continuous, batch {b}"],
+              "static tok/s": rates[f"static, batch {b}"],
+              "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"]} for b in batches]
+    best = rates[f"continuous, batch {batches[-1]}"]
+    reference = {k: v for k, v in rates.items() if not k.startswith(("continuous", "static"))}
+    figures = {"model": label, "requests": n, "batch_sizes": list(batches),
+               "output_tokens": sum(r.output_len for r in workload), "tokens_per_s": rates, "sweep": sweep,
+               "continuous_never_slower_than_static": all(r["continuous / static"] >= 1 for r in sweep),
+               f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
+               "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
+                                                        for o in outputs.values())}
+    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-320, output 4-{max_output} tokens, "
+          f"log-normal)")
+    print_table(sweep, "offline throughput: continuous vs static batching at each batch size")
+    if full_steps:
+        step = {k: statistics.median(t[k] for t in full_steps) for k in full_steps[0]}
+        total = sum(v for k, v in step.items() if k != "attention")
+        figures["batched_decode_step_ms"] = {k: v * 1e3 for k, v in step.items()}
+        print_table([{"phase": STEP_PHASES.get(k, k), "ms per step": v * 1e3, "share": f"{v / total:.1%}"}
+                     for k, v in step.items()],
+                    f"one decode step of {profiled} sequences under continuous batching (median of {len(full_steps)})")
+    print_table([{"variant": k, "output tok/s": v, f"continuous (batch {batches[-1]}) is": f"{best / v:.2f}x"}
+                 for k, v in reference.items()], "for reference")
+    print(f"\ncontinuous never slower than static: {figures['continuous_never_slower_than_static']}; "
+          f"greedy outputs identical across minillm policies and batch sizes: "
+          f"{figures['outputs_identical_across_policies']}")
     write_json(json_path, "throughput", figures, conditions)
     return figures

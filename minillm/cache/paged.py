@@ -20,24 +20,36 @@ def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
 
 
 class PagedKVPool:
-    """k, v: [layers, num_blocks * block_size, kv_heads, head_dim]; slot = block * block_size + offset.
+    """k, v: [layers, (num_blocks + 1) * block_size, kv_heads, head_dim]; slot = block * block_size + offset.
 
     Per layer, the same memory is also viewed as slots (`k_slots[layer]`: [slots, kv_heads, d], where
-    a step writes its new tokens) and as blocks (`k_blocks[layer]`: [num_blocks, block_size, kv_heads,
+    a step writes its new tokens) and as blocks (`k_blocks[layer]`: [blocks, block_size, kv_heads,
     d], from which attention gathers a sequence's blocks whole).
+
+    Attention gathers whole blocks, so it reads the unwritten tail of a sequence's last block, and
+    a padded row reads the extra block `pad_block`: masked out, but a masked NaN still poisons a
+    sum. So the pad block stays zero, and a block is zeroed when it is handed out: no stale K/V
+    (from a request whose values overflowed, say) can reach another request.
     """
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        shape = (cfg.num_hidden_layers, num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
-        # Zeros, not empty: attention gathers whole blocks, unwritten tail slots included (see paged_decode).
+        shape = (cfg.num_hidden_layers, (num_blocks + 1) * block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size = block_size
+        self.block_size, self.pad_block = block_size, num_blocks
         self.k_slots, self.v_slots = list(self.k.unbind(0)), list(self.v.unbind(0))
-        by_block = (num_blocks, block_size, *shape[2:])
+        by_block = (num_blocks + 1, block_size, *shape[2:])
         self.k_blocks = [layer.view(by_block) for layer in self.k_slots]
         self.v_blocks = [layer.view(by_block) for layer in self.v_slots]
+        self._by_block = (self.k.view(shape[0], *by_block), self.v.view(shape[0], *by_block))
+
+    def zero_blocks(self, blocks: list[int]) -> None:
+        """Clear blocks about to hold a sequence's tokens, in every layer."""
+        if blocks:
+            index = torch.tensor(blocks, device=self.k.device)
+            for pool in self._by_block:  # [layers, blocks, block_size, kv_heads, d]
+                pool.index_fill_(1, index, 0)
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy-on-write: give a sequence its own copy of a shared block, in every layer."""
@@ -52,7 +64,7 @@ class PagedContext(AttentionContext):
     slot_mapping: [num_tokens], where each new token's K/V go.
     Decode rows (one new token each) are attended in groups of similar context length, so little
     is padded: each group is (rows: a slice when adjacent in the batch, else an index tensor;
-    blocks [B * max_blocks]: each row's block table padded with block 0, or, for a lone sequence
+    blocks [B * max_blocks]: each row's block table padded with the pool's zero block, or, for a lone sequence
     whose blocks happen to be consecutive in the pool, the number of its first block (read in
     place, no gather); the longest context L; padding [B, L]: True past a row's context, or None
     when every row's context is L long).
@@ -96,11 +108,6 @@ def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
         return decode_attention(q, keys, values)
     keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]  # [B, length, kv_heads, d]
     values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]
-    if padding is not None:
-        # Padded slots are masked out, but a masked NaN still poisons the sum it is masked in:
-        # stale K/V there (a freed block's, from a request that overflowed) must not leak into this one.
-        keys.masked_fill_(padding[:, :, None, None], 0.0)
-        values.masked_fill_(padding[:, :, None, None], 0.0)
     return decode_attention(q, keys, values, padding)
 
 
@@ -128,13 +135,16 @@ class PagedCacheManager:
         if table is None:
             return None
         seq.kv = table
+        self.pool.zero_blocks(table.blocks[len(table.named):])  # the hits hold their K/V; the rest are new
         return len(table.named) * self.block_size
 
     def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Room for the sequence's next tokens (copying a shared block first if one would be written)."""
+        held = len(seq.kv.blocks)
         result = self.blocks.append(seq.kv, seq.num_computed_tokens + num_new_tokens)
         if result is False:
             return False
+        self.pool.zero_blocks(seq.kv.blocks[held:])
         if result is not None:
             self.pool.copy_block(*result)
         return True
@@ -183,7 +193,7 @@ class PagedCacheManager:
         for i in range(0, len(decodes), self.DECODE_GROUP):
             part = decodes[i:i + self.DECODE_GROUP]
             width = len(part[-1][1])  # blocks of the longest context
-            tables = [blocks + [0] * (width - len(blocks)) for _, blocks, _ in part]
+            tables = [blocks + [self.pool.pad_block] * (width - len(blocks)) for _, blocks, _ in part]
             lengths = [length for _, _, length in part]
             padding = None
             if lengths[0] < lengths[-1]:

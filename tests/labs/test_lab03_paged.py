@@ -86,7 +86,7 @@ def test_append_adds_a_block_only_past_the_last_full_one(lab):
         for n in range(bs + 1, 4 * bs + 2):
             assert alloc.append(table, n) is True, f"block size {bs}: append(table, {n}) did not return True"
             sizes.append(len(table))
-        expected = [-(-n // bs) for n in range(bs + 1, 4 * bs + 2)]
+        expected = [cdiv(n, bs) for n in range(bs + 1, 4 * bs + 2)]
         assert sizes == expected, f"block size {bs}: table lengths {sizes} while growing, expected {expected}"
         check_invariants(alloc, [table], f"block size {bs}, after appends")
 
@@ -133,7 +133,7 @@ def test_random_workload_keeps_counts_and_leaks_nothing(lab):
                 n = rng.randint(1, 4 * bs + 1)
                 table = alloc.allocate(n)
                 if table is not None:
-                    assert len(table) == -(-n // bs), f"block size {bs}: allocate({n}) gave {len(table)} blocks"
+                    assert len(table) == cdiv(n, bs), f"block size {bs}: allocate({n}) gave {len(table)} blocks"
                     live.append([table, n])
             elif op < 0.65:
                 item = rng.choice(live)
@@ -299,7 +299,7 @@ def scattered_pool(seed: int, num_blocks: int, bs: int, context_len: int, kv_hea
     -> k_cache, v_cache [slots, kv_heads, d], table, keys, values [context_len, kv_heads, d]."""
     gen = torch.Generator().manual_seed(seed)
     k_cache, v_cache = randn(seed, num_blocks * bs, kv_heads, d), randn(seed + 1, num_blocks * bs, kv_heads, d)
-    table = torch.randperm(num_blocks, generator=gen)[:-(-context_len // bs)].tolist()
+    table = torch.randperm(num_blocks, generator=gen)[:cdiv(context_len, bs)].tolist()
     keys, values = randn(seed + 2, context_len, kv_heads, d), randn(seed + 3, context_len, kv_heads, d)
     slots = torch.tensor(reference_slots(table, 0, context_len, bs))
     k_cache[slots], v_cache[slots] = keys, values
