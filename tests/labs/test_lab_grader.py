@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minillm.labkit.grading import graded_tests, grader_module, run_graded
+from minillm.labkit.grading import graded_tests, grader_module, property_of, run_graded
 from minillm.labkit.loader import load_notebook
 from minillm.labkit.notebook import lab_sources, learner_copy, read_source, to_json
 
@@ -62,14 +62,50 @@ def test_every_graded_test_fails_on_the_learner_stubs(tmp_path):
         assert re.search(rf"^{lab}\s+total\s+0/\d+$", run.stdout, re.M), f"lab {lab} scored points on stubs"
 
 
-@pytest.mark.parametrize("negative", NEGATIVES, ids=lambda p: p.stem)
-def test_wrong_implementation_is_caught(negative):
+CAUGHT: dict[str, set[tuple[str, str]]] = {}  # lab -> (exercise, property) of the graded tests some negative failed
+
+
+def run_negative(negative: Path, exercise: str | None = None) -> list:
+    """The solution notebook with one wrong implementation swapped in, graded on its exercise
+    (or on `exercise`); records which graded tests caught it."""
     lab = negative.stem[3:5]
     loaded = load_notebook(next((ROOT / "solutions").glob(f"lab{lab}_*.ipynb")))
     assert not loaded.problems, loaded.problems
     scope = {}
     exec(compile(negative.read_text(), str(negative), "exec"), loaded.namespace, scope)
     loaded.namespace.update(scope)
-    outcomes = run_graded(grader_module(lab), loaded.namespace, scope["EXERCISE"])
-    assert outcomes, f"no graded tests for exercise {scope['EXERCISE']}"
-    assert not all(o.passed for o in outcomes), f"{negative.name} passes every test of exercise {scope['EXERCISE']}"
+    outcomes = run_graded(grader_module(lab), loaded.namespace, exercise or scope["EXERCISE"])
+    CAUGHT.setdefault(lab, set()).update((o.exercise, o.prop) for o in outcomes if not o.passed)
+    return outcomes
+
+
+@pytest.mark.parametrize("negative", NEGATIVES, ids=lambda p: p.stem)
+def test_wrong_implementation_is_caught(negative):
+    exercise = re.search(r'^EXERCISE = "(.+)"', negative.read_text(), re.M).group(1)
+    outcomes = run_negative(negative)
+    assert outcomes, f"no graded tests for exercise {exercise}"
+    assert not all(o.passed for o in outcomes), f"{negative.name} passes every test of exercise {exercise}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("lab", LABS)
+def test_every_graded_test_catches_some_wrong_implementation(lab):
+    """A test that no plausible wrong implementation fails proves nothing: each graded test must
+    fail for at least one negative of its exercise (the end-to-end test: of a part it plugs in)."""
+    from minillm.labkit.plug import PARTS
+    mine = [n for n in NEGATIVES if n.stem[3:5] == lab]
+    if not CAUGHT.get(lab):  # the per-negative tests did not run in this session (a -k selection)
+        for negative in mine:
+            run_negative(negative)
+    module = grader_module(lab)
+    end_to_end = [fn for fn in graded_tests(module) if fn.exercise.endswith(".E")]
+    plugged = {exercise for exercise, _ in PARTS.values() if exercise.split(".")[0].zfill(2) == lab}
+    for fn in end_to_end:
+        for negative in (n for n in mine if re.search(r'^EXERCISE = "(.+)"', n.read_text(), re.M).group(1)
+                         in plugged):
+            if (fn.exercise, property_of(fn)) in CAUGHT[lab]:
+                break
+            run_negative(negative, fn.exercise)
+    uncaught = [f"{fn.exercise} {fn.__name__}" for fn in graded_tests(module)
+                if (fn.exercise, property_of(fn)) not in CAUGHT[lab]]
+    assert not uncaught, f"lab {lab}: graded tests that no negative in tests/labs/negatives fails: {uncaught}"
