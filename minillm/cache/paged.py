@@ -64,10 +64,8 @@ class PagedContext(AttentionContext):
     slot_mapping: [num_tokens], where each new token's K/V go.
     Decode rows (one new token each) are attended in groups of similar context length, so little
     is padded: each group is (rows: a slice when adjacent in the batch, else an index tensor;
-    blocks [B * max_blocks]: each row's block table padded with the pool's zero block, or, for a lone sequence
-    whose blocks happen to be consecutive in the pool, the number of its first block (read in
-    place, no gather); the longest context L; padding [B, L]: True past a row's context, or None
-    when every row's context is L long).
+    blocks [B * max_blocks]: each row's block table padded with the pool's zero block; the longest
+    context L; padding [B, L]: True past a row's context, or None when every row's context is L long).
     Prefill chunks are attended one by one: (first row, rows, blocks, context length).
     """
 
@@ -96,16 +94,11 @@ class PagedContext(AttentionContext):
         return out
 
 
-def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, blocks: torch.Tensor | int,
+def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, blocks: torch.Tensor,
                  length: int, padding: torch.Tensor | None) -> torch.Tensor:
     """q: [B, heads, d], one query per sequence, over the blocks [B * max_blocks] of contexts up to
     `length` long (whole blocks are gathered: one copy per block, not per token) -> [B, heads, d]."""
-    b, (_, block_size, kv_heads, d) = q.shape[0], k_blocks.shape
-    if isinstance(blocks, int):  # one sequence on consecutive blocks: a view of the pool, no copy
-        start = blocks * block_size
-        keys = k_blocks.view(-1, kv_heads, d)[start:start + length][None]
-        values = v_blocks.view(-1, kv_heads, d)[start:start + length][None]
-        return decode_attention(q, keys, values)
+    b, (_, _, kv_heads, d) = q.shape[0], k_blocks.shape
     keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]  # [B, length, kv_heads, d]
     values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]
     return decode_attention(q, keys, values, padding)
@@ -204,12 +197,7 @@ class PagedCacheManager:
                 rows = slice(rows[0], rows[0] + len(rows))
             else:
                 rows = torch.tensor(rows, device=self.device)
-            first = tables[0][0]
-            if len(part) == 1 and tables[0] == list(range(first, first + width)):
-                blocks = first
-            else:
-                blocks = torch.tensor(tables, device=self.device).flatten()
-            groups.append((rows, blocks, lengths[-1], padding))
+            groups.append((rows, torch.tensor(tables, device=self.device).flatten(), lengths[-1], padding))
         return groups
 
     def stats(self, seqs: list[Sequence]) -> KVStats:
