@@ -82,7 +82,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
 def measure(model: str, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
     """Continuous against static batching at every batch size of the sweep (the two interleaved,
     in alternating order, so drift hits both alike); transformers and sequential for reference."""
-    n, batches, max_output = (16, (4, 16), 48) if quick else (128, (4, 8, 16, 32), 192)
+    n, batches, max_output = (16, (4, 16), 48) if quick else (64, (4, 8, 16, 32), 192)
     workload = chat_workload(n, seed=0, max_prompt=320, max_output=max_output, median_prompt=96, median_output=64)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
     rates, outputs, full_steps = {}, {}, []
