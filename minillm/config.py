@@ -27,11 +27,34 @@ class Components:
     continuous_step: Callable | None = None   # engine/policy.continuous_step(sched, budget, max_num_seqs, chunked)
     static_step: Callable | None = None       # engine/policy.static_step(sched, max_num_seqs)
     make_room: Callable | None = None         # engine/policy.make_room(sched, seq, num_tokens)
+    verify: Callable | None = None            # spec/verify.verify(logits, proposals, q, temperature, top_k, top_p, gen)
+    propose_ngram: Callable | None = None     # spec/ngram.propose_ngram(token_ids, n, k)
     source: str = "minillm"                   # whose parts these are, for messages
 
     def replaced(self) -> list[str]:
         """Names of the parts this replaces."""
         return [f.name for f in fields(self) if f.name != "source" and getattr(self, f.name) is not None]
+
+
+SPEC_METHODS = ("ngram", "draft", "heads")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: before each step a proposer guesses up to k tokens per decoding
+    sequence, and the target verifies them all in that step's forward (minillm/spec/)."""
+    method: str                  # ngram (prompt lookup) | draft (a smaller model) | heads (multi-token prediction)
+    k: int = 4                   # proposals per sequence and step
+    ngram: int = 3               # ngram: the longest n-gram looked up (shorter ones are tried too)
+    draft_model: str = "pico"    # draft: a bundled name or model directory with the target's tokenizer
+    heads: str | None = None     # heads: a file of trained heads; None: the target's spec_heads.safetensors
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPEC_METHODS)}, got {self.method!r}")
+        for name, value in (("k", self.k), ("ngram", self.ngram)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"speculative {name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass
@@ -50,6 +73,7 @@ class EngineConfig:
     max_num_seqs: int = 64               # sequences running at once
     max_num_batched_tokens: int = 1024   # tokens computed per step (the step's token budget)
     enable_chunked_prefill: bool = True  # split long prompts across steps (continuous only)
+    speculative: SpeculativeConfig | None = None  # speculative decoding (None: one token per sequence per step)
     profile_attention: bool = False      # time attention apart in each step (a clock read per layer)
     components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
@@ -73,6 +97,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.kv_cache = _choice("kv_cache", self.kv_cache, CacheKind)
         self.scheduler = _choice("scheduler", self.scheduler, SchedulerPolicy)
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise TypeError(f"speculative must be a minillm.config.SpeculativeConfig or None, "
+                            f"got {type(self.speculative).__name__}")
         if not isinstance(self.components, Components):
             raise TypeError(f"components must be a minillm.config.Components, got {type(self.components).__name__}")
 

@@ -119,6 +119,11 @@ class Sequence:
         self.emitted_chars = 0  # how much of output_text has been streamed to the caller
         self.finish_reason: FinishReason | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # Speculative decoding: this step's proposals (computed after the last token, then verified),
+        # the distributions they were drawn from ([len, vocab]; None: proposed with certainty), and counts.
+        self.spec_tokens: list[int] = []
+        self.spec_probs: Any = None
+        self.num_proposed = self.num_accepted = 0
         self.forks: list[Sequence] = []  # samples 1..n-1, forked from this one after its prefill
         self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
@@ -133,8 +138,14 @@ class Sequence:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        """Tokens to compute before it can sample again: the rest of its prompt, or 1 to decode."""
-        return len(self.token_ids) - self.num_computed_tokens
+        """Tokens to compute before it can sample again: the rest of its prompt, or 1 to decode
+        (1 + the proposals, when speculating)."""
+        return len(self.token_ids) + len(self.spec_tokens) - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the latest sampled token is left to compute (its K/V, and the logits after it)."""
+        return self.num_computed_tokens == len(self.token_ids) - 1
 
     @property
     def is_finished(self) -> bool:
@@ -151,11 +162,19 @@ class Sequence:
 @dataclass
 class ScheduledSeq:
     """One sequence's share of a step: compute `num_tokens` tokens from its first uncomputed one.
-    `samples`: the step reaches the sequence's last token, so its logits give a new token."""
+    `samples`: the step reaches the sequence's last token, so its logits give a new token.
+    `num_proposals`: of those tokens, the speculative proposals to verify (the step then needs the
+    logits of every position from the last sampled token on)."""
     seq: Sequence
     num_tokens: int
     phase: Phase
     samples: bool
+    num_proposals: int = 0
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of logits the step needs for this sequence: the last, or every verified position."""
+        return self.num_proposals + 1 if self.samples else 0
 
 
 @dataclass
@@ -188,6 +207,16 @@ class ScheduledWork:
 
 
 @dataclass(frozen=True)
+class Verification:
+    """What the target made of one sequence's proposals in a step."""
+    request_id: str
+    index: int
+    proposed: tuple[int, ...]     # the proposals verified
+    accepted: int                 # how many of them, from the first, the target kept
+    token: int                    # the token the target added after them (a correction, or the bonus)
+
+
+@dataclass(frozen=True)
 class SequenceSnapshot:
     """One live sample as a step left it."""
     request_id: str
@@ -215,5 +244,6 @@ class StepEvent:
     sequences: list[SequenceSnapshot] = field(default_factory=list)  # running (admission order), then waiting
     preempted: list[str] = field(default_factory=list)  # request ids preempted while scheduling this step
     num_preemptions: int = 0      # since the engine started
-    output_tokens: int = 0        # tokens sampled in this step (output_tokens / duration = tokens/s)
+    output_tokens: int = 0        # tokens emitted in this step (output_tokens / duration = tokens/s)
+    verifications: list[Verification] = field(default_factory=list)  # speculative decoding, per sequence
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (LLMEngine.step)

@@ -35,6 +35,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def vocab(self) -> dict[str, int]:
+        """Every token and its id (special tokens included)."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -31,6 +31,9 @@ class CacheManager(Protocol):
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Give child the parent's cached tokens (shared where the layout can share)."""
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back what seq holds past its computed tokens (rejected speculative proposals)."""
+
     def computed(self, seq: Sequence) -> None:
         """After a step advanced seq.num_computed_tokens (the prefix cache names full blocks)."""
 

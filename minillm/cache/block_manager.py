@@ -103,6 +103,14 @@ class BlockManager:
         blocks[write] = copy[0]
         return src, copy[0]
 
+    def trim(self, table: BlockTable, num_tokens: int) -> None:
+        """Keep only the blocks that num_tokens tokens fill; the rest (grown for proposals the target
+        rejected) go back to the free list, last first."""
+        tail = table.blocks[cdiv(num_tokens, self.block_size):]
+        if tail:
+            del table.blocks[len(table.blocks) - len(tail):]
+            self.allocator.free(tail[::-1])
+
     def fork(self, table: BlockTable) -> BlockTable:
         """A second sequence sharing every block (parallel samples of one prompt)."""
         return BlockTable(self.allocator.fork(table.blocks), list(table.named))

@@ -88,6 +88,9 @@ class ContiguousCacheManager:
     def holds(self, seq: Sequence, num_tokens: int) -> bool:
         return seq.kv is not None and seq.kv.max_len >= num_tokens
 
+    def trim(self, seq: Sequence) -> None:
+        pass  # the reservation is the sequence's whole length; rejected slots are simply written again
+
     def computed(self, seq: Sequence) -> None:
         pass
 

@@ -148,6 +148,9 @@ class PagedCacheManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         child.kv = self.blocks.fork(parent.kv)
 
+    def trim(self, seq: Sequence) -> None:
+        self.blocks.trim(seq.kv, seq.num_computed_tokens)
+
     def computed(self, seq: Sequence) -> None:
         self.blocks.register(seq.kv, seq.token_ids, seq.num_computed_tokens)
 

@@ -23,6 +23,8 @@ from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams, sample_requests, token_logprobs
+from minillm.spec.proposers import make_proposer
+from minillm.spec.speculator import Speculator
 from minillm.state import FinishReason, KVStats, ScheduledSeq, ScheduledWork, Sequence, SequenceSnapshot, StepEvent
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -46,6 +48,11 @@ class LLMEngine:
         self.cache = make_cache_manager(config, self.model_config, self.dtype, self.device)
         self.scheduler = Scheduler(config, self.cache)
         self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention)
+        self.speculator = None
+        if config.speculative is not None:
+            proposer = make_proposer(config.speculative, self, config.components)
+            self.speculator = Speculator(config.speculative, proposer, self.max_model_len, config.components)
+            self.scheduler.on_release.append(proposer.release)
         self._sample = config.components.sample
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._finished: dict[str, list[Completion]] = {}  # per live request: its finished samples
@@ -145,59 +152,76 @@ class LLMEngine:
         too with EngineConfig(profile_attention=True)), sample, update (append tokens, detokenize,
         check stops), telemetry (build the event and call the observers)."""
         start = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule(start)
         if not batch:
             return []
         self.num_steps += 1
         scheduled = time.perf_counter()
-        logits = self.runner.execute(batch)  # [num_seqs, vocab]
+        logits = self.runner.execute(batch)  # [rows, vocab]: each item's num_logits rows, in batch order
         executed = time.perf_counter()
-        sampling = self.scheduler.advance(batch)
-        seqs = [seq for seq, _ in sampling]
-        rows = [row for _, row in sampling]
-        tokens = sample_requests(logits if rows == list(range(len(logits))) else logits[rows],
-                                 [s.params for s in seqs], [s.generator for s in seqs], self._sample)
-        for seq, row, token in zip(seqs, rows, tokens):
+        offsets = list(itertools.accumulate((b.num_logits for b in batch), initial=0))
+        accepted, verified, verifications = None, {}, []
+        if self.speculator is not None:
+            accepted, verified, verifications = self.speculator.verify(batch, logits, self.runner.last_hidden, offsets)
+        emitting = self.scheduler.advance(batch, accepted)  # [(seq, batch index)]
+        drawn = [(seq, i) for seq, i in emitting if not (i in verified and seq is batch[i].seq)]
+        tokens = sample_requests(logits[[offsets[i] for _, i in drawn]], [s.params for s, _ in drawn],
+                                 [s.generator for s, _ in drawn], self._sample)
+        emitted = [(seq, [token], offsets[i]) for (seq, i), token in zip(drawn, tokens)]
+        emitted += [(batch[i].seq, verified[i], offsets[i]) for i in verified]
+        for seq, new, row in emitted:
             if seq.logprobs is not None:
-                seq.logprobs.append(token_logprobs(logits[row], token, seq.params.logprobs))
+                seq.logprobs += [token_logprobs(logits[row + j], t, seq.params.logprobs) for j, t in enumerate(new)]
+        if self.speculator is not None:  # the hidden states the next proposals start from
+            for seq, i in drawn:
+                self.speculator.observe(seq, self.runner.last_hidden[offsets[i]])
         now = time.perf_counter()
-        chunks = [self._append(seq, token, now) for seq, token in zip(seqs, tokens)]
+        chunks = [self._append(seq, new, now) for seq, new, _ in emitted]
         updated = time.perf_counter()
         self.last_step_timings = {"schedule": scheduled - start, **self.runner.last_timings,
                                   "sample": now - executed, "update": updated - now}
         if self._observers:
-            self._emit(start, now, batch, chunks)
+            self._emit(start, now, batch, chunks, verifications)
         self.last_step_timings["telemetry"] = time.perf_counter() - updated
         return chunks
 
-    def _emit(self, start: float, end: float, batch: list[ScheduledSeq], chunks: list[StreamChunk]) -> None:
+    def _emit(self, start: float, end: float, batch: list[ScheduledSeq], chunks: list[StreamChunk],
+              verifications: list) -> None:
         event = StepEvent(
             step=self.num_steps, start=start, duration=end - start,
             scheduled=[ScheduledWork(b.seq.request_id, b.seq.index, b.num_tokens, b.phase) for b in batch],
             finished=[c.request_id for c in chunks if c.request is not None],
             waiting=self.num_waiting, running=self.num_running, kv=self.kv_stats(), sequences=self.sequences(),
             preempted=list(self.scheduler.preempted_now), num_preemptions=self.num_preemptions,
-            output_tokens=len(chunks), timings=dict(self.last_step_timings))
+            output_tokens=sum(len(c.token_ids) for c in chunks), timings=dict(self.last_step_timings),
+            verifications=verifications)
         for observer in self._observers:
             observer(event)
 
-    def _append(self, seq: Sequence, token: int, now: float) -> StreamChunk:
-        """Add a sampled token to its sequence, detokenize it, and finish the sequence if it stops."""
-        seq.token_ids.append(token)
-        seq.metrics.token_times.append(now)
-        seq.output_text += seq.detokenizer.push(token)
-        reason = None
-        if token in seq.stop_token_ids or self._cut_at_stop_string(seq):
-            reason = FinishReason.STOP
-        elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
-            reason = FinishReason.LENGTH
-        if reason is not None:
-            if reason == FinishReason.LENGTH or token in seq.stop_token_ids:
-                seq.output_text += seq.detokenizer.flush()
-                self._cut_at_stop_string(seq)
-            seq.metrics.finished_time = now
-            self.scheduler.finish(seq, reason)
-        return self._chunk(seq, [token])
+    def _append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
+        """Add a step's tokens to their sequence (one, or several when speculating), detokenize
+        them, and finish the sequence at the first that stops it (the rest are dropped)."""
+        for n, token in enumerate(tokens, 1):
+            seq.token_ids.append(token)
+            seq.metrics.token_times.append(now)
+            seq.output_text += seq.detokenizer.push(token)
+            reason = None
+            if token in seq.stop_token_ids or self._cut_at_stop_string(seq):
+                reason = FinishReason.STOP
+            elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                if reason == FinishReason.LENGTH or token in seq.stop_token_ids:
+                    seq.output_text += seq.detokenizer.flush()
+                    self._cut_at_stop_string(seq)
+                seq.metrics.finished_time = now
+                self.scheduler.finish(seq, reason)
+                if seq.logprobs is not None:
+                    del seq.logprobs[len(seq.output_token_ids):]
+                return self._chunk(seq, tokens[:n])
+        return self._chunk(seq, tokens)
 
     def _cut_at_stop_string(self, seq: Sequence) -> bool:
         """Cut the text before the first stop string, if one has appeared; -> whether one did."""
@@ -228,5 +252,7 @@ class LLMEngine:
 
     def completion_of(self, seq: Sequence) -> Completion:
         metrics = {**seq.metrics.as_dict(), "cached_prompt_tokens": seq.num_cached_prompt_tokens}
+        if self.speculator is not None:
+            metrics.update(spec_proposed=seq.num_proposed, spec_accepted=seq.num_accepted)
         return Completion(seq.index, seq.output_text, seq.output_token_ids, seq.finish_reason, metrics,
                           None if seq.logprobs is None else list(seq.logprobs))

@@ -19,29 +19,35 @@ class ModelRunner:
         self.model, self.cache, self.device = model, cache, device
         self.time_attention = time_attention
         self.last_timings: dict[str, float] = {}  # seconds of the latest execute(): prepare, model, attention
+        self.last_hidden: torch.Tensor | None = None  # [rows, hidden] of the latest execute()
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """-> input_ids [num_tokens], positions [num_tokens], index of each sequence's last token."""
-        ids, positions, last = [], [], []
+        """-> input_ids [num_tokens], positions [num_tokens], the rows whose logits the step needs
+        (each sampling sequence's last token, or every verified position of a speculating one)."""
+        ids, positions, rows = [], [], []
         for item in batch:
-            start = item.seq.num_computed_tokens
-            ids.extend(item.seq.token_ids[start:start + item.num_tokens])
-            positions.extend(range(start, start + item.num_tokens))
-            last.append(len(ids) - 1)
+            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_tokens
+            tokens = seq.token_ids[start:start + n]
+            ids.extend(tokens + seq.spec_tokens[:n - len(tokens)])  # proposals come after the verified tokens
+            positions.extend(range(start, start + n))
+            rows.extend(range(len(ids) - item.num_logits, len(ids)))
         as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
-        return as_tensor(ids), as_tensor(positions), last
+        return as_tensor(ids), as_tensor(positions), rows
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Run one forward over the batch; -> logits of each sequence's last token [num_seqs, vocab]."""
+        """Run one forward over the batch; -> logits [sum of num_logits, vocab], the rows of each
+        sequence in batch order. The hidden states of those rows stay in `last_hidden` (the
+        speculative heads propose from them)."""
         start = time.perf_counter()
-        input_ids, positions, last = self.prepare(batch)
+        input_ids, positions, rows = self.prepare(batch)
         ctx = self.cache.context(batch)
         if self.time_attention:
             ctx = TimedAttention(ctx, self._sync)
         prepared = time.perf_counter()
         hidden = self.model(input_ids, positions, ctx)  # [num_tokens, hidden]
-        logits = self.model.compute_logits(hidden[last] if len(last) < len(input_ids) else hidden).float()
+        self.last_hidden = hidden[rows] if len(rows) < len(input_ids) else hidden  # [rows, hidden]
+        logits = self.model.compute_logits(self.last_hidden).float()
         if self.time_attention:
             self._sync()
         self.last_timings = {"prepare": prepared - start, "model": time.perf_counter() - prepared,

@@ -20,6 +20,7 @@ class Scheduler:
         self._continuous_step = parts.continuous_step or policy.continuous_step
         self._static_step = parts.static_step or policy.static_step
         self._make_room = parts.make_room or policy.make_room
+        self.on_release: list = []  # callbacks(seq) when a sequence's cache is freed (finished, preempted)
         self.max_num_seqs = 1 if self.policy == SchedulerPolicy.SEQUENTIAL else config.max_num_seqs
         self.budget = config.max_num_batched_tokens
         self.chunked = config.enable_chunked_prefill and self.policy == SchedulerPolicy.CONTINUOUS
@@ -45,22 +46,30 @@ class Scheduler:
             self._deciding = self._continuous_step
             plan = self._continuous_step(self, self.budget, self.max_num_seqs, self.chunked)
         self._check(plan)
-        return [ScheduledSeq(seq, n, Phase.DECODE if n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
-                             else Phase.PREFILL, samples=seq.num_computed_tokens + n == len(seq))
-                for seq, n in plan]
+        return [self._scheduled(seq, n) for seq, n in plan]
 
-    def advance(self, batch: list[ScheduledSeq]) -> list[tuple[Sequence, int]]:
-        """After the model ran the batch: its tokens are computed. -> the sequences that sample a
-        token now, each with its row of the step's logits (a request's other samples start here,
-        after its prompt's prefill, from the same row)."""
+    def _scheduled(self, seq: Sequence, n: int) -> ScheduledSeq:
+        end, verified = seq.num_computed_tokens + n, len(seq.token_ids)
+        return ScheduledSeq(seq, n, Phase.DECODE if seq.is_decoding else Phase.PREFILL, samples=end >= verified,
+                            num_proposals=max(0, end - verified))
+
+    def advance(self, batch: list[ScheduledSeq], accepted: list[int] | None = None) -> list[tuple[Sequence, int]]:
+        """After the model ran the batch: its tokens are computed, except proposals the target
+        rejected (accepted[i]: how many of batch[i]'s it kept; their K/V beyond is dropped).
+        -> the sequences that emit tokens now, each with its index in the batch (a request's other
+        samples start here, after its prompt's prefill, from the same logits)."""
         sampling = []
-        for row, item in enumerate(batch):
+        for i, item in enumerate(batch):
             seq = item.seq
-            seq.num_computed_tokens += item.num_tokens
+            rejected = item.num_proposals - (accepted[i] if accepted else 0)
+            seq.num_computed_tokens += item.num_tokens - rejected
+            seq.spec_tokens, seq.spec_probs = [], None  # verified now, or dropped unscheduled by a chunk
+            if rejected:
+                self.cache.trim(seq)
             self.cache.computed(seq)
             if item.samples:
-                sampling.append((seq, row))
-                sampling += [(child, row) for child in self._fork(seq)]
+                sampling.append((seq, i))
+                sampling += [(child, i) for child in self._fork(seq)]
         return sampling
 
     # -- transitions (the policy calls these) ------------------------------------------------
@@ -92,8 +101,9 @@ class Scheduler:
         if seq not in self.running:
             raise RuntimeError(f"{self._who()} preempted {seq!r}, which is not running")
         self.running.remove(seq)
-        self.cache.free(seq)
+        self._release(seq)
         seq.num_computed_tokens = 0
+        seq.spec_tokens, seq.spec_probs = [], None
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -104,7 +114,14 @@ class Scheduler:
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         if seq in self.running:
             self.running.remove(seq)
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        """Its KV blocks go back to the pool, and whatever else holds state for it lets go (the
+        speculative draft's own cache)."""
         self.cache.free(seq)
+        for release in self.on_release:
+            release(seq)
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Finish every sample of the request now, freeing its blocks. -> the sequences aborted."""

@@ -1,0 +1,98 @@
+"""Multi-token-prediction heads: small extra layers on the target's last hidden state that guess
+the tokens 2, 3, ... k + 1 positions ahead, with no extra forward of any model.
+
+The hidden state h after token t already drives the target's own prediction of t + 1 (through its
+LM head). Head i turns h into a guess at t + 1 + i the way Medusa's heads do (Cai et al. 2024;
+DeepSeek-V3's MTP and EAGLE's draft layer are richer versions): a residual block, h + SiLU(W_i h
++ b_i), read through the target's own LM head, so each head adds only hidden² + hidden
+parameters. `python -m minillm train heads` fits them with the target frozen; they are saved
+beside the target as spec_heads.safetensors, with the fingerprint of the model they fit.
+"""
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from minillm.spec.verify import target_probs
+from minillm.state import Sequence
+
+HEADS_FILE = "spec_heads.safetensors"
+
+
+class SpecHeads(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        for block in self.blocks:  # start as the identity: head i first guesses what the LM head does
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module, k: int) -> torch.Tensor:
+        """hidden: [B, hidden] -> logits [B, k, vocab] for the tokens 2 .. k + 1 ahead."""
+        return torch.stack([lm_head(hidden + F.silu(block(hidden))) for block in self.blocks[:k]], dim=1)
+
+
+def fingerprint(model: nn.Module) -> str:
+    """What heads are fitted to: the target's shape and a digest of its LM head's weights."""
+    cfg, w = model.config, model.lm_head.weight.detach().float()
+    return json.dumps([cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers, round(float(w.sum()), 3),
+                       round(float(w.abs().sum()), 3)])
+
+
+def save_heads(heads: SpecHeads, target: nn.Module, path: Path) -> None:
+    save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(path),
+              metadata={"format": "pt", "num_heads": str(len(heads.blocks)), "target": fingerprint(target)})
+
+
+def load_heads(path: Path, target: nn.Module) -> SpecHeads:
+    """Heads from `path`, checked against the target they are to propose for."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no speculative heads at {path}: train them with `python -m minillm train heads`")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("target") != fingerprint(target):
+        raise ValueError(f"the heads in {path} were trained for another model (fingerprint {meta.get('target')}, "
+                         f"this target's {fingerprint(target)}): train them for this one")
+    heads = SpecHeads(target.config.hidden_size, int(meta["num_heads"]))
+    heads.load_state_dict(tensors)
+    weight = target.lm_head.weight
+    return heads.to(device=weight.device, dtype=weight.dtype).eval()
+
+
+class HeadsProposer:
+    """Proposes from the hidden state the target left after each sequence's last computed token."""
+
+    def __init__(self, path: str | None, target) -> None:
+        self.lm_head = target.model.lm_head
+        self.heads = load_heads(Path(path) if path else target.model_dir / HEADS_FILE, target.model)
+        k = target.config.speculative.k
+        if k > len(self.heads.blocks):
+            raise ValueError(f"speculative k = {k}, but the heads predict only {len(self.heads.blocks)} tokens ahead")
+        self.hidden: dict[int, torch.Tensor] = {}  # id(seq) -> [hidden]
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> None:
+        ready = [(seq, k) for seq, k in zip(seqs, limits) if id(seq) in self.hidden]
+        if not ready:
+            return
+        hidden = torch.stack([self.hidden[id(seq)] for seq, _ in ready])  # [B, hidden]
+        logits = self.heads(hidden, self.lm_head, max(k for _, k in ready)).float()  # [B, k, vocab]
+        for (seq, k), rows in zip(ready, logits):
+            p = seq.params
+            if p.temperature == 0:
+                seq.spec_tokens, seq.spec_probs = rows[:k].argmax(-1).tolist(), None
+            else:
+                q = target_probs(rows[:k], p.temperature, p.top_k, p.top_p)  # [k, vocab]
+                seq.spec_tokens = torch.multinomial(q, 1, generator=seq.generator).squeeze(-1).tolist()
+                seq.spec_probs = q
+
+    def verified(self, seq: Sequence, accepted: int, hidden: torch.Tensor) -> None:
+        self.hidden[id(seq)] = hidden
+
+    def release(self, seq: Sequence) -> None:
+        self.hidden.pop(id(seq), None)

@@ -1,0 +1,35 @@
+"""Building a proposer from the configuration, and prompt lookup (the proposer with no state)."""
+import torch
+
+from minillm.config import Components, SpeculativeConfig
+from minillm.spec.ngram import propose_ngram
+from minillm.state import Sequence
+
+
+class NgramProposer:
+    """Proposes the tokens that followed the latest earlier occurrence of the last n tokens: free to
+    compute, certain (no distribution), and good exactly when the output repeats its context."""
+
+    def __init__(self, n: int, propose=propose_ngram) -> None:
+        self.n, self._propose = n, propose
+
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> None:
+        for seq, k in zip(seqs, limits):
+            seq.spec_tokens, seq.spec_probs = list(self._propose(seq.token_ids, self.n, k))[:k], None
+
+    def verified(self, seq: Sequence, accepted: int, hidden: torch.Tensor) -> None:
+        pass
+
+    def release(self, seq: Sequence) -> None:
+        pass
+
+
+def make_proposer(config: SpeculativeConfig, target, components: Components):
+    """target: the LLMEngine that verifies (its model, tokenizer, device and dtype)."""
+    if config.method == "ngram":
+        return NgramProposer(config.ngram, components.propose_ngram or propose_ngram)
+    if config.method == "draft":
+        from minillm.spec.draft import DraftProposer
+        return DraftProposer(config.draft_model, target)
+    from minillm.spec.heads import HeadsProposer
+    return HeadsProposer(config.heads, target)

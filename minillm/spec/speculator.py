@@ -1,0 +1,105 @@
+"""The Speculator: proposals before each step, verification after the target's forward, and the counts.
+
+    step:  speculator.propose(running)  -> each decoding sequence gets up to k proposals (seq.spec_tokens)
+           scheduler.schedule()          -> a speculating sequence computes 1 + its proposals this step
+           runner.execute()              -> the target's logits at every one of those positions
+           speculator.verify(batch, ...) -> how many each sequence keeps, and the token after them
+           scheduler.advance(accepted)   -> rejected positions are not computed: their slots are dropped
+
+Every proposer implements the Proposer protocol below, so the engine does not care where guesses
+come from: prompt lookup (ngram.py), a draft model (draft.py) or prediction heads (heads.py).
+"""
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from minillm.config import Components, SpeculativeConfig
+from minillm.spec.verify import verify
+from minillm.state import ScheduledSeq, Sequence, Verification
+
+
+class Proposer(Protocol):
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> None:
+        """Give each sequence up to limits[i] proposals (seq.spec_tokens, and seq.spec_probs: the
+        [n, vocab] distributions they were drawn from, or None if proposed with certainty)."""
+
+    def verified(self, seq: Sequence, accepted: int, hidden: torch.Tensor) -> None:
+        """The target kept `accepted` of seq's proposals; hidden: its last hidden state, after the
+        last computed token (the one the next proposals follow)."""
+
+    def release(self, seq: Sequence) -> None:
+        """seq is finished or preempted: drop whatever is kept for it."""
+
+
+@dataclass
+class SpecStats:
+    """Counts over the engine's life: proposals verified, and how many the target kept."""
+    proposed: int = 0
+    accepted: int = 0
+    verifications: int = 0       # (sequence, step) pairs that verified proposals
+    emitted: int = 0             # tokens those verifications produced (accepted + one each)
+    by_position: list[int] = field(default_factory=list)  # accepted proposals at position 1, 2, ...
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens each verifying target forward produced for a sequence (1.0 without speculation)."""
+        return self.emitted / self.verifications if self.verifications else 1.0
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int,
+                 components: Components) -> None:
+        self.config, self.proposer, self.max_model_len = config, proposer, max_model_len
+        self._verify = components.verify or verify
+        self.stats = SpecStats()
+
+    def propose(self, running: list[Sequence]) -> None:
+        """Proposals for every running sequence that is decoding and has none yet, as many as k,
+        the tokens it may still emit (verification adds one) and the context allow."""
+        seqs, limits = [], []
+        for seq in running:
+            if seq.is_decoding and not seq.spec_tokens:
+                left = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq))
+                if left > 1:
+                    seqs.append(seq)
+                    limits.append(min(self.config.k, left - 1))
+        if seqs:
+            self.proposer.propose(seqs, limits)
+
+    def verify(self, batch: list[ScheduledSeq], logits: torch.Tensor, hidden: torch.Tensor,
+               offsets: list[int]) -> tuple[list[int], dict[int, list[int]], list[Verification]]:
+        """logits, hidden: the step's rows (offsets[i]: batch[i]'s first). -> how many proposals each
+        batch item keeps, the tokens each speculating item emits (by batch index), the records."""
+        accepted, emitted, records = [0] * len(batch), {}, []
+        for i, item in enumerate(batch):
+            if not item.num_proposals:
+                continue
+            seq, n = item.seq, item.num_proposals
+            proposals, q = seq.spec_tokens[:n], None if seq.spec_probs is None else seq.spec_probs[:n]
+            rows = logits[offsets[i]:offsets[i] + n + 1]  # [n + 1, vocab]
+            p = seq.params
+            m, token = self._verify(rows, proposals, q, p.temperature, p.top_k, p.top_p, seq.generator)
+            accepted[i], emitted[i] = m, proposals[:m] + [token]
+            records.append(Verification(seq.request_id, seq.index, tuple(proposals), m, token))
+            self.proposer.verified(seq, m, hidden[offsets[i] + m])
+            seq.num_proposed += n
+            seq.num_accepted += m
+            self._count(n, m)
+        return accepted, emitted, records
+
+    def observe(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """A sequence sampled one token without verifying (its first, say): the hidden state it came from."""
+        self.proposer.verified(seq, 0, hidden)
+
+    def _count(self, proposed: int, accepted: int) -> None:
+        s = self.stats
+        s.proposed, s.accepted, s.verifications, s.emitted = (s.proposed + proposed, s.accepted + accepted,
+                                                              s.verifications + 1, s.emitted + accepted + 1)
+        s.by_position += [0] * (proposed - len(s.by_position))
+        for j in range(accepted):
+            s.by_position[j] += 1
