@@ -34,8 +34,10 @@ class Proposer(Protocol):
 
 @dataclass
 class SpecStats:
-    """Counts over the engine's life: proposals verified, and how many the target kept."""
+    """Counts over the engine's life: proposals verified, how many the target reached (it stops at
+    the first rejection), how many it kept."""
     proposed: int = 0
+    reached: int = 0             # proposals the target decided on: the accepted ones and the first rejected
     accepted: int = 0
     verifications: int = 0       # (sequence, step) pairs that verified proposals
     emitted: int = 0             # tokens those verifications produced (accepted + one each)
@@ -43,6 +45,12 @@ class SpecStats:
 
     @property
     def acceptance_rate(self) -> float:
+        """alpha: the chance a proposal the target reaches is accepted (the theory's alpha)."""
+        return self.accepted / self.reached if self.reached else 0.0
+
+    @property
+    def accepted_per_proposal(self) -> float:
+        """Accepted over proposed: what share of the proposer's guesses became output."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
     @property
@@ -100,6 +108,7 @@ class Speculator:
         s = self.stats
         s.proposed, s.accepted, s.verifications, s.emitted = (s.proposed + proposed, s.accepted + accepted,
                                                               s.verifications + 1, s.emitted + accepted + 1)
+        s.reached += min(accepted + 1, proposed)
         s.by_position += [0] * (proposed - len(s.by_position))
         for j in range(accepted):
             s.by_position[j] += 1

@@ -1,0 +1,213 @@
+"""Speculative decoding: exact (greedy identical, sampling distributed as the target's), measured
+against its theory, and leaving nothing behind when proposals are rolled back."""
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.config import Components, SpeculativeConfig
+from minillm.spec.heads import SpecHeads, save_heads
+from minillm.spec.ngram import propose_ngram
+from minillm.spec.theory import acceptance_rate, expected_tokens_per_forward
+from minillm.spec.verify import target_probs, verify
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LLM("tiny")
+
+
+@pytest.fixture(scope="module")
+def heads_file(tmp_path_factory, tiny) -> Path:
+    """Heads for tiny, untrained but not the identity (their guesses are wrong, never unsafe)."""
+    heads = SpecHeads(tiny.model.config.hidden_size, 8)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.weight, std=0.02, generator=torch.Generator().manual_seed(0))
+    path = tmp_path_factory.mktemp("heads") / "heads.safetensors"
+    save_heads(heads, tiny.model, path)
+    return path
+
+
+def workload(tiny, n: int = 6) -> list[list[int]]:
+    """Code prompts, some repeating themselves (so prompt lookup finds something), of mixed lengths."""
+    texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+             "import os\nimport sys\n", "class Stack:\n    def __init__(self):\n        self.items = []\n",
+             "for i in range(10):\n    print(i)\nfor j in range(10):\n", "x = 1\n", "def f(x):\n    return x\n" * 3]
+    return [tiny.tokenizer.encode(t) for t in texts[:n]]
+
+
+def spec_config(method: str, k: int, heads_file: Path) -> SpeculativeConfig:
+    return SpeculativeConfig(method, k=k, heads=str(heads_file) if method == "heads" else None)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "heads"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_speculation_is_token_identical_inside_a_preempting_batch(method, k, tiny, heads_file):
+    prompts = workload(tiny)
+    params = [SamplingParams(max_tokens=24 + 4 * i, **GREEDY) for i in range(len(prompts))]
+    reference = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    llm = LLM("tiny", speculative=spec_config(method, k, heads_file), block_size=4, num_kv_blocks=48)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == reference
+    assert llm.engine.num_preemptions > 0, "the small pool was meant to force preemption"
+    stats = llm.engine.speculator.stats
+    assert stats.proposed > 0 and 0 <= stats.accepted <= stats.proposed
+    assert llm.engine.kv_stats().used_blocks == 0
+    if method == "draft":
+        proposer = llm.engine.speculator.proposer
+        assert not proposer.shadows and proposer.cache.stats([]).used_blocks == 0, "the draft's cache leaked"
+
+
+def chi_square_critical(df: int, z: float = 3.719) -> float:
+    """The chi-square value a true null exceeds with probability ~1e-4 (z: the normal quantile),
+    by the Wilson-Hilferty approximation (accurate to a few percent for df >= 3)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def emitted_distribution(logits, proposals, q, draws: int, **params) -> torch.Tensor:
+    """How often each token is the first one verification emits (an accepted proposal, or the
+    token drawn after a rejection), over `draws` seeded runs."""
+    vocab = logits.shape[-1]
+    counts = torch.zeros(vocab)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(draws):
+        m, token = verify(logits, proposals, q, params["temperature"], params["top_k"], params["top_p"], gen)
+        counts[proposals[0] if m >= 1 else token] += 1
+    return counts
+
+
+PARAMS = [dict(temperature=1.0, top_k=0, top_p=1.0), dict(temperature=0.7, top_k=4, top_p=0.9)]
+
+
+@pytest.mark.parametrize("case", ["random p and q", "q disjoint from p"])
+@pytest.mark.parametrize("params", PARAMS)
+def test_the_first_emitted_token_is_distributed_as_the_target(case, params):
+    """Chi-square test of the emitted token against the target's (filtered) distribution over 6 tokens,
+    20,000 seeded draws: a correct verifier fails it with probability about 1e-4."""
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(2, 6, generator=g) * 0.5  # spread out: top-k and top-p leave several tokens
+    p = target_probs(logits, **params)  # [2, 6]: at the proposal, and after it
+    if case == "random p and q":
+        q = torch.randn(6, generator=g).softmax(-1)
+    else:  # all of q's mass on the token p likes least (filtered out, or nearly): the rejected case
+        q = torch.zeros(6)
+        q[int(p[0].argmin())] = 1.0
+    x = int((q - p[0]).argmax())  # the token the proposer over-proposes most: rejected some of the time
+    draws = 20_000
+    counts = emitted_distribution(logits, [x], q[None], draws, **params)
+    # With the proposal x fixed: P(emit y | x) = accept(x) [y = x] + (1 - accept(x)) residual(y).
+    accept_x = min(1.0, float(p[0, x] / q[x]))
+    residual = (p[0] - q).clamp(min=0)
+    residual = residual / residual.sum() if residual.sum() > 0 else p[0]
+    expected = (1 - accept_x) * residual
+    expected[x] += accept_x
+    support = expected > 0
+    assert counts[~support].sum() == 0, "emitted a token the verifier can never emit"
+    chi2 = float((((counts - draws * expected) ** 2) / (draws * expected))[support].sum())
+    assert chi2 < chi_square_critical(int(support.sum()) - 1), f"chi-square {chi2:.1f}"
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_when_every_proposal_is_accepted_the_bonus_token_is_distributed_as_the_last_position(params):
+    """q = p: nothing is ever rejected, and the token after the proposal is drawn from p at the
+    position after it (chi-square over 20,000 seeded draws, false alarms about 1e-4)."""
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(2, 6, generator=g) * 1.5
+    p = target_probs(logits, **params)
+    x = int(p[0].argmax())
+    gen, draws, counts = torch.Generator().manual_seed(17), 20_000, torch.zeros(6)
+    for _ in range(draws):
+        m, token = verify(logits, [x], p[:1], params["temperature"], params["top_k"], params["top_p"], gen)
+        assert m == 1, "a proposal drawn from the target's own distribution was rejected"
+        counts[token] += 1
+    support = p[1] > 0
+    assert counts[~support].sum() == 0, "a bonus token the target's filters exclude"
+    chi2 = float((((counts - draws * p[1]) ** 2) / (draws * p[1]))[support].sum())
+    assert chi2 < chi_square_critical(int(support.sum()) - 1), f"chi-square {chi2:.1f}"
+
+
+def test_over_the_proposal_too_the_emitted_token_is_distributed_as_p():
+    """Drawing the proposal from q each time, the first emitted token is distributed exactly as p
+    (the point of the rejection rule), with 1e-4 false alarms."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 8, generator=g) * 2
+    q = torch.randn(8, generator=g).softmax(-1)
+    p = target_probs(logits, 1.0, 0, 1.0)[0]
+    draws, counts = 20_000, torch.zeros(8)
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(draws):
+        x = int(torch.multinomial(q, 1, generator=gen))
+        m, token = verify(logits, [x], q[None], 1.0, 0, 1.0, gen)
+        counts[x if m else token] += 1
+    chi2 = float(((counts - draws * p) ** 2 / (draws * p)).sum())
+    assert chi2 < chi_square_critical(7), f"chi-square {chi2:.1f}: the emitted tokens are not distributed as p"
+
+
+def test_all_accepted_draws_the_bonus_token_from_the_last_position():
+    inf = float("-inf")
+    logits = torch.tensor([[0, inf, inf, inf], [inf, 0, inf, inf], [inf, inf, inf, 0]])  # the target: 0, then 1, then 3
+    for temperature, q in ((0.0, None), (1.0, torch.eye(4)[[0, 1]]), (1.0, None)):
+        m, token = verify(logits, [0, 1], q, temperature, 0, 1.0, torch.Generator().manual_seed(0))
+        assert (m, token) == (2, 3), f"temperature {temperature}: accepted {m}, then {token}"
+    m, token = verify(logits, [0, 2], None, 0.0, 0, 1.0, torch.Generator())
+    assert (m, token) == (1, 1), "greedy: the longest matching prefix, then the target's own token"
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_occurrence():
+    ids = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
+    assert propose_ngram(ids, 3, 2) == [9, 2]  # the latest earlier [5, 6, 7] was followed by 9, 2
+    assert propose_ngram(ids, 3, 10) == [9, 2, 5, 6, 7]  # never past the end of the history
+    assert propose_ngram([1, 2, 3], 2, 4) == []  # nothing repeats
+    assert propose_ngram([4, 1, 9, 4], 3, 2) == [1, 9]  # a shorter n-gram when the longest never recurred
+
+
+def test_measured_acceptance_matches_the_distributions_and_the_theory(tiny):
+    """With pico drafting for tiny at temperature 1: the acceptance rate equals the mean of
+    sum_x min(p, q) over the proposals the target reached (within 4 binomial standard deviations),
+    and with k = 4 the tokens per target forward are (1 - a^5) / (1 - a) within 15% (the formula
+    assumes a constant acceptance rate; the real one varies with the context)."""
+    expected = []
+
+    def recording_verify(logits, proposals, q, temperature, top_k, top_p, generator):
+        p = target_probs(logits[:len(proposals)], temperature, top_k, top_p)
+        m, token = verify(logits, proposals, q, temperature, top_k, top_p, generator)
+        expected.extend(acceptance_rate(p, q)[:m + 1].tolist())  # the positions the target reached
+        return m, token
+
+    llm = LLM("tiny", speculative=SpeculativeConfig("draft", k=4), components=Components(verify=recording_verify))
+    params = SamplingParams(max_tokens=64, temperature=1.0, seed=3, ignore_eos=True)
+    llm.generate(workload(tiny), params, use_tqdm=False)
+    stats = llm.engine.speculator.stats
+    # Each proposal the target reaches is one Bernoulli draw with success probability sum min(p, q).
+    alpha_expected = sum(expected) / len(expected)
+    sigma = math.sqrt(alpha_expected * (1 - alpha_expected) / len(expected))
+    assert len(expected) == stats.reached
+    assert abs(stats.acceptance_rate - alpha_expected) < 4 * sigma, (stats.acceptance_rate, alpha_expected, sigma)
+    theory = expected_tokens_per_forward(stats.acceptance_rate, 4)
+    assert abs(stats.tokens_per_forward - theory) / theory < 0.15, (stats.tokens_per_forward, theory)
+
+
+def test_expected_tokens_per_forward_formula():
+    assert expected_tokens_per_forward(0.0, 4) == 1.0
+    assert expected_tokens_per_forward(1.0, 4) == 5.0
+    assert expected_tokens_per_forward(0.5, 2) == pytest.approx(1.75)
+
+
+def test_bad_speculative_configurations_are_refused_by_name(tiny, tmp_path):
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        SpeculativeConfig("ngram", k=0)
+    with pytest.raises(ValueError, match="method must be one of"):
+        SpeculativeConfig("medusa")
+    from minillm.testing import make_hf_model
+    make_hf_model(tmp_path / "other", "llama", vocab_size=300)
+    with pytest.raises(ValueError, match="draft model .* vocabulary of"):
+        LLM("tiny", speculative=SpeculativeConfig("draft", draft_model=str(tmp_path / "other")))
+    pico = LLM("pico")
+    heads = tmp_path / "pico_heads.safetensors"
+    save_heads(SpecHeads(pico.model.config.hidden_size, 4), pico.model, heads)
+    with pytest.raises(ValueError, match="trained for another model"):
+        LLM("tiny", speculative=SpeculativeConfig("heads", heads=str(heads)))
