@@ -61,16 +61,17 @@ def run(components: Components | None = None, sampled: bool = False, **config) -
                calls=calls(components) if components else {})
 
 
-def check_against_reference(components: Components, sampled: bool = False) -> None:
+def check_against_reference(components: Components, sampled: bool = False, **config) -> None:
     """Assert, in words a learner can act on, that the engine with these parts behaves as the
-    reference: under continuous batching, and under static batching too when a static_step is plugged."""
+    reference: under continuous batching, and under static batching too when a static_step is plugged.
+    config: EngineConfig fields for both engines (speculative=..., say)."""
     policies = ["continuous"] + (["static"] if components.static_step is not None else [])
     for policy in policies:
-        reference = run(None, sampled, scheduler=policy)
+        reference = run(None, sampled, scheduler=policy, **config)
         assert reference.preemptions and reference.cached_prompt_tokens, \
             f"the end-to-end workload no longer exercises preemption and prefix hits under {policy} batching"
         assert policy == "static" or reference.chunked_prefills, "the end-to-end workload no longer chunks prefills"
-        mine = run(components, sampled, scheduler=policy)
+        mine = run(components, sampled, scheduler=policy, **config)
         # Parts with the engine's interfaces make the engine's decisions: the same hits, the same preemptions.
         assert mine.cached_prompt_tokens == reference.cached_prompt_tokens, (
             f"{policy} batching: the prefix cache supplied {mine.cached_prompt_tokens} prompt tokens with your "
