@@ -12,6 +12,7 @@ from minillm.spec.heads import SpecHeads, save_heads
 from minillm.spec.ngram import propose_ngram
 from minillm.spec.theory import acceptance_rate, expected_tokens_per_forward
 from minillm.spec.verify import target_probs, verify
+from minillm.utils import cdiv
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -211,3 +212,28 @@ def test_bad_speculative_configurations_are_refused_by_name(tiny, tmp_path):
     save_heads(SpecHeads(pico.model.config.hidden_size, 4), pico.model, heads)
     with pytest.raises(ValueError, match="trained for another model"):
         LLM("tiny", speculative=SpeculativeConfig("heads", heads=str(heads)))
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_after_every_rollback_no_block_outlives_the_tokens_it_holds(method, tiny):
+    """Rejected proposals' blocks go back at once: after every step each decoding sequence holds
+    only the blocks its computed tokens (and the next one) need, and the pool's counts add up."""
+    llm = LLM("tiny", speculative=SpeculativeConfig(method, k=8), block_size=4, num_kv_blocks=64)
+    seen = []
+
+    def check(event):
+        held = set()
+        for s in event.sequences:
+            if s.status == "running" and s.num_computed_tokens >= s.num_prompt_tokens:
+                assert len(s.block_table) <= cdiv(s.num_computed_tokens + 1, 4), (
+                    f"step {event.step}: {s.request_id} holds {len(s.block_table)} blocks for "
+                    f"{s.num_computed_tokens} computed tokens")
+            held |= set(s.block_table)
+        assert event.kv.used_blocks == len(held), f"step {event.step}: the pool counts blocks no sequence holds"
+        seen.append(sum(v.accepted < len(v.proposed) for v in event.verifications))
+
+    llm.engine.subscribe(check)
+    params = SamplingParams(max_tokens=40, temperature=1.0, seed=2, ignore_eos=True)
+    llm.generate(workload(tiny), params, use_tqdm=False)
+    assert sum(seen) > 0, "no proposal was ever rejected: nothing was rolled back"
+    assert llm.engine.kv_stats().used_blocks == 0
