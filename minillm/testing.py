@@ -78,3 +78,44 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve(cmd: list[str], url: str, ready_path: str, log: Path, env: dict | None = None, start_within: float = 90,
+          stop_within: float = 300, ready=lambda body: True):
+    """A context manager: run a local server (`cmd`, its output to `log`) until it answers
+    url + ready_path with a body `ready` accepts, yield url, and stop it at the end. The server
+    also stops itself after stop_within seconds (GNU timeout), should the test be killed."""
+    import contextlib
+    import shutil
+    import subprocess
+    import time
+    import urllib.request
+
+    import pytest
+
+    @contextlib.contextmanager
+    def running():
+        full = ["timeout", str(int(stop_within)), *cmd] if shutil.which("timeout") else cmd
+        with log.open("w") as out:
+            proc = subprocess.Popen(full, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + start_within
+            while True:
+                try:
+                    if ready(urllib.request.urlopen(url + ready_path, timeout=2).read()):
+                        break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the server ({' '.join(cmd[:3])} ...) did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.3)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    return running()

@@ -10,10 +10,7 @@ runs/notebook-figures/<lab>/<n>.png (the path is printed). Skips, saying why, wh
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -21,7 +18,7 @@ import pytest
 from executed_notebooks import ExecutedNotebooks
 
 from minillm.labkit.notebook import lab_sources
-from minillm.testing import CHROMIUM_FLAGS, chromium, free_port
+from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (the lab extra: pip install -e '.[lab]')")
@@ -60,33 +57,10 @@ def jupyterlab(tmp_path_factory):
            f"--ServerApp.root_dir={notebooks}", f"--LabApp.user_settings_dir={home / 'settings'}",
            f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly"]
-    if shutil.which("timeout"):
-        cmd = ["timeout", "900", *cmd]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "JUPYTER_CONFIG_DIR": str(home / "config"),
            "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
-    log = home / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status", timeout=2)
-                break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"JupyterLab did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
+    with serve(cmd, f"http://127.0.0.1:{port}", "/api/status", home / "server.log", env=env, stop_within=900) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
