@@ -14,6 +14,8 @@ RUN_PAGES = [
     st.Page("views/memory.py", title="Paged memory explorer", icon=":material/grid_view:"),
 ]
 page = st.navigation({"The engine, live": RUN_PAGES,
+                      "Techniques": [st.Page("views/speculative.py", title="Speculative decoding",
+                                             icon=":material/fast_forward:")],
                       "Models of performance": [st.Page("views/roofline.py", title="Roofline",
                                                         icon=":material/show_chart:")]})
 keep_knobs()

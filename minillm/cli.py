@@ -1,4 +1,4 @@
-"""The command line: `python -m minillm generate | bench | train`."""
+"""The command line: `python -m minillm generate | bench | train [heads | distill]`."""
 import argparse
 import sys
 import time
@@ -33,13 +33,37 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
                        help="bf16: autocast compute with float32 weights (the bundled models were trained so)")
+    spec = train.add_subparsers(dest="what", metavar="{heads,distill}",
+                                description="without one of these, train trains the bundled models")
+    heads = spec.add_parser("heads", help="multi-token-prediction heads for a frozen target (speculative decoding)")
+    heads.add_argument("--model", default="tiny", help="the target: bundled name or model directory")
+    heads.add_argument("--heads", type=int, default=8, help="tokens ahead the heads predict (speculative k up to it)")
+    heads.add_argument("--steps", type=int, default=300)
+    heads.add_argument("--seed", type=int, default=0)
+    heads.add_argument("--continuations", type=int, default=512,
+                       help="corpus prompts the target continues greedily to train on (0: the corpus itself)")
+    heads.add_argument("--out", type=Path, default=None, help="default: spec_heads.safetensors in the model's folder")
+    distill = spec.add_parser("distill", help="distill a draft model toward its target (speculative decoding)")
+    distill.add_argument("--draft", default="pico", help="the draft to start from: bundled name or model directory")
+    distill.add_argument("--target", default="tiny", help="the target it learns from")
+    distill.add_argument("--steps", type=int, default=600)
+    distill.add_argument("--seed", type=int, default=0)
+    distill.add_argument("--out", type=Path, default=None, help="default: the assets' <draft>-distilled folder")
 
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _generate(args)
-    from minillm.models.registry import BUNDLED_DIR
-    from minillm.train import train_all
-    train_all(args.out or BUNDLED_DIR, args.models, seed=args.seed, bf16=args.precision == "bf16")
+    if args.what == "heads":
+        from minillm.spec.train_heads import train_heads
+        train_heads(args.model, args.heads, args.steps, seed=args.seed, out=args.out,
+                    continuations=args.continuations)
+    elif args.what == "distill":
+        from minillm.spec.train_distill import train_distill
+        train_distill(args.draft, args.target, args.steps, seed=args.seed, out=args.out)
+    else:
+        from minillm.models.registry import BUNDLED_DIR
+        from minillm.train import train_all
+        train_all(args.out or BUNDLED_DIR, args.models, seed=args.seed, bf16=args.precision == "bf16")
     return 0
 
 

@@ -81,3 +81,38 @@ def test_memory_quick_run_writes_its_figures_and_conditions(tmp_path):
     paged, contiguous = figures["paged, block 16"], figures["contiguous, max_model_len"]
     assert paged["waste"] < 0.04 < contiguous["waste"]
     assert paged["concurrency"] > contiguous["concurrency"]
+
+
+def test_spec_workloads_are_held_out_code_and_edits_whose_faithful_output_is_in_the_prompt():
+    from minillm.bench import spec
+    from minillm.models.registry import resolve_model_path
+    from minillm.tokenizer import Tokenizer
+    tokenizer, sources = Tokenizer(resolve_model_path("tiny")), spec.heldout_sources()
+    code = spec.code_prompts(tokenizer, sources, 5, 96)
+    assert len(code) == 5 and all(len(p) == 96 for p in code) and len({tuple(p) for p in code}) == 5
+    assert all(tokenizer.decode(p).lstrip().startswith(("def ", "class ", "@")) for p in code)
+    edits = spec.edit_prompts(tokenizer, sources, 4, (100, 170))
+    assert len(edits) == 4
+    for prompt, faithful in edits:
+        text, body = tokenizer.decode(prompt), tokenizer.decode(faithful)
+        assert "_renamed(" in text.splitlines()[-1] and len(faithful) > 40
+        assert body.strip() in text  # the output that repeats the function is in the prompt to copy
+
+
+def test_spec_quick_path_reports_each_proposer_against_theory_and_the_targets(monkeypatch, tmp_path, capsys):
+    from minillm.bench import spec
+    monkeypatch.setattr(spec, "QUICK", spec.Settings(prompts=1, new_tokens=6, repeats=1, ks=(2,), sampled_k=2,
+                                                     batch=2, batch_ks=(2,)))
+    figures = spec.run(quick=True, json_path=str(tmp_path / "spec.json"))
+    out = capsys.readouterr().out
+    for workload in spec.WORKLOADS:
+        greedy = figures["batch1_greedy"][workload]
+        assert {r["proposer"] for r in greedy} >= {"ngram", "draft pico"}
+        for r in greedy + figures["batch_2"][workload]:
+            assert r["same_tokens"], f"greedy speculation changed the tokens: {r}"
+        for r in greedy + figures["batch1_temperature_1"][workload]:
+            assert 0 <= r["alpha"] <= 1 and 1 <= r["tokens_per_forward"] <= r["k"] + 1 and r["tokens_per_s"] > 0
+    assert "target >= 1.5x" in out and "target >= 1.2x" in out and "best at batch 1 on edit" in out
+    assert set(figures["targets"]) == {"edit", "code"}
+    record = json.loads((tmp_path / "spec.json").read_text())
+    assert record["benchmark"] == "spec" and "torch_threads" in record["conditions"]

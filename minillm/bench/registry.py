@@ -40,6 +40,8 @@ BENCHMARKS = {b.name: b for b in [
                         "prefix caching", "tiny"),
     Benchmark("chunked", "inter-token latency of running decodes while long prompts arrive, with and without "
                          "chunked prefill", "tiny"),
+    Benchmark("spec", "speculative decoding: tokens/s with and without it for each proposer and k, acceptance "
+                      "against theory, and where it loses (low acceptance, large batches)", "tiny"),
     Benchmark("throughput", "offline throughput: continuous vs static vs sequential batching vs transformers "
                             "padded batches", SMOLLM_SHAPE),
 ]}

@@ -29,6 +29,8 @@ PARTS = {
     "static_step": ("4.1", "static_step"),
     "continuous_step": ("4.3", "continuous_step"),
     "make_room": ("4.4", "make_room"),
+    "verify": ("5.3", "verify"),
+    "propose_ngram": ("5.4", "propose_ngram"),
 }
 CLASSES = {"block_allocator", "evictable_blocks"}  # parts the engine instantiates
 LABS = sorted({exercise.split(".")[0].zfill(2) for exercise, _ in PARTS.values()})

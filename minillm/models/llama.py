@@ -30,7 +30,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
         x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
-        return x.add_(self.mlp(self.post_attention_layernorm(x)))  # x is this layer's own sum: add in place
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):

@@ -1,55 +1,31 @@
 """A real browser: `streamlit run` on a loopback port, headless Chromium driven by Playwright.
 
-It presses Run, waits for tokens to stream, pauses and resumes, visits every page, runs the engine with the
-solutions' parts through "Run with my lab notebook", and saves screenshots under the test's temporary directory
+It presses Run, waits for tokens to stream, pauses and resumes, visits every page (on Speculative decoding it
+runs the proposals, the k sweep and the comparison), runs the engine with the solutions' parts through "Run with
+my lab notebook", and saves screenshots under the test's temporary directory
 (the path is printed). Skips, saying why, where no Chromium can be had.
 """
 import os
 import re
-import shutil
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 from conftest import APP
 from test_my_notebook import ROOT
 
-from minillm.testing import CHROMIUM_FLAGS, chromium, free_port
+from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve
 
 
 @pytest.fixture
-def server():
+def server(tmp_path):
     """The app served on 127.0.0.1; stopped at the end (and by `timeout` should the test be killed)."""
     port = free_port()
     cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
            "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
            "--client.toolbarMode", "minimal", "--server.fileWatcherType", "none"]
-    if shutil.which("timeout"):
-        cmd = ["timeout", "300", *cmd]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not start:\n{proc.stdout.read() if proc.poll() is not None else ''}")
-            time.sleep(0.3)
+    with serve(cmd, f"http://127.0.0.1:{port}", "/_stcore/health", tmp_path / "streamlit.log",
+               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_within=60, ready=lambda body: body == b"ok") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def run_button(page):
@@ -92,10 +68,33 @@ def test_a_generation_streams_in_a_real_browser(server, tmp_path):
                 page.wait_for_timeout(1500)
                 assert page.locator('[data-testid="stException"]').count() == 0, f"{name} page raised"
                 page.screenshot(path=tmp_path / f"{name}.png", full_page=True)
+            run_speculative(page, tmp_path)
             run_with_my_notebook(page, tmp_path)
         finally:
             browser.close()
     print(f"screenshots in {tmp_path}")
+
+
+def run_speculative(page, tmp_path) -> None:
+    """The Speculative decoding page: a run marks each step's proposals, the k sweep draws its charts, the
+    proposers are compared (short outputs, to keep it quick)."""
+    page.get_by_role("link", name="Speculative decoding").click()
+    box = page.get_by_label("Max tokens per prompt", exact=True)
+    box.fill("16")
+    box.press("Enter")
+    page.wait_for_timeout(500)
+    run_button(page).click(timeout=30_000)
+    page.get_by_text("Last run:").wait_for(timeout=60_000)
+    marks = page.locator('span[style*="line-through"]')  # the legend's two, and any rejected or unreached proposal
+    assert marks.count() > 2, "the rejected proposals are struck through"
+    page.get_by_role("button", name=re.compile("Run the k sweep$")).click()
+    page.get_by_text("Sweep:").wait_for(timeout=60_000)
+    page.get_by_role("button", name=re.compile("Compare the proposers$")).click()
+    page.locator('[data-testid="stPlotlyChart"]').nth(2).wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
+    assert page.locator('[data-testid="stException"]').count() == 0, "the speculative decoding page raised"
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 3, "the k sweep's two charts and the comparison"
+    page.screenshot(path=tmp_path / "speculative.png", full_page=True)
 
 
 def run_with_my_notebook(page, tmp_path) -> None:

@@ -1,0 +1,710 @@
+# %% [markdown]
+# # Lab 05 · Speculative decoding
+#
+# **Time:** about 100 minutes. **You need:** lab 02 (temperature, top-k and top-p sampling) and
+# lab 04 (what a step computes); lab 00's roofline explains why any of this works.
+#
+# A decode step reads every weight of the model to produce **one** token per sequence. On a GPU
+# that read, not the arithmetic, sets the step's time (lab 00): computing five tokens in a forward
+# costs hardly more than computing one. **Speculative decoding** spends that idle arithmetic. A
+# cheap **proposer** guesses the next k tokens; the model we actually want to run, the **target**,
+# scores all k guesses in a single forward and keeps those it agrees with, plus one token of its
+# own. One forward, between 1 and k + 1 tokens.
+#
+# Done right, nothing about the output changes: greedy tokens are identical, and sampled tokens
+# are distributed *exactly* as the target's own samples. Done wrong, the model quietly becomes a
+# different model, and no benchmark of speed will tell you. So this lab is half probability and
+# half engineering: you write the rejection rule that keeps sampling exact, the verifier and the
+# prompt-lookup proposer that plug into `minillm`, the formula that predicts what a proposer
+# buys, and the loss that trains a draft model to agree with its target. Then you measure when
+# speculation pays, and when it does not.
+#
+# ## Learning objectives
+# By the end you can
+# 1. say what one speculative step computes (k proposals + 1 positions) and what it emits;
+# 2. prove, and implement, the rejection rule that keeps sampled output distributed as the target's;
+# 3. verify proposals greedily and by sampling, with the correction and the bonus token;
+# 4. propose tokens by prompt lookup, with no model at all;
+# 5. predict tokens per forward from the acceptance rate α and k, and check it against the engine;
+# 6. measure the speedup, and find where speculation stops paying: low acceptance, big batches;
+# 7. write the distillation loss that raises a draft model's acceptance rate.
+#
+# ## How this lab works
+# Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
+# and signatures. Run each `check(...)` cell for feedback. `make grade LAB=05` grades the notebook,
+# and like `check("5.E")` near the end it runs your verifier and your proposer **inside the real
+# engine** and compares the tokens it generates with those of the engine's own.
+# `minillm/spec/` holds the engine's version (`verify.py`, `ngram.py`, `theory.py`, `distill.py`):
+# read it after you finish.
+
+# %% tags=["setup"]
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minillm.labkit import check
+from minillm.spec.verify import target_probs
+
+# %%
+import time
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from minillm import LLM, SamplingParams
+from minillm.config import Components, SpeculativeConfig
+from minillm.models.registry import BUNDLED_DIR
+from minillm.spec.heads import HEADS_FILE
+
+torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
+
+# %% [markdown]
+# ## The concept: propose, verify, keep
+#
+# Take a sequence whose last token is `t`. Without speculation a step feeds `t` and gets one row of
+# logits: the next token. With speculation the proposer first guesses `x1 x2 x3` (k = 3), and the
+# step feeds all of `t x1 x2 x3` (the engine's scheduler gives the sequence 1 + k tokens to compute,
+# lab 04's step with more tokens). Causal attention makes row i see only the tokens before it, so
+# the **k + 1 rows of logits** are exactly what the target would have computed one step at a time:
+#
+# | row | has seen | judges |
+# | --- | --- | --- |
+# | 0 | … `t` | `x1` |
+# | 1 | … `t x1` | `x2` (valid only if `x1` is kept) |
+# | 2 | … `t x1 x2` | `x3` |
+# | 3 | … `t x1 x2 x3` | nothing to judge: the **bonus** token after `x3` |
+#
+# The verifier walks the rows in order. It keeps `x1, x2, …` while the target agrees; at the
+# first disagreement it emits the target's own token instead (a **correction**) and stops: the
+# rows after it were computed from a token that is not in the text. If it agrees with all k, row k
+# gives one more token for free. Either way a step emits `accepted + 1` tokens, never fewer than
+# without speculation, and the engine drops the K/V of the rejected positions (their slots go
+# back to the pool).
+#
+# What does "agrees" mean? For greedy decoding, "the proposal is the row's argmax". For sampling it
+# takes a little probability, which is where we start.
+#
+# Throughout, the target's distributions come from `target_probs(logits, temperature, top_k, top_p)`
+# (imported above from the engine): temperature, then top-k, then top-p, then softmax, row by row:
+# your sampler of lab 02, as probabilities. A proposer that samples shapes its own distribution
+# the same way.
+
+# %% [markdown]
+# ## Exercise 5.1 · The rejection step
+#
+# A draft model drew the token `x` from its distribution `q`; the target would have drawn from `p`.
+# We cannot use `x` as it is: `x` is distributed as `q`, not `p`. But we can *filter* it (Leviathan
+# et al. 2023; Chen et al. 2023): keep `x` with probability
+#
+# $$\min\Big(1, \frac{p(x)}{q(x)}\Big).$$
+#
+# Where the proposer under-proposes (`q(x) ≤ p(x)`) every such `x` is kept; where it over-proposes,
+# `x` is kept only as often as `p` wants it, and the rest of the time it is **rejected**.
+# Tokens the target would never choose (`p(x) = 0`) are always rejected.
+#
+# With one uniform draw `u` in [0, 1): keep if `u < p / q`. (`u * q < p` says the same without a
+# division, and holds no surprise when `q` is 0.) Draw `u` from the `generator` you are given: it is
+# the request's own seeded generator, which makes every run of a request repeatable.
+
+# %% exercise="5.1"
+def accept(p: float, q: float, generator: torch.Generator) -> bool:
+    """Keep a token that was drawn from q? True with probability min(1, p / q).
+
+    p: the target's probability of the token; q: the proposer's (the token was drawn from q).
+    p >= q (q == 0 included) keeps it for sure. Otherwise draw u uniform in [0, 1) from
+    `generator` and keep the token if u < p / q.
+
+    Hints: 1 or 2 lines. `torch.rand((), generator=generator)` is one uniform draw.
+    """
+    ### BEGIN SOLUTION
+    return q <= p or float(torch.rand((), generator=generator)) * q < p
+    ### END SOLUTION
+
+
+# %% [markdown]
+# Four tokens, each proposed with some `q` and wanted with some `p`: how often is each kept?
+
+# %%
+gen = torch.Generator().manual_seed(0)
+for p, q in ((0.6, 0.2), (0.3, 0.3), (0.2, 0.8), (0.0, 0.5)):
+    kept = sum(accept(p, q, gen) for _ in range(4000)) / 4000
+    print(f"p = {p:.1f}, q = {q:.1f}: kept {kept:.3f} of the time, min(1, p/q) = {min(1, p / q):.3f}")
+
+# %%
+check("5.1")
+
+# %% [markdown]
+# ## Exercise 5.2 · The residual: what to draw after a rejection
+#
+# Kept tokens alone are too few of the under-proposed ones. How often does the filter emit `y`?
+# `y` must be proposed (probability `q(y)`) and kept:
+#
+# $$q(y) \min\Big(1, \frac{p(y)}{q(y)}\Big) = \min\big(p(y), q(y)\big).$$
+#
+# That falls short of `p(y)` by `p(y) - min(p(y), q(y)) = max(0, p(y) - q(y))`: exactly the
+# mass the target wants *more* of than the proposer gave. And a rejection happens with probability
+# `1 - Σ_y min(p(y), q(y)) = Σ_y max(0, p(y) - q(y))`, the total of those shortfalls. So after a
+# rejection, draw from the **residual** distribution
+#
+# $$r = \frac{\max(0, p - q)}{\sum_y \max(0, p(y) - q(y))},$$
+#
+# and every token comes out with probability `min(p, q) + (Σ max(0, p - q)) · r = p`. Exactly `p`,
+# whatever `q` is. A good proposer only makes rejections rarer; a bad one can never make the
+# output wrong.
+#
+# The sum `α = Σ_y min(p(y), q(y))` is the chance that a proposal is kept: the proposer's
+# **acceptance rate** for this position, `1 −` the total variation distance between `p` and `q`.
+# Keep it in mind for 5.5 and 5.6.
+#
+# When `p == q` the residual is all zeros; a rejection cannot happen then (every token is kept), but
+# return `p` so that the function always gives a distribution.
+
+# %% exercise="5.2"
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """The distribution to draw from after a rejection: normalise(max(0, p - q)).
+
+    p, q: [vocab] probabilities (the target's, the proposer's) -> [vocab]: non-negative, sums to 1.
+    If max(0, p - q) is zero everywhere (p == q), return p. Leave p and q unchanged.
+
+    Hints: 4 lines. `clamp(min=0)`, then divide by the sum.
+    """
+    ### BEGIN SOLUTION
+    r = (p - q).clamp(min=0)  # [vocab]
+    total = r.sum()
+    return r / total if total > 0 else p
+    ### END SOLUTION
+
+
+# %% [markdown]
+# Now the whole rejection sampler, on a six-token vocabulary: draw `x` from `q`, keep it or draw
+# from the residual, 20,000 times. The proposer `q` is far from `p` on purpose; the emitted
+# tokens follow `p` anyway.
+
+# %%
+p6 = torch.tensor([0.30, 0.25, 0.20, 0.15, 0.07, 0.03])
+q6 = torch.tensor([0.05, 0.10, 0.40, 0.05, 0.30, 0.10])
+gen, counts = torch.Generator().manual_seed(1), torch.zeros(6)
+for _ in range(20_000):
+    x = int(torch.multinomial(q6, 1, generator=gen))
+    y = x if accept(float(p6[x]), float(q6[x]), gen) else int(torch.multinomial(residual(p6, q6), 1, generator=gen))
+    counts[y] += 1
+print(f"acceptance rate: sum min(p, q) = {float(torch.minimum(p6, q6).sum()):.2f}")
+fig = go.Figure([go.Bar(name="q: the proposer", x=list(range(6)), y=q6.tolist()),
+                 go.Bar(name="p: the target", x=list(range(6)), y=p6.tolist()),
+                 go.Bar(name="emitted (20,000 draws)", x=list(range(6)), y=(counts / counts.sum()).tolist())])
+fig.update_layout(title="Rejection sampling turns q's proposals into p's samples", xaxis_title="token",
+                  yaxis_title="probability", height=320)
+fig.show()
+
+# %%
+check("5.2")
+
+# %% [markdown]
+# ## Exercise 5.3 · Verify: the longest acceptable prefix, then one token more
+#
+# Now the verifier the engine calls after every speculative step, for each speculating sequence.
+# It gets the k + 1 rows of logits of the table above, the k proposals, and `q`: the k
+# distributions the proposals were drawn from, one row each. A proposer that draws nothing (prompt
+# lookup, 5.4) passes `q = None`: it proposed each token with certainty, as if `q` were one-hot at
+# the proposal. Then 5.1 keeps a proposal with probability `p(x)`, and 5.2's residual is `p` with
+# the proposal taken out.
+#
+# * **Greedy** (`temperature == 0`): the target's token at each row is its argmax. Accept the
+#   longest prefix of proposals that equal those argmaxes; then emit the argmax of the first row
+#   that disagreed: after `accepted` proposals, row `accepted` (row k when all agreed: the bonus).
+#   `q` plays no part: a greedy target's distribution is one-hot.
+# * **Sampling**: `p = target_probs(logits, temperature, top_k, top_p)`. Walk the proposals: keep
+#   `x_i` if `accept(p[i, x_i], q[i, x_i], generator)`. At the first rejection, draw the token from
+#   `residual(p[i], q[i])` and stop: `(i, token)`. If all k are kept, draw the bonus token from
+#   `p[k]`: `(k, token)`.
+#
+# Every emitted token is then distributed as the target's own sample would be, position after
+# position. Draw tokens with `torch.multinomial(probs, 1, generator=generator)`.
+
+# %% exercise="5.3"
+def verify(logits: Tensor, proposals: list[int], q: Tensor | None, temperature: float, top_k: int,
+           top_p: float, generator: torch.Generator) -> tuple[int, int]:
+    """Verify k proposals. -> (accepted, token): the proposals the target keeps, and its token after them.
+
+    accepted counts the kept proposals from the first (0 <= accepted <= k); both are Python ints.
+
+    logits: [k + 1, vocab], the target's; row i scores proposals[i], row k the position after the
+        last proposal. proposals: the k token ids. q: [k, vocab], the distribution each proposal was
+        drawn from, or None: proposed with certainty (q one-hot at each proposal).
+    Greedy (temperature == 0): accepted = the longest prefix with proposals[i] == argmax of row i;
+        token = the argmax of row `accepted`.
+    Sampling: p = target_probs(logits, temperature, top_k, top_p), [k + 1, vocab]. For each i,
+        keep proposals[i] if accept(p[i, x], q[i, x], generator) (Exercise 5.1); at the first
+        rejection return (i, a draw from residual(p[i], q[i])) (Exercise 5.2). All k kept:
+        (k, a draw from p[k]), the bonus token.
+
+    Hints: about 12 lines. `logits.argmax(-1).tolist()`; `F.one_hot(torch.tensor(x), vocab).to(p)`
+    stands in for a missing q row; `torch.multinomial(probs, 1, generator=generator)` draws a token.
+    """
+    ### BEGIN SOLUTION
+    k = len(proposals)
+    if temperature == 0:
+        best = logits.argmax(-1).tolist()  # the target's own token after each prefix
+        accepted = next((i for i in range(k) if proposals[i] != best[i]), k)
+        return accepted, best[accepted]
+    p = target_probs(logits, temperature, top_k, top_p)  # [k + 1, vocab]
+    for i, x in enumerate(proposals):
+        q_i = q[i] if q is not None else F.one_hot(torch.tensor(x), p.shape[-1]).to(p)  # [vocab]
+        if not accept(float(p[i, x]), float(q_i[x]), generator):
+            return i, int(torch.multinomial(residual(p[i], q_i), 1, generator=generator))
+    return k, int(torch.multinomial(p[k], 1, generator=generator))  # every proposal kept: the bonus token
+    ### END SOLUTION
+
+
+# %% [markdown]
+# A target over 5 tokens that, at temperature 0, wants 2, then 4, then 1, then 0. Three
+# proposals that get the first two right stop at the third: two accepted, then the target's own 1.
+# All three right: three accepted, and the bonus 0.
+
+# %%
+target = torch.tensor([[0.1, 0.2, 3.0, 0.0, 0.5], [0.0, 0.3, 0.1, 0.2, 2.0],
+                       [0.2, 1.5, 0.0, 0.4, 0.1], [2.5, 0.0, 0.3, 0.1, 0.2]])  # [k + 1 = 4, vocab = 5]
+print("greedy, proposals [2, 4, 3]:", verify(target, [2, 4, 3], None, 0.0, 0, 1.0, torch.Generator()))
+print("greedy, proposals [2, 4, 1]:", verify(target, [2, 4, 1], None, 0.0, 0, 1.0, torch.Generator()))
+
+# %% [markdown]
+# Sampled, a proposer that drew each proposal from its own `q` (here: the target's rows, blurred)
+# has, at each position, the chance `α_i = Σ min(p_i, q_i)` of being kept, and a step keeps at
+# least `j` proposals with probability `α_1 ⋯ α_j`. Count it over 5,000 steps:
+
+# %%
+p4 = target_probs(target, 1.0, 0, 1.0)                  # [4, 5]
+q3 = target_probs(target[:3] * 0.4, 1.0, 0, 1.0)        # [3, 5]: a flatter, worse guess
+alphas = torch.minimum(p4[:3], q3).sum(-1)              # [3]
+gen, runs, at_least = torch.Generator().manual_seed(2), 5000, torch.zeros(4)
+for _ in range(runs):
+    proposals = torch.multinomial(q3, 1, generator=gen).flatten().tolist()
+    accepted, _ = verify(target, proposals, q3, 1.0, 0, 1.0, gen)
+    at_least[:accepted + 1] += 1
+print("alpha per position:", [round(a, 3) for a in alphas.tolist()])
+print("P(at least j kept), measured:", [round(v, 3) for v in (at_least / runs).tolist()])
+print("P(at least j kept), product:  ", [round(v, 3) for v in torch.cat([torch.ones(1), alphas.cumprod(0)]).tolist()])
+
+# %%
+check("5.3")
+
+# %% [markdown]
+# ## Exercise 5.4 · Prompt lookup: proposals for free
+#
+# A lot of generated text repeats its context: a model editing code rewrites most lines as they
+# were, a summary quotes its source, an answer restates the question, and a small model stuck in a
+# loop repeats itself. **Prompt lookup** (Saxena 2023; vLLM's `ngram` method) exploits that with no
+# model at all: find the last few tokens earlier in the sequence, and propose what followed them
+# there.
+#
+# Look for the last `n` tokens of `token_ids` (the prompt and the output so far) at an earlier
+# position, the **latest** earlier one (recent context predicts best): an occurrence that starts
+# before the last `n` tokens start (it may overlap them). Propose up to `k` of the tokens that
+# followed it, stopping at the end of `token_ids` (never beyond: no token exists there yet). If the
+# last `n` tokens never occurred before, try the last `n − 1`, and so on down to the last token
+# alone; if even that never occurred, propose nothing (`[]`). The proposals come with certainty, so
+# the engine passes `q = None` to your verifier.
+
+# %% exercise="5.4"
+def propose_ngram(token_ids: list[int], n: int, k: int) -> list[int]:
+    """Up to k proposals by prompt lookup: what followed the latest earlier occurrence of the last n tokens.
+
+    token_ids: the prompt and the output so far.
+
+    An earlier occurrence of the last m tokens starts at some s <= len(token_ids) - m - 1 (it may
+    overlap them). Propose token_ids[s + m : s + m + k]: at most k tokens, fewer when token_ids ends
+    first. Try m = n first (or the largest m that fits: len(token_ids) - 1), then m - 1, ... down
+    to 1; the first m with an earlier occurrence decides. -> [] if none has one.
+
+    Hints: about 7 lines. Two loops: over m, then over s from the latest back.
+    """
+    ### BEGIN SOLUTION
+    for m in range(min(n, len(token_ids) - 1), 0, -1):
+        tail = token_ids[-m:]
+        for s in range(len(token_ids) - m - 1, -1, -1):  # latest first, never the tail itself
+            if token_ids[s:s + m] == tail:
+                return token_ids[s + m:s + m + k]
+    return []
+    ### END SOLUTION
+
+
+# %%
+ids = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
+print(propose_ngram(ids, 3, 4), "  (the latest earlier [5, 6, 7] was followed by 9, 2, 5, 6)")
+print(propose_ngram(ids + [9], 3, 4), "  ([6, 7, 9] occurred once before; the history ends 3 tokens later)")
+print(propose_ngram([4, 1, 9, 8, 4], 3, 2), "  (only [4] occurred before)")
+
+# %%
+check("5.4")
+
+# %% [markdown]
+# ## Exercise 5.5 · What to expect: tokens per forward
+#
+# Say each proposal the verifier reaches is kept with probability `α`, independently. A step emits
+# one token for sure (the correction or the bonus), plus one more for each proposal kept, and the
+# i-th proposal is kept only if the first i all are: probability `α^i`. So a step emits on average
+#
+# $$1 + α + α^2 + \dots + α^k = \frac{1 - α^{k+1}}{1 - α}$$
+#
+# tokens per forward of the target (Leviathan et al. 2023), and k + 1 when `α = 1`. More proposals
+# always help a little, with diminishing returns: the sum never exceeds `1 / (1 − α)`.
+#
+# The independence is an approximation: real acceptance depends on the text (a proposer nails a
+# repeated line, then misses a whole new one). The engine keeps both numbers, so you will compare
+# them.
+
+# %% exercise="5.5"
+def expected_tokens_per_forward(alpha: float, k: int) -> float:
+    """Tokens a speculative step emits on average, for k proposals each kept with probability alpha.
+
+    1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha == 1.
+    Raises ValueError if alpha is not in [0, 1].
+
+    Hints: 4 lines.
+    """
+    ### BEGIN SOLUTION
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha is a probability, in [0, 1]; got {alpha}")
+    return k + 1.0 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    ### END SOLUTION
+
+
+# %%
+ks = list(range(1, 11))
+fig = go.Figure([go.Scatter(x=ks, y=[expected_tokens_per_forward(a, k) for k in ks], name=f"α = {a}")
+                 for a in (0.5, 0.7, 0.8, 0.9)])
+fig.update_layout(title="Tokens per target forward: (1 - α^(k+1)) / (1 - α)", xaxis_title="k (proposals per step)",
+                  yaxis_title="tokens per forward", height=320)
+fig.show()
+
+# %%
+check("5.5")
+
+# %% [markdown]
+# Tokens per forward is not yet a speedup: a step that verifies k proposals computes k + 1
+# positions instead of one, and a draft model spends k forwards of its own to propose. If a
+# speculative step costs `c_k` plain decode steps, the speedup is
+#
+# $$\text{speedup} = \frac{1 - α^{k+1}}{(1 - α)\, c_k}.$$
+#
+# On a GPU at batch 1, verifying a handful of tokens costs about one decode step, and a draft
+# 20 times smaller adds k/20 of one (Leviathan et al. write `c_k = 1 + c k`, with `c` the draft's
+# cost per forward relative to the target's). A CPU has far less idle arithmetic to spend (lab
+# 00's ridge point is much lower), so there `c_k` grows faster with k. You will measure it below.
+
+# %% [markdown]
+# ## Exercise 5.6 · Distillation: a draft that agrees with its target
+#
+# The acceptance rate of a draft at a position is `α = Σ min(p, q) = 1 − TV(p, q)`: the closer its
+# distribution `q` to the target's `p`, the more survives. A small model trained on the corpus
+# learns to predict the corpus, not the target. **Distillation** trains it on the target's own
+# distributions instead (Hinton et al. 2015; DistillSpec, Zhou et al. 2024): run the target over the
+# training text, and minimise, at every position, the KL divergence from the target (the teacher)
+# to the draft (the student):
+#
+# $$\mathrm{KL}(p \,\|\, q) = \sum_y p(y) \big(\log p(y) - \log q(y)\big),$$
+#
+# with `p = softmax(teacher logits / T)` and `q = softmax(student logits / T)`.
+#
+# Pinsker's inequality, `TV ≤ sqrt(KL / 2)`, says that pushing KL down pushes α up. The direction
+# matters: `KL(p ‖ q)` is large wherever the target puts mass the draft misses, the mass-covering
+# direction, so the draft learns to propose everything the target might say. A temperature `T > 1`
+# softens both distributions, so the student also learns how the target ranks its unlikely tokens;
+# softening shrinks the gradients by `T²`, so the loss is multiplied by `T²` to keep them the same
+# size whatever `T` is.
+
+# %% exercise="5.6"
+def distill_loss(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """KL(teacher || student) per token, averaged over the tokens, times temperature^2: a 0-d tensor.
+
+    student_logits, teacher_logits: [..., vocab], the same shape; every index but the last is a
+    token. p = softmax(teacher_logits / T), q = softmax(student_logits / T), T = temperature;
+    per token KL = sum over the vocabulary of p * (log p - log q). The result keeps its gradient
+    with respect to student_logits (it trains the draft).
+
+    Hints: 4 lines. `F.log_softmax` for both (more accurate than the log of a softmax).
+    """
+    ### BEGIN SOLUTION
+    t = temperature
+    teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)  # [..., vocab]
+    student = F.log_softmax(student_logits.float() / t, dim=-1)
+    kl = (teacher.exp() * (teacher - student)).sum(-1)  # [...]: one KL per token
+    return kl.mean() * t * t
+    ### END SOLUTION
+
+
+# %%
+check("5.6")
+
+# %% [markdown]
+# Does the loss measure what a draft is for? `tiny` is the target, `pico` (4.5 times smaller) the
+# draft. At every position of some held-out code, compute the KL from tiny to pico and the
+# acceptance rate `α = Σ min(p, q)` at temperature 1. (If a distilled pico has been trained, see
+# the README's "Models", it is measured too.)
+
+# %%
+target_llm = LLM("tiny")
+held_out = ("import json\nimport os\n\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n\n\n"
+            "class Cache:\n    def __init__(self, size):\n        self.size = size\n        self.items = {}\n\n"
+            "    def get(self, key, default=None):\n        return self.items.get(key, default)\n")
+tokens = target_llm.tokenizer.encode(held_out)
+teacher_logits = target_llm.logits(tokens)  # [len, vocab]
+drafts = {"pico": "pico"}
+if (BUNDLED_DIR / "pico-distilled" / "config.json").is_file():
+    drafts["pico, distilled"] = "pico-distilled"
+else:
+    print("(no distilled pico in minillm/assets/models/pico-distilled: measuring pico alone)")
+fig, worst = go.Figure(), 0.0
+for name, model in drafts.items():
+    student_logits = LLM(model).logits(tokens)
+    kl = torch.stack([distill_loss(student_logits[i:i + 1], teacher_logits[i:i + 1]) for i in range(len(tokens))])
+    alpha = torch.minimum(teacher_logits.softmax(-1), student_logits.softmax(-1)).sum(-1)  # [len]
+    print(f"{name}: mean KL(tiny || draft) {float(kl.mean()):.3f} nats, mean acceptance rate {float(alpha.mean()):.3f} "
+          f"over {len(tokens)} positions")
+    fig.add_trace(go.Scatter(x=kl.tolist(), y=alpha.tolist(), mode="markers", name=name, opacity=0.6))
+    worst = max(worst, float(kl.max()))
+kl_axis = torch.linspace(0.0, worst, 60)
+fig.add_trace(go.Scatter(x=kl_axis.tolist(), y=(1 - (kl_axis / 2).sqrt()).clamp(min=0).tolist(),
+                         name="Pinsker: α ≥ 1 - sqrt(KL / 2)", line=dict(dash="dash")))
+fig.update_layout(title="Per position: the closer the draft (low KL), the more of it is accepted",
+                  xaxis_title="KL(tiny || draft), nats", yaxis_title="acceptance rate Σ min(p, q)", height=360)
+fig.show()
+
+# %% [markdown]
+# ## Your verifier and proposer inside minillm
+#
+# The engine takes its verifier and its prompt-lookup proposer from `EngineConfig.components`. With
+# `SpeculativeConfig("ngram", k=...)` every step your `propose_ngram` proposes, the target scores
+# the proposals in the step's forward, and your `verify` decides what each sequence keeps.
+#
+# `check("5.E")` (also part of `make grade LAB=05`) runs the workload of labs 02 to 04 (chunked
+# prefill, prefix-cache hits, parallel samples, preemption) with prompt lookup at k = 3 through the
+# engine with your parts and through the engine with its own: greedy tokens must be identical
+# (speculation may never change them), every KV block must be back in the pool (rejected positions
+# included), and your parts must propose and keep exactly what the engine's would. Sampled output
+# cannot be compared token by token: a correct verifier may use its random numbers in another
+# order. That exactness is what the statistical checks of 5.1 to 5.3 test.
+
+# %%
+YOURS = Components(verify=verify, propose_ngram=propose_ngram, source="this notebook")
+check("5.E")
+
+# %% [markdown]
+# ## Measure it: acceptance, tokens per forward and speed, against k
+#
+# The target is `tiny`; the proposers are prompt lookup (your code), the `pico` draft model (the
+# engine's, verified by your code), and, if they have been trained, `tiny`'s multi-token-prediction
+# heads (Medusa-style heads on the target's last hidden state, no second model) and a distilled
+# pico. Requests run one at a time (batch 1, the latency case speculation is for), greedy, on code
+# prompts. The engine counts, per step and sequence, what was proposed, reached (verification stops
+# at the first rejection) and accepted: `α = accepted / reached`.
+#
+# Each run is timed too: tokens per second against the same requests without speculation, and the
+# median time of a decode step with and without, which gives `c_k`.
+
+# %%
+def proposers() -> dict:
+    """name -> a function k -> SpeculativeConfig; proposers whose files are missing are left out, with a note."""
+    found = {"prompt lookup": lambda k: SpeculativeConfig("ngram", k=k),
+             "pico draft": lambda k: SpeculativeConfig("draft", k=k)}
+    if (BUNDLED_DIR / "tiny" / HEADS_FILE).is_file():
+        found["MTP heads"] = lambda k: SpeculativeConfig("heads", k=k)
+    else:
+        print(f"(no trained heads at minillm/assets/models/tiny/{HEADS_FILE}: `python -m minillm train heads` "
+              "makes them; skipping that proposer)")
+    if (BUNDLED_DIR / "pico-distilled" / "config.json").is_file():
+        found["distilled pico"] = lambda k: SpeculativeConfig("draft", k=k, draft_model="pico-distilled")
+    else:
+        print("(no distilled draft at minillm/assets/models/pico-distilled: `python -m minillm train distill` "
+              "makes it; skipping that proposer)")
+    return found
+
+
+def run(spec: SpeculativeConfig | None, prompts: list[list[int]], params: SamplingParams, batch: int = 1,
+        repeats: int = 2) -> dict | None:
+    """The prompts through tiny with this speculation (None: none), `batch` at a time; the fastest of
+    `repeats` runs. -> tokens/s, the engine's speculation counts, the median decode step's seconds."""
+    try:
+        llm = LLM("tiny", speculative=spec, components=YOURS, max_num_seqs=batch, num_kv_blocks=512)
+    except ValueError as e:  # heads trained for fewer tokens ahead than this k, say
+        print(f"  skipped {spec}: {e}")
+        return None
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)  # warm-up
+    steps = []
+    llm.engine.subscribe(lambda e: steps.append(e.duration) if all(w.phase == "decode" for w in e.scheduled) else None)
+    best, outputs = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        best = min(best, time.perf_counter() - start)
+        outputs = [o.token_ids for o in outs]
+    stats = llm.engine.speculator.stats if spec else None
+    return {"tok/s": sum(map(len, outputs)) / best, "stats": stats, "outputs": outputs,
+            "step": sorted(steps)[len(steps) // 2]}
+
+
+code_texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+              "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):",
+              "import os\nimport sys\n\n\ndef main(argv):", "for i in range(10):\n    print(i)\nfor j in range(10):"]
+code = [target_llm.tokenizer.encode(t) for t in code_texts]
+greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+plain = run(None, code, greedy)
+K = [1, 2, 4, 8]
+sweep = {name: {k: run(make(k), code, greedy) for k in K} for name, make in proposers().items()}
+sweep = {name: {k: r for k, r in runs.items() if r} for name, runs in sweep.items()}
+print("greedy outputs identical to no speculation:",
+      all(r["outputs"] == plain["outputs"] for runs in sweep.values() for r in runs.values()))
+
+# %%
+print(f"without speculation: {plain['tok/s']:.0f} tok/s, a decode step {plain['step'] * 1e3:.1f} ms\n")
+print(f"{'proposer':>15} {'k':>2} {'α':>6} {'tok/fwd':>8} {'theory':>7} {'c_k':>5} {'predicted':>10} {'measured':>9}")
+for name, runs in sweep.items():
+    for k, r in runs.items():
+        s = r["stats"]
+        theory = expected_tokens_per_forward(s.acceptance_rate, k)
+        cost = r["step"] / plain["step"]
+        print(f"{name:>15} {k:2d} {s.acceptance_rate:6.3f} {s.tokens_per_forward:8.2f} {theory:7.2f} {cost:5.2f} "
+              f"{s.tokens_per_forward / cost:9.2f}x {r['tok/s'] / plain['tok/s']:8.2f}x")
+
+fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens per target forward: measured (dots), theory (dashes)",
+                                                    "speedup in tokens/s, measured"))
+for i, (name, runs) in enumerate(sweep.items()):
+    color = ("#3d6fb6", "#e4572e", "#2a9d8f", "#8a5cf6")[i % 4]
+    ks = list(runs)
+    fig.add_trace(go.Scatter(x=ks, y=[runs[k]["stats"].tokens_per_forward for k in ks], mode="markers+lines",
+                             name=name, line=dict(color=color)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=[expected_tokens_per_forward(runs[k]["stats"].acceptance_rate, k) for k in ks],
+                             mode="lines", line=dict(color=color, dash="dash"), showlegend=False), row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=[runs[k]["tok/s"] / plain["tok/s"] for k in ks], mode="markers+lines",
+                             line=dict(color=color), showlegend=False), row=1, col=2)
+fig.add_hline(y=1.0, line_dash="dot", row=1, col=2)
+fig.update_xaxes(title_text="k", type="log", tickvals=K)
+fig.update_layout(height=380, title="Speculation on tiny, greedy code prompts, batch 1")
+fig.show()
+
+# %% [markdown]
+# Read the table column by column:
+#
+# * **α** is how often a reached proposal survives. For the draft it barely moves with k; for prompt
+#   lookup it depends on whether the text repeats. It does move a little: later proposals are
+#   reached only after earlier ones were right, which happens more often in easy, repetitive text.
+# * **tok/fwd against theory**: the formula of 5.5 with the measured α. Where they differ,
+#   acceptance is not independent from one position to the next (it comes in runs: a proposer
+#   that copies a line gets the whole line), the assumption behind the formula.
+# * **c_k** is what a speculative step costs in plain decode steps. For prompt lookup it is the
+#   price of computing k + 1 positions instead of one; for the draft, add k forwards of pico. On
+#   this CPU even verification is not free, so c_k rises with k, and the best k is small.
+# * **predicted** (tok/fwd ÷ c_k) against **measured**: the speedup is that ratio, up to the
+#   prefills, which speculation does not change, and the machine's noise.
+#
+# ## Measure it: an edit-style workload
+#
+# The case prompt lookup was made for: the output repeats much of the prompt. Here each prompt
+# holds a function and the start of its renamed copy, the way a "rename this function" edit
+# begins. A large model copies the rest line by line. `tiny` (5.8M parameters) copies poorly, so
+# watch α: whatever it repeats, of the prompt or of its own output, prompt lookup gets for free.
+
+# %%
+functions = [
+    ("def count_words(text):\n    counts = {}\n    for word in text.split():\n"
+     "        counts[word] = counts.get(word, 0) + 1\n    return counts\n", "count_words", "word_counts"),
+    ("def read_config(path):\n    config = {}\n    with open(path) as f:\n        for line in f:\n"
+     "            key, value = line.split('=')\n            config[key.strip()] = value.strip()\n    return config\n",
+     "read_config", "load_config"),
+    ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def norm(self):\n"
+     "        return (self.x ** 2 + self.y ** 2) ** 0.5\n", "Point", "Vector"),
+]
+edit_texts = [f"{source}\n\n# {old} renamed to {new}\n" + "\n".join(source.replace(old, new).split("\n")[:2])
+              for source, old, new in functions]
+edit = [target_llm.tokenizer.encode(t) for t in edit_texts]
+edit_plain = run(None, edit, greedy)
+edit_runs = {name: run(make(4), edit, greedy) for name, make in proposers().items()}
+print(f"{'proposer, k = 4':>18} {'α':>6} {'tok/fwd':>8} {'speedup':>8}")
+for name, r in edit_runs.items():
+    if r:
+        print(f"{name:>18} {r['stats'].acceptance_rate:6.3f} {r['stats'].tokens_per_forward:8.2f} "
+              f"{r['tok/s'] / edit_plain['tok/s']:7.2f}x")
+print("\nwhat tiny writes after the first prompt:\n" + target_llm.tokenizer.decode(edit_plain["outputs"][0]))
+
+# %% [markdown]
+# Prompt lookup costs nothing to propose, so whatever it gets right is nearly pure gain; a draft
+# model pays k of its own forwards whether it is right or not. On text that repeats, the free
+# proposer competes with the trained one even at a lower α. Production engines pair them: prompt
+# lookup for retrieval, code editing and agents re-reading their tool output; a draft or heads for
+# everything else.
+#
+# ## Measure it: where speculation stops paying
+#
+# Two ways to lose:
+#
+# * **Low acceptance.** Sampling at temperature 1 makes the target less predictable, and random
+#   prompts give prompt lookup nothing to find. Every rejected proposal was paid for (k positions
+#   verified, k draft forwards) and bought nothing.
+# * **Big batches.** Speculation turns idle arithmetic into tokens. A batch of many sequences has
+#   no idle arithmetic left: each step already computes a token for each of them, and verifying k
+#   more for each multiplies the step's work. On a GPU this point comes at a batch of some dozens;
+#   on this CPU much sooner.
+
+# %%
+sampled = SamplingParams(max_tokens=40, temperature=1.0, seed=0, ignore_eos=True)
+gen = torch.Generator().manual_seed(5)
+noise = [torch.randint(1, target_llm.model.config.vocab_size, (12,), generator=gen).tolist() for _ in range(4)]
+methods = {"prompt lookup": "ngram", "pico draft": "draft"}
+print(f"{'workload':>28} {'proposer, k = 4':>16} {'α':>6} {'speedup':>8}")
+for label, prompts, params in (("code, greedy", code, greedy), ("code, sampled at T = 1", code, sampled),
+                               ("random-token prompts, T = 1", noise, sampled)):
+    base = plain if params is greedy else run(None, prompts, params)  # the greedy runs were measured above
+    for name, method in methods.items():
+        r = sweep[name][4] if params is greedy else run(SpeculativeConfig(method, k=4), prompts, params)
+        print(f"{label:>28} {name:>16} {r['stats'].acceptance_rate:6.3f} {r['tok/s'] / base['tok/s']:7.2f}x")
+
+# %%
+batch_prompts = [target_llm.tokenizer.encode(f"# task {i}\n" + code_texts[i % len(code_texts)]) for i in range(16)]
+batches = [1, 4, 16]
+scaling = {}
+for batch in batches:
+    base = run(None, batch_prompts[:max(batch, 4)], greedy, batch=batch, repeats=1)
+    scaling[batch] = {name: run(SpeculativeConfig(method, k=4), batch_prompts[:max(batch, 4)], greedy, batch=batch,
+                                repeats=1)["tok/s"] / base["tok/s"]
+                      for name, method in methods.items()}
+    print(f"batch {batch:2d}: plain {base['tok/s']:5.0f} tok/s; speedup at k = 4: "
+          + ", ".join(f"{name} {x:.2f}x" for name, x in scaling[batch].items()))
+fig = go.Figure([go.Scatter(x=batches, y=[scaling[b][name] for b in batches], mode="markers+lines", name=name)
+                 for name in methods])
+fig.add_hline(y=1.0, line_dash="dot")
+fig.update_layout(title="Speedup of speculation (k = 4) against batch size, greedy code prompts",
+                  xaxis_title="sequences per step", yaxis_title="tokens/s, with ÷ without", height=320)
+fig.update_xaxes(type="log", tickvals=batches)
+fig.show()
+
+# %% [markdown]
+# At batch 1 each step reads all the weights to compute a single token, and speculation fills the
+# step with more useful work. As the batch grows the step is already full: the extra positions cost
+# nearly their full price, and rejected ones are pure loss. This is why engines cap or switch off
+# speculation under load, and why the proposer's cost matters as much as its α.
+#
+# ## How production engines do it
+#
+# * **vLLM** takes a `speculative_config`: a `method` (a separate draft model, `ngram` prompt lookup
+#   with a range of n-gram lengths, EAGLE and EAGLE-3 heads, Medusa heads, a model's own MTP layers,
+#   suffix decoding) and `num_speculative_tokens` (our k). Its V1 scheduler treats proposals as just
+#   more tokens for a request to compute in the step, as `minillm`'s does, and its rejection sampler
+#   runs on the GPU for the whole batch at once. Acceptance counts per position are exported as
+#   metrics, the numbers you read above.
+# * **EAGLE** (Li et al. 2024) drafts with a single transformer layer that reads the target's own
+#   last hidden states (and token embeddings), so it predicts features, not just tokens; EAGLE-2 and
+#   EAGLE-3 grow a *tree* of candidates whose shape adapts to the draft's confidence. **SGLang**
+#   made EAGLE its main speculative path, with CUDA graphs for the draft and the tree.
+# * **Medusa** (Cai et al. 2024) adds k heads on the last hidden state, each guessing one position
+#   further ahead, exactly the `heads` proposer of `minillm`; because its guesses for different
+#   positions are independent, it proposes the top few tokens per position and verifies the
+#   combinations as a tree.
+# * **Tree attention** verifies many candidate continuations in one forward: the candidates share
+#   their prefixes as a token tree, and the attention mask lets each node see only its ancestors.
+#   The verifier keeps the longest accepted path (SpecInfer, Medusa, EAGLE-2).
+# * **DeepSeek-V3's multi-token prediction** trains the model itself with extra sequential MTP
+#   modules that predict further tokens; at inference the module drafts the next token, which its
+#   report says is accepted 85 to 90% of the time, close to doubling decode speed.
+# * **Draft models** in production share the target's tokenizer, are often distilled from it, and
+#   are 10 to 100 times smaller; the draft's own KV cache has to be rolled back with the target's,
+#   as `minillm/spec/draft.py` does.

@@ -1,0 +1,131 @@
+"""The Speculative decoding page: each step's proposals marked, the k sweep beside the theory, the proposers
+compared, and messages instead of tracebacks when a setting or a proposer cannot run."""
+import pytest
+from conftest import APP, errors, figures
+
+from minillm import EngineConfig
+from minillm.engine.engine import LLMEngine
+from minillm.spec.heads import HEADS_FILE, SpecHeads, save_heads
+from minillm.spec.theory import expected_tokens_per_forward
+from visualizer import spec_run
+from visualizer.spec_charts import ACCEPTED, BOX, OWN, REJECTED, UNREACHED, marked_text
+from visualizer.spec_run import Segment, chosen_prompts, engine_config, run_prompts
+
+FAST = {"k_spec_prompts": ["fibonacci", "edit: rename a function"], "k_spec_max_tokens": 12, "k_spec_ks": [1, 4]}
+
+
+@pytest.fixture
+def spec():
+    """The page alone (no other page is drawn first), on tiny, with two prompts and short outputs."""
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    for key, value in FAST.items():
+        at.session_state[key] = value
+    at.switch_page("views/speculative.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def press(at, key: str):
+    at.button(key=key).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_the_page_renders_before_any_run(spec):
+    assert spec.title[0].value == "Speculative decoding"
+    assert any("each step's proposals" in i.value for i in spec.info)
+    assert not figures(spec) and not errors(spec)
+
+
+def test_a_run_with_prompt_lookup_marks_accepted_and_rejected_proposals(spec):
+    press(spec, "spec_b_run")
+    marked = [h.value for h in spec.html if h.value.startswith(f'<div style="{BOX}">')]
+    assert len(marked) == 2, "one marked text per prompt"
+    text = "".join(marked)
+    assert f'<span style="{ACCEPTED}">' in text and f'<span style="{REJECTED}">' in text
+    assert f'<span style="{OWN}">' in text, "the target's own token after each verification is bold"
+    result, _ = spec.session_state["spec_result"]
+    assert result.output_tokens == 2 * 12 and result.stats.verifications > 0
+    metrics = {m.label: m.value for m in spec.metric}
+    assert metrics["Tokens out"] == "24" and metrics["Acceptance rate"].endswith("%")
+
+
+def test_the_marked_tokens_are_the_targets_own_greedy_output():
+    """Accepted proposals plus the target's own tokens, step by step, are exactly what the target alone writes."""
+    prompts = chosen_prompts(["fibonacci", "edit: rename a function"], "")
+    spec = run_prompts(LLMEngine, engine_config("tiny", "ngram", 3, None, 2), prompts, 12, 0.0)
+    plain = run_prompts(LLMEngine, engine_config("tiny", None, 3, None, 2), prompts, 12, 0.0)
+    for name in prompts:
+        tokens = lambda run: [t for s in run.segments[name] for t in s.accepted + s.own]  # noqa: E731
+        assert tokens(spec) == tokens(plain), name
+    steps = sum(len(segments) for segments in spec.segments.values())
+    assert spec.stats.accepted > 0 and steps == 2 * 12 - spec.stats.accepted, "each accepted proposal saves a forward"
+
+
+def test_the_k_sweep_draws_measured_points_beside_the_theory_line(spec):
+    press(spec, "spec_b_sweep")
+    table = next(df.value for df in spec.dataframe if df.value.columns[0] == "k")
+    assert list(table["k"]) == [1, 4]
+    chart = figures(spec)["Tokens per target forward against k"]
+    traces = {t["name"].split(",")[0]: t for t in chart["data"]}
+    assert list(traces["measured"]["y"]) == pytest.approx(list(table["tokens per forward"]), abs=1e-3)
+    alpha = spec_run.pooled_alpha(table.to_dict("records"))
+    theory = traces["theory"]
+    assert theory["y"] == pytest.approx([expected_tokens_per_forward(alpha, k) for k in theory["x"]], abs=1e-3)
+    assert "Acceptance rate against k" in figures(spec)
+
+
+def test_bad_input_gets_a_message_not_a_traceback(spec):
+    spec.number_input(key="k_spec_k").set_value(0).run()
+    for button, message in (("spec_b_run", "Cannot run: speculative k must be an integer >= 1, got 0"),
+                            ("spec_b_compare", "Cannot compare: speculative k must be an integer >= 1, got 0")):
+        press(spec, button)
+        assert message in errors(spec), errors(spec)
+    spec.number_input(key="k_spec_k").set_value(4).run()
+    spec.multiselect(key="k_spec_prompts").set_value([]).run()
+    press(spec, "spec_b_run")
+    assert any("no prompt is chosen" in e for e in errors(spec)), errors(spec)
+    press(spec, "spec_b_sweep")
+    assert any(e.startswith("Cannot run the sweep: no prompt is chosen") for e in errors(spec)), errors(spec)
+
+
+def test_missing_heads_say_how_to_train_them(spec, monkeypatch, tmp_path):
+    monkeypatch.setattr(spec_run, "heads_path", lambda model: tmp_path / HEADS_FILE)
+    spec.radio(key="k_spec_method").set_value("heads").run()
+    assert any("python -m minillm train heads" in w.value for w in spec.warning)
+    press(spec, "spec_b_run")
+    assert any(e.startswith("Cannot run: No prediction heads") for e in errors(spec))
+
+
+def test_the_proposers_are_compared_on_the_same_prompts(spec, monkeypatch, tmp_path):
+    """Untrained heads (each starts as the identity) stand in for trained ones: the table is the same on
+    every machine, whether or not tiny's heads have been trained here."""
+    target = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=4)).model
+    save_heads(SpecHeads(target.config.hidden_size, 4), target, tmp_path / HEADS_FILE)
+    monkeypatch.setattr(spec_run, "heads_path", lambda model: tmp_path / HEADS_FILE)
+    press(spec, "spec_b_compare")
+    table = next(df.value for df in spec.dataframe if df.value.columns[0] == "proposer").set_index("proposer")
+    assert list(table.index) == ["none (no speculation)", "prompt lookup (n-gram)", "draft model (pico)",
+                                 "prediction heads (MTP)"]
+    assert table.loc["none (no speculation)", "speedup"] == 1.0
+    assert (table["tokens per forward"].iloc[1:3] > 1).all(), "prompt lookup and the draft save target forwards"
+    assert table.loc["prediction heads (MTP)", "tokens per forward"] >= 1
+    bars = figures(spec)["Tokens/s on the same prompts"]["data"][0]
+    assert len(bars["x"]) == 4 and all(y > 0 for y in bars["y"])
+
+
+def test_marked_text_orders_and_escapes_each_steps_tokens():
+    pieces = {1: "a", 2: "<b>", 3: "c", 4: "\n", 5: "e"}
+    html = marked_text("x < y", [Segment(1, own=[5]), Segment(2, accepted=[1, 2], rejected=3, unreached=[4],
+                                                                  own=[5], verified=True)], pieces)
+    assert "x &lt; y" in html and "<b>" not in html
+    order = [html.index(f'<span style="{style}">{text}') for style, text in
+             ((ACCEPTED, "a"), (ACCEPTED, "&lt;b&gt;"), (REJECTED, "c"), (UNREACHED, "\u21b5<"), (OWN, "e"))]
+    assert order == sorted(order)
+    assert 'title="step 2: 2 of 4 proposals accepted"' in html
+
+
+def test_the_pool_holds_every_prompts_full_context():
+    config = engine_config("tiny", "ngram", 8, None, 3)
+    assert isinstance(config, EngineConfig)
+    assert config.num_kv_blocks * config.block_size >= 3 * 512

@@ -1,0 +1,12 @@
+"""Pads the proposals to k by repeating the last one when the history ends first."""
+EXERCISE = "5.4"
+
+
+def propose_ngram(token_ids, n, k):
+    for m in range(min(n, len(token_ids) - 1), 0, -1):
+        tail = token_ids[-m:]
+        for s in range(len(token_ids) - m - 1, -1, -1):
+            if token_ids[s:s + m] == tail:
+                follow = token_ids[s + m:s + m + k]
+                return follow + follow[-1:] * (k - len(follow))
+    return []

@@ -1,0 +1,549 @@
+"""Grader of lab 05, speculative decoding.
+
+Oracles: the formulas of Leviathan et al. 2023 and Chen et al. 2023 (the rejection rule, the
+residual, tokens per forward), computed here from first principles; minillm's prompt lookup
+(minillm/spec/ngram.py); PyTorch's kl_div for the distillation loss; and for 5.E the real engine
+with the notebook's verifier and proposer against the engine with its own.
+
+Sampling is graded by its distribution, never by the exact random numbers a verifier draws (the
+exercise text leaves their order open): chi-square tests over many seeded draws. Each such check
+fails a correct solution by chance with probability FALSE_ALARM = 1e-6; there are 26 of them, so
+the whole grader fails a correct solution by chance with probability below 3e-5.
+"""
+import random
+
+import torch
+import torch.nn.functional as F
+
+from minillm import LLM, SamplingParams
+from minillm.config import Components, SpeculativeConfig
+from minillm.labkit import exercise
+from minillm.labkit.endtoend import MODEL, check_against_reference
+from minillm.labkit.fixtures import assert_close, randn
+from minillm.labkit.plug import lab_components
+from minillm.spec.ngram import propose_ngram as reference_propose_ngram
+from minillm.spec.verify import target_probs
+
+EXERCISES = {"5.1": "accept", "5.2": "residual", "5.3": "verify", "5.4": "propose_ngram",
+             "5.5": "expected_tokens_per_forward", "5.6": "distill_loss",
+             "5.E": "your verifier and prompt lookup in the real engine"}
+
+FALSE_ALARM = 1e-6
+PARAMS = [(1.0, 0, 1.0), (0.7, 4, 0.9)]  # (temperature, top_k, top_p)
+
+
+def chi_square_p_value(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """P(a chi-square statistic at least this large | the draws follow `expected`), df = support - 1."""
+    counts, expected = counts.double(), expected.double()
+    support = expected > 0
+    draws = counts.sum()
+    stat = (((counts - draws * expected) ** 2) / (draws * expected))[support].sum()
+    df = int(support.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def assert_distributed_as(counts: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """counts of draws over tokens (or outcomes) against the distribution they must follow."""
+    outside = int(counts[expected == 0].sum())
+    assert not outside, f"{what}: {outside} draws fell on tokens of probability 0"
+    got = (counts / counts.sum()).tolist()
+    p_value = chi_square_p_value(counts, expected)
+    assert p_value > FALSE_ALARM, (
+        f"{what}: the frequencies over {int(counts.sum())} draws, {[round(g, 3) for g in got]}, do not follow "
+        f"{[round(e, 3) for e in expected.tolist()]} (chi-square p-value {p_value:.1e})")
+
+
+def probs(seed: int, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (randn(seed, *shape) * scale).softmax(-1)
+
+
+# -- 5.1 the rejection step --------------------------------------------------------------------
+@exercise("5.1")
+def test_accept_keeps_every_token_the_proposer_under_proposes(lab):
+    """p >= q (q = 0 and p = q included) keeps the token every time"""
+    gen = torch.Generator().manual_seed(51)
+    pairs = [(0.3, 0.3), (0.5, 0.2), (1.0, 1e-4), (0.2, 0.0), (1.0, 1.0), (0.07, 0.069)]
+    pairs += [(max(a, b), min(a, b)) for a, b in torch.rand(20, 2, generator=gen).tolist()]
+    for p, q in pairs:
+        kept = sum(bool(lab.accept(p, q, gen)) for _ in range(200))
+        assert kept == 200, f"accept(p={p:.4g}, q={q:.4g}) kept the token {kept} times of 200; p >= q keeps it always"
+
+
+@exercise("5.1")
+def test_accept_never_keeps_a_token_the_target_excludes(lab):
+    """p = 0 rejects the token every time"""
+    gen = torch.Generator().manual_seed(52)
+    for q in (1.0, 0.5, 0.01):
+        kept = sum(bool(lab.accept(0.0, q, gen)) for _ in range(500))
+        assert kept == 0, f"accept(p=0, q={q}) kept the token {kept} times of 500; the target never emits it"
+
+
+@exercise("5.1")
+def test_accept_keeps_with_probability_p_over_q(lab):
+    """for p < q the token is kept with frequency p / q (seeded random pairs, 4000 draws each, chi-square)"""
+    gen = torch.Generator().manual_seed(53)
+    pairs = [(0.1, 0.9), (0.45, 0.5), (0.01, 0.02)]
+    pairs += [(min(a, b), max(a, b)) for a, b in torch.rand(9, 2, generator=gen).tolist() if abs(a - b) > 0.01]
+    for p, q in pairs:
+        kept = sum(bool(lab.accept(p, q, gen)) for _ in range(4000))
+        assert_distributed_as(torch.tensor([kept, 4000 - kept]), torch.tensor([p / q, 1 - p / q]),
+                              f"accept(p={p:.3f}, q={q:.3f}): kept, rejected")
+
+
+@exercise("5.1")
+def test_accept_draws_from_the_generator_it_is_given(lab):
+    """two generators of one seed give the same decisions; another seed gives others"""
+    draws = torch.rand(64, 2, generator=torch.Generator().manual_seed(54)).tolist()
+    pairs = [(a * 0.5, 0.5 + b * 0.5) for a, b in draws]  # p < q: every decision is random
+
+    def decisions(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return [bool(lab.accept(p, q, gen)) for p, q in pairs]
+    assert decisions(3) == decisions(3), "the same seed gave different decisions: randomness not from the generator"
+    assert decisions(3) != decisions(4), "seeds 3 and 4 gave the same 64 decisions"
+
+
+# -- 5.2 the residual --------------------------------------------------------------------------
+def residual_formula(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    r = torch.where(p > q, p - q, torch.zeros_like(p))
+    return r / r.sum()
+
+
+def residual_of(lab, p: torch.Tensor, q: torch.Tensor, what: str) -> torch.Tensor:
+    p_before, q_before = p.clone(), q.clone()
+    r = lab.residual(p, q)
+    assert torch.equal(p, p_before) and torch.equal(q, q_before), f"{what}: residual changed its input p or q"
+    return r
+
+
+@exercise("5.2")
+def test_residual_is_the_normalised_positive_part_of_p_minus_q(lab):
+    """residual(p, q) = max(0, p - q) / its sum, on seeded random p and q (some with zeros), vocabularies 5 to 60"""
+    for seed in range(520, 544):
+        vocab = 5 + (seed * 7) % 56
+        p, q = probs(seed, vocab, scale=1 + seed % 3), probs(seed + 100, vocab, scale=2)
+        if seed % 3 == 0:  # some tokens the target's filters excluded, others the proposer never proposes
+            p = torch.where(torch.arange(vocab) % 4 == 1, 0.0, p)
+            p, q = p / p.sum(), torch.where(torch.arange(vocab) % 5 == 2, 0.0, q)
+            q = q / q.sum()
+        what = f"residual on seeded p, q over {vocab} tokens (seed {seed})"
+        assert_close(residual_of(lab, p, q, what), residual_formula(p, q), what, atol=1e-6)
+
+
+@exercise("5.2")
+def test_residual_of_a_disjoint_proposer_is_p(lab):
+    """a q with no mass where p has any leaves the residual equal to p"""
+    for seed in (531, 532, 533):
+        p = probs(seed, 12)
+        p = torch.where(torch.arange(12) < 6, p, 0.0)
+        p = p / p.sum()
+        q = torch.where(torch.arange(12) >= 6, probs(seed + 1, 12), 0.0)
+        q = q / q.sum()
+        what = f"residual with q's mass only where p is 0 (seed {seed})"
+        assert_close(residual_of(lab, p, q, what), p, what, atol=1e-6)
+
+
+@exercise("5.2")
+def test_residual_after_a_certain_proposal_is_p_without_it(lab):
+    """q one-hot at x (a proposal made with certainty): the residual is p with x removed, renormalised"""
+    p = probs(534, 9)
+    for x in (0, 4, 8):
+        q = F.one_hot(torch.tensor(x), 9).float()
+        expected = p.clone()
+        expected[x] = 0
+        what = f"residual with q one-hot at token {x}"
+        assert_close(residual_of(lab, p, q, what), expected / expected.sum(), what, atol=1e-6)
+
+
+@exercise("5.2")
+def test_residual_of_identical_distributions_is_p(lab):
+    """p == q: nothing is left, and the residual is p itself, a distribution (no NaN)"""
+    for seed in (535, 536):
+        p = probs(seed, 7)
+        what = f"residual(p, p) (seed {seed})"
+        assert_close(residual_of(lab, p, p.clone(), what), p, what, atol=1e-7)
+
+
+# -- 5.3 the verifier ---------------------------------------------------------------------------
+def as_pair(result, what: str) -> tuple[int, int]:
+    assert isinstance(result, tuple) and len(result) == 2, f"{what}: returns {result!r}, not a pair (accepted, token)"
+    accepted, token = result
+    assert isinstance(accepted, int) and isinstance(token, int), \
+        f"{what}: returns ({type(accepted).__name__}, {type(token).__name__}), not two Python ints"
+    return accepted, token
+
+
+@exercise("5.3")
+def test_greedy_keeps_the_longest_matching_prefix_then_the_targets_token(lab):
+    """temperature 0: proposals matching the argmax up to position m give (m, argmax of row m), whatever
+    follows the first mismatch, with or without q, for k = 1 to 8"""
+    rng = random.Random(530)
+    for k in (1, 2, 3, 5, 8):
+        logits = randn(530 + k, k + 1, 50, scale=2)
+        best = logits.argmax(-1).tolist()
+        q = probs(540 + k, k, 50)
+        for m in range(k + 1):
+            wrong = (best[m] + rng.randint(1, 49)) % 50
+            proposals = best[:m] + ([wrong] + best[m + 1:k] if m < k else [])  # later ones match again
+            for q_given in (None, q):
+                what = (f"verify at temperature 0 with k = {k}, proposals {proposals}, argmaxes {best}"
+                        f"{'' if q_given is None else ', q given'}")
+                got = as_pair(lab.verify(logits, proposals, q_given, 0.0, rng.choice([0, 5]), rng.choice([1.0, 0.8]),
+                                         torch.Generator().manual_seed(k)), what)
+                assert got == (m, best[m]), f"{what}: returns {got}, expected {(m, best[m])}"
+
+
+@exercise("5.3")
+def test_greedy_all_accepted_adds_the_bonus_token(lab):
+    """temperature 0: k proposals that all match give (k, the argmax of row k)"""
+    for k in (1, 3, 8):
+        logits = randn(537 + k, k + 1, 40, scale=2)
+        best = logits.argmax(-1).tolist()
+        what = f"verify at temperature 0, all {k} proposals the target's argmaxes {best[:k]}"
+        got = as_pair(lab.verify(logits, best[:k], None, 0.0, 0, 1.0, torch.Generator()), what)
+        assert got == (k, best[k]), f"{what}: returns {got}, expected {(k, best[k])} (the bonus token of row {k})"
+
+
+def one_hot_target(seed: int, k: int, vocab: int) -> tuple[torch.Tensor, list[int]]:
+    """Logits whose top-1 filtered distributions are one-hot at each row's argmax: sampling with
+    top_k = 1 is then certain, and so is every accept and reject decision."""
+    logits = randn(seed, k + 1, vocab, scale=2)
+    return logits, logits.argmax(-1).tolist()
+
+
+@exercise("5.3")
+def test_sampling_stops_at_the_first_rejection(lab):
+    """sampled with top_k = 1 (a certain target): proposals kept up to the first one the target excludes,
+    then the target's token of that row, for k = 1 and 8 and rejections first, midway and last"""
+    for k, j in ((1, 0), (8, 0), (8, 3), (8, 7)):
+        logits, best = one_hot_target(5300 + 10 * k + j, k, 30)
+        proposals = best[:k]
+        proposals[j] = (best[j] + 7) % 30  # excluded by top-k: rejected for sure
+        certain = F.one_hot(torch.tensor(proposals), 30).float()
+        for label, q in (("q None", None), ("q one-hot at the proposals", certain)):
+            for seed in range(3):
+                what = f"verify sampled, top_k 1, k = {k}, proposal {j} the target excludes, {label}"
+                got = as_pair(lab.verify(logits, proposals, q, 1.0, 1, 1.0, torch.Generator().manual_seed(seed)), what)
+                assert got == (j, best[j]), f"{what}: returns {got}, expected {(j, best[j])}"
+
+
+@exercise("5.3")
+def test_sampling_all_accepted_draws_the_bonus_token_from_the_last_row(lab):
+    """sampled, proposals the target wants more than the proposer: all k kept, and the bonus token is
+    distributed as p of row k (chi-square over 3000 draws; and with a certain target, row k's token)"""
+    for k in (1, 8):
+        logits, best = one_hot_target(5380 + k, k, 30)
+        what = f"verify sampled, top_k 1, all {k} proposals the target's own tokens"
+        got = as_pair(lab.verify(logits, best[:k], None, 1.0, 1, 1.0, torch.Generator()), what)
+        assert got == (k, best[k]), f"{what}: returns {got}, expected {(k, best[k])} (the bonus token of row {k})"
+    for temperature, top_k, top_p in PARAMS:
+        k = 3
+        logits = randn(5390, k + 1, 6, scale=1.2)
+        p = target_probs(logits, temperature, top_k, top_p)  # [k + 1, 6]
+        support = (p[:k] > 0).float()
+        q = 0.5 * p[:k] + 0.5 * support / support.sum(-1, keepdim=True)  # below p at each row's argmax
+        proposals = p[:k].argmax(-1).tolist()
+        gen, counts = torch.Generator().manual_seed(5391), torch.zeros(6)
+        what = f"verify sampled (temperature {temperature}, top_k {top_k}, top_p {top_p}), k = {k}, q(x) < p(x)"
+        for _ in range(3000):
+            accepted, token = as_pair(lab.verify(logits, proposals, q, temperature, top_k, top_p, gen), what)
+            assert accepted == k, f"{what}: accepted {accepted} proposals; each has p(x) > q(x), so all {k} are kept"
+            counts[token] += 1
+        assert_distributed_as(counts, p[k], f"{what}: the bonus token")
+
+
+def first_emitted(lab, logits, x: int, q, params, draws: int, seed: int, what: str) -> torch.Tensor:
+    """Counts of the first token verify emits (the proposal x if kept, else its replacement), k = 1."""
+    counts = torch.zeros(logits.shape[-1])
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(draws):
+        accepted, token = as_pair(lab.verify(logits, [x], q, *params, gen), what)
+        assert accepted in (0, 1), f"{what}: accepted {accepted} of 1 proposal"
+        counts[x if accepted else token] += 1
+    return counts
+
+
+@exercise("5.3")
+def test_sampling_emits_kept_proposals_and_residual_draws_in_the_right_proportions(lab):
+    """sampled, one proposal x: the first emitted token is x with probability min(1, p(x)/q(x)), else a draw
+    from the residual, for a random q, a q disjoint from p and q None, with and without top-k/top-p
+    (chi-square over 2500 draws each)"""
+    for params in PARAMS:
+        logits = randn(5310, 2, 6, scale=1.2)
+        p = target_probs(logits, *params)[0]  # [6]
+        for case in ("a random q", "q disjoint from p", "q None (a certain proposal)"):
+            if case == "a random q":
+                q = probs(5311, 6, scale=1.5)
+                x = int((q - p).argmax())  # over-proposed: rejected part of the time
+            elif case == "q disjoint from p":
+                q = F.one_hot(p.argmin(), 6).float()
+                x = int(p.argmin())
+            else:
+                q, x = None, int(p.argmax())
+            q_row = F.one_hot(torch.tensor(x), 6).float() if q is None else q
+            keep = min(1.0, float(p[x] / q_row[x]))
+            rest = (p - q_row).clamp(min=0)
+            expected = (1 - keep) * (rest / rest.sum() if rest.sum() > 0 else p)
+            expected[x] += keep
+            what = (f"verify sampled (temperature {params[0]}, top_k {params[1]}, top_p {params[2]}), proposal {x}, "
+                    f"{case}")
+            counts = first_emitted(lab, logits, x, None if q is None else q[None], params, 2500, 5312, what)
+            assert_distributed_as(counts, expected, f"{what}: the first emitted token")
+
+
+@exercise("5.3")
+def test_sampled_output_is_distributed_as_the_target_position_by_position(lab):
+    """proposals drawn from q, k = 2: the first emitted token follows p of row 0, the second (when the first
+    was kept) p of row 1, and a proposal survives with probability sum min(p, q) (chi-square, 5000 draws)"""
+    for params in PARAMS:
+        logits = randn(5320, 3, 8, scale=1.3)
+        p = target_probs(logits, *params)  # [3, 8]
+        q = probs(5321, 2, 8, scale=1.5)
+        alpha = torch.minimum(p[:2], q).sum(-1)  # [2]
+        draws, proposer, gen = 5000, torch.Generator().manual_seed(5322), torch.Generator().manual_seed(5323)
+        first, second, accepted_counts = torch.zeros(8), torch.zeros(8), torch.zeros(3)
+        what = f"verify sampled (temperature {params[0]}, top_k {params[1]}, top_p {params[2]}), k = 2, x ~ q"
+        for _ in range(draws):
+            proposals = torch.multinomial(q, 1, generator=proposer).flatten().tolist()
+            accepted, token = as_pair(lab.verify(logits, proposals, q, *params, gen), what)
+            assert 0 <= accepted <= 2, f"{what}: accepted {accepted} of 2 proposals"
+            emitted = proposals[:accepted] + [token]
+            first[emitted[0]] += 1
+            if accepted >= 1:
+                second[emitted[1]] += 1
+            accepted_counts[accepted] += 1
+        assert_distributed_as(first, p[0], f"{what}: the first emitted token")
+        assert_distributed_as(second, p[1], f"{what}: the second emitted token, after a kept first proposal")
+        expected = torch.stack([1 - alpha[0], alpha[0] * (1 - alpha[1]), alpha[0] * alpha[1]])
+        assert_distributed_as(accepted_counts, expected, f"{what}: proposals kept (0, 1, 2)")
+
+
+@exercise("5.3")
+def test_verify_draws_from_the_generator_it_is_given(lab):
+    """sampled: two generators of one seed give the same results; another seed gives others"""
+    logits = randn(5330, 4, 10)
+    q = probs(5331, 3, 10, scale=2)
+    proposals = q.argmax(-1).tolist()
+
+    def results(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return [lab.verify(logits, proposals, q, 1.0, 0, 1.0, gen) for _ in range(40)]
+    assert results(8) == results(8), "the same seed gave different results: randomness not from the generator"
+    assert results(8) != results(9), "seeds 8 and 9 gave the same 40 results"
+
+
+# -- 5.4 prompt lookup ---------------------------------------------------------------------------
+def lookup(lab, token_ids: list[int], n: int, k: int) -> list[int]:
+    got = lab.propose_ngram(list(token_ids), n, k)
+    assert isinstance(got, (list, tuple)), \
+        f"propose_ngram({token_ids}, n={n}, k={k}) returns {type(got).__name__}, not a list of token ids"
+    return list(got)
+
+
+def assert_proposes(lab, token_ids: list[int], n: int, k: int, expected: list[int], why: str) -> None:
+    got = lookup(lab, token_ids, n, k)
+    assert got == expected, f"propose_ngram({token_ids}, n={n}, k={k}) proposes {got}, expected {expected}: {why}"
+
+
+@exercise("5.4")
+def test_prompt_lookup_matches_minillm_on_random_histories(lab):
+    """600 seeded random histories over small alphabets (lengths 0 to 40, n 1 to 4, k 1 to 8): minillm's proposals"""
+    rng = random.Random(540)
+    for case in range(600):
+        alphabet = rng.randint(2, 7)
+        token_ids = [rng.randrange(alphabet) * 3 + 1 for _ in range(rng.choice([0, 1, 2, 3, rng.randint(4, 40)]))]
+        n, k = rng.randint(1, 4), rng.randint(1, 8)
+        assert_proposes(lab, token_ids, n, k, reference_propose_ngram(token_ids, n, k), f"random history {case}")
+
+
+@exercise("5.4")
+def test_prompt_lookup_uses_the_latest_earlier_occurrence(lab):
+    """of several earlier occurrences of the last n tokens, the latest decides"""
+    assert_proposes(lab, [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7], 3, 2, [9, 2], "[5, 6, 7] last occurred before 9, 2")
+    rng = random.Random(541)
+    for case in range(20):
+        tail = [rng.randint(100, 110) for _ in range(3)]
+        early, late = [rng.randint(200, 210) for _ in range(4)], [rng.randint(300, 310) for _ in range(4)]
+        history = [1, 2] + tail + early + [3] + tail + late + [4] + tail
+        assert_proposes(lab, history, 3, 4, late, f"case {case}: the tail occurs twice before, last followed by {late}")
+
+
+@exercise("5.4")
+def test_prompt_lookup_stops_at_the_end_of_the_history(lab):
+    """a match near the end proposes only the tokens there are, fewer than k (overlapping the tail too)"""
+    assert_proposes(lab, [1, 2, 3, 1, 2], 2, 5, [3, 1, 2], "only three tokens follow the earlier [1, 2]")
+    assert_proposes(lab, [7, 7, 7, 7], 2, 4, [7], "the latest earlier [7, 7] starts at 1: one token follows it")
+    assert_proposes(lab, [4, 9, 4, 9, 4], 3, 8, [9, 4], "[4, 9, 4] first occurred at 0, followed by 9, 4")
+    assert_proposes(lab, [3, 5, 3], 1, 6, [5, 3], "[3] at 0 is followed by 5 and 3, then the history ends")
+
+
+@exercise("5.4")
+def test_prompt_lookup_without_any_match_proposes_nothing(lab):
+    """no earlier occurrence of even the last token, or a history too short, gives []"""
+    for token_ids, n in (([1, 2, 3, 4, 5], 3), ([9], 2), ([], 3), ([6, 8], 1)):
+        assert_proposes(lab, token_ids, n, 4, [], "the last token never occurred before")
+
+
+@exercise("5.4")
+def test_prompt_lookup_falls_back_to_shorter_ngrams(lab):
+    """the last n tokens never occurred before, so the last n - 1, ... down to one token are tried"""
+    assert_proposes(lab, [4, 1, 9, 8, 4], 3, 2, [1, 9], "only [4] occurred before")
+    assert_proposes(lab, [2, 5, 6, 1, 3, 5, 6], 4, 3, [1, 3, 5], "only [5, 6] occurred before")
+    assert_proposes(lab, [1, 2, 3], 5, 2, [], "n is longer than the history, and nothing repeats")
+    assert_proposes(lab, [8, 1, 2, 8], 6, 2, [1, 2], "n is longer than the history; [8] occurred before")
+
+
+@exercise("5.4")
+def test_prompt_lookup_prefers_the_longest_ngram_to_a_later_short_match(lab):
+    """a match of the full n tokens wins over a later match of fewer"""
+    assert_proposes(lab, [1, 2, 3, 40, 41, 9, 3, 50, 1, 2, 3], 3, 2, [40, 41],
+                    "[1, 2, 3] occurred at 0 (followed by 40, 41); only [3] occurred later")
+    assert_proposes(lab, [5, 6, 70, 8, 6, 80, 5, 6], 2, 1, [70], "[5, 6] occurred at 0; only [6] occurred later")
+
+
+# -- 5.5 tokens per forward ------------------------------------------------------------------------
+def series(alpha: float, k: int) -> float:
+    return sum(alpha ** i for i in range(k + 1))
+
+
+@exercise("5.5")
+def test_expected_tokens_per_forward_is_the_geometric_sum(lab):
+    """(1 - a^(k+1)) / (1 - a) = 1 + a + ... + a^k on seeded random a and k = 1 to 8"""
+    gen = torch.Generator().manual_seed(550)
+    for alpha in [0.5, 0.8, 0.95, *torch.rand(20, generator=gen).tolist()]:
+        for k in (1, 2, 4, 8):
+            got = lab.expected_tokens_per_forward(alpha, k)
+            assert abs(got - series(alpha, k)) < 1e-9, \
+                f"expected_tokens_per_forward({alpha:.4f}, {k}) = {got}, expected {series(alpha, k)}"
+
+
+@exercise("5.5")
+def test_expected_tokens_per_forward_at_the_ends(lab):
+    """alpha = 0 gives 1 token, alpha = 1 gives k + 1, and alpha just below 1 nearly k + 1"""
+    for k in (1, 3, 8):
+        for alpha, expected, tol in ((0.0, 1.0, 1e-12), (1.0, k + 1.0, 1e-12), (1 - 1e-9, series(1 - 1e-9, k), 1e-5)):
+            got = lab.expected_tokens_per_forward(alpha, k)
+            assert abs(got - expected) < tol, f"expected_tokens_per_forward({alpha}, {k}) = {got}, expected {expected}"
+
+
+@exercise("5.5")
+def test_expected_tokens_per_forward_refuses_an_alpha_outside_zero_one(lab):
+    """alpha below 0 or above 1 raises ValueError"""
+    for alpha in (-0.01, 1.01, -1.0, 2.0):
+        try:
+            got = lab.expected_tokens_per_forward(alpha, 4)
+        except ValueError:
+            continue
+        raise AssertionError(f"expected_tokens_per_forward({alpha}, 4) returned {got} instead of raising ValueError")
+
+
+# -- 5.6 the distillation loss -------------------------------------------------------------------
+def kl_div_reference(student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+    """PyTorch's kl_div, summed over everything and divided by the tokens, times t^2."""
+    tokens = student.numel() // student.shape[-1]
+    kl = F.kl_div(F.log_softmax(student.double() / t, -1), F.log_softmax(teacher.double() / t, -1),
+                  log_target=True, reduction="sum")
+    return kl / tokens * t * t
+
+
+def loss_of(lab, student, teacher, t: float, what: str) -> torch.Tensor:
+    got = lab.distill_loss(student, teacher, t)
+    assert isinstance(got, torch.Tensor) and got.dim() == 0, \
+        f"{what}: returns {type(got).__name__} of shape {tuple(getattr(got, 'shape', ()))}, not a 0-d tensor"
+    return got
+
+
+@exercise("5.6")
+def test_distill_loss_matches_pytorch_kl_div(lab):
+    """seeded random logits of shapes [7, 33], [2, 5, 40] and [3, 1, 4, 17], temperatures 0.5 to 4"""
+    for seed, shape in enumerate(((7, 33), (2, 5, 40), (3, 1, 4, 17))):
+        student, teacher = randn(560 + seed, *shape, scale=2), randn(570 + seed, *shape, scale=3)
+        for t in (1.0, 0.5, 2.0, 4.0):
+            what = f"distill_loss on {list(shape)} logits, temperature {t}"
+            got = loss_of(lab, student, teacher, t, what)
+            assert_close(got.double(), kl_div_reference(student, teacher, t), what, atol=1e-5)
+
+
+@exercise("5.6")
+def test_distill_loss_is_the_kl_from_the_teacher_to_the_student(lab):
+    """KL(teacher || student), not the reverse: a peaked teacher and a flat student, at temperature 1"""
+    teacher = torch.tensor([[6.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 0.0, 1.0]])
+    student = torch.tensor([[0.5, 0.0, 0.1, 0.0, 0.2], [0.0, 0.3, 0.0, 0.1, 0.0]])
+    p, log_p, log_q = teacher.softmax(-1), teacher.log_softmax(-1), student.log_softmax(-1)
+    expected = (p * (log_p - log_q)).sum(-1).mean()
+    reverse = (log_q.exp() * (log_q - log_p)).sum(-1).mean()
+    got = loss_of(lab, student, teacher, 1.0, "distill_loss, peaked teacher")
+    assert abs(float(got) - float(expected)) < 1e-4, \
+        (f"distill_loss = {float(got):.4f}; KL(teacher || student) = {float(expected):.4f} "
+         f"(KL(student || teacher) = {float(reverse):.4f})")
+
+
+@exercise("5.6")
+def test_distill_loss_is_scaled_by_the_temperature_squared(lab):
+    """loss(T) = T^2 x the KL of the softened distributions, for T = 2 and 3"""
+    student, teacher = randn(580, 6, 21, scale=2), randn(581, 6, 21, scale=4)
+    for t in (2.0, 3.0):
+        kl = kl_div_reference(student / t, teacher / t, 1.0)
+        got = loss_of(lab, student, teacher, t, f"distill_loss at temperature {t}")
+        assert abs(float(got) - t * t * float(kl)) < 1e-4, \
+            (f"distill_loss at temperature {t} = {float(got):.5f}; the KL of the softened distributions is "
+             f"{float(kl):.5f}, times T^2 = {t * t * float(kl):.5f}")
+
+
+@exercise("5.6")
+def test_distill_loss_sums_over_the_vocabulary_and_averages_over_tokens(lab):
+    """the same token repeated gives the same loss as once; reshaping the tokens changes nothing"""
+    student, teacher = randn(590, 1, 25, scale=2), randn(591, 1, 25, scale=2)
+    one = float(loss_of(lab, student, teacher, 1.0, "distill_loss of one token"))
+    expected = float(kl_div_reference(student, teacher, 1.0))
+    assert abs(one - expected) < 1e-4, \
+        f"distill_loss of one token = {one:.5f}, its KL summed over the vocabulary is {expected:.5f}"
+    many = float(loss_of(lab, student.expand(12, 25), teacher.expand(12, 25), 1.0, "distill_loss of 12 copies"))
+    assert abs(many - one) < 1e-4, f"12 copies of one token give {many:.5f}, the token alone {one:.5f}"
+    s, t = randn(592, 12, 25), randn(593, 12, 25)
+    flat = float(loss_of(lab, s, t, 1.0, "distill_loss on [12, 25]"))
+    shaped = float(loss_of(lab, s.reshape(3, 4, 25), t.reshape(3, 4, 25), 1.0, "distill_loss on [3, 4, 25]"))
+    assert abs(flat - shaped) < 1e-5, f"the same 12 tokens as [12, 25] give {flat:.5f}, as [3, 4, 25] {shaped:.5f}"
+
+
+@exercise("5.6")
+def test_distill_loss_trains_the_student(lab):
+    """the loss keeps its gradient: d loss / d student = T (q - p) / tokens"""
+    for t in (1.0, 2.5):
+        student = randn(594, 5, 13, scale=2).requires_grad_()
+        teacher = randn(595, 5, 13, scale=2)
+        got = loss_of(lab, student, teacher, t, f"distill_loss at temperature {t}")
+        assert got.requires_grad, \
+            f"distill_loss at temperature {t} has no gradient with respect to the student's logits"
+        got.backward()
+        expected = t * ((student.detach() / t).softmax(-1) - (teacher / t).softmax(-1)) / 5
+        assert_close(student.grad, expected, f"the gradient of distill_loss at temperature {t}", atol=1e-5)
+
+
+# -- 5.E the verifier and prompt lookup inside the engine -----------------------------------------
+SPEC = SpeculativeConfig("ngram", k=3)
+
+
+def speculation_counts(components: Components | None) -> list[tuple[int, int]]:
+    """(proposed, accepted) per request: prompts that repeat pieces of themselves, greedy, on pico."""
+    gen = torch.Generator().manual_seed(505)
+    prompts = []
+    for i in range(5):
+        piece = torch.randint(1, 4096, (5 + i,), generator=gen).tolist()
+        prompts.append(torch.randint(1, 4096, (3,), generator=gen).tolist() + piece * 2 + piece[:2])
+    llm = LLM(MODEL, speculative=SPEC, components=components or Components())
+    outs = llm.generate(prompts, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False)
+    return [(o.metrics["spec_proposed"], o.metrics["spec_accepted"]) for o in outs]
+
+
+@exercise("5.E", timeout=180)
+def test_your_verifier_and_prompt_lookup_run_the_real_engine(lab):
+    ("the real engine with your verifier and prompt lookup (k = 3, greedy) gives the reference engine's tokens, "
+     "proposes and keeps what it does, and leaks no block")
+    components = lab_components(lab, labs=["05"])
+    check_against_reference(components, speculative=SPEC)
+    reference = speculation_counts(None)
+    assert sum(a for _, a in reference), "the speculation workload no longer has any proposal accepted"
+    mine = speculation_counts(components)
+    assert mine == reference, (f"with your parts the engine proposed and accepted (per request) {mine}; with its own "
+                               f"{reference}")
