@@ -16,7 +16,15 @@ from minillm.models.loader import load_model
 from minillm.models.registry import BUNDLED_DIR
 from minillm.spec.distill import distill_loss
 from minillm.spec.heads import HEADS_FILE, SpecHeads, load_heads
-from minillm.spec.train_heads import HeadsSchedule, fit_heads, heads_accuracy, heads_losses, spread_rows
+from minillm.spec.train_heads import (
+    HeadsSchedule,
+    fit_heads,
+    greedy_continuations,
+    heads_accuracy,
+    heads_losses,
+    spread_rows,
+    training_rows,
+)
 from minillm.train import encode_corpus
 
 TINY, PICO, DISTILLED = BUNDLED_DIR / "tiny", BUNDLED_DIR / "pico", BUNDLED_DIR / "pico-distilled"
@@ -65,6 +73,20 @@ def test_a_few_seeded_steps_of_heads_training_lower_their_loss(tiny, code_ids):
     for a, b in zip(heads.parameters(), again.parameters()):
         assert torch.equal(a, b), "the same seed gave different heads"
     assert not any(p.requires_grad for p in tiny.parameters()), "the target should stay frozen"
+
+
+def test_heads_train_on_the_targets_own_greedy_continuations(code_ids):
+    rows = greedy_continuations("pico", code_ids, 3, prompt_tokens=7, new_tokens=9, seed=1)
+    assert rows.shape == (3, 16)
+    for row in rows.tolist():
+        alone = LLM("pico").generate([row[:7]], SamplingParams(max_tokens=9, temperature=0, ignore_eos=True),
+                                     use_tqdm=False)[0]
+        assert row[7:] == alone.token_ids, "a training row continues its prompt as the target itself would"
+    gen = torch.Generator().manual_seed(0)
+    picked = training_rows(rows, 5, 12, gen)
+    assert picked.shape == (5, 12) and all(any(torch.equal(p, r[:12]) for r in rows) for p in picked)
+    window = training_rows(code_ids, 2, 12, gen)  # a token stream: windows at random offsets
+    assert window.shape == (2, 12)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])

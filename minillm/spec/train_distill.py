@@ -218,6 +218,7 @@ acceptance rate is accepted / reached (the theory's alpha); in brackets, the pro
 
 ## What it is for
 Proposing tokens for `{info['target']}`: it was trained to agree with `{info['target']}`, not with the
-corpus, so on its own it is a language model no better than `{info['draft']}` (compare the perplexities above).
-Speculative decoding's output is the target's either way; only the speed changes.
+corpus. Learning from a larger model's whole distributions also changed its own held-out perplexity
+(compare above): a teacher's soft targets carry more than the corpus's one next token. Speculative
+decoding's output is the target's either way; only the speed changes.
 """
