@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from visualizer.engines import build_engine, model_choices
+from visualizer.learner_parts import SPEC_LAB, default_folder, describe, failure, learner_components
 from visualizer.spec_charts import LEGEND, acceptance_chart, compare_chart, marked_text, tokens_per_forward_chart
 from visualizer.spec_run import (
     PROMPTS,
@@ -58,6 +59,16 @@ own = p[1].text_area("Your own prompt (optional)", key="k_spec_own", height=80)
 problem = proposer_problem(method, model, draft)
 if problem:
     st.warning(problem, icon=":material/info:")
+st.session_state.setdefault("k_mine_folder", default_folder())
+mine_cols = st.columns([1.4, 2])
+mine = mine_cols[0].toggle("Run with my lab 05 notebook", key="k_spec_mine",
+                           help="Run (below) verifies with your `verify` (Exercise 5.3) and, with prompt lookup, "
+                                "proposes with your `propose_ngram` (5.4), read from your notebook at each Run. The "
+                                "k sweep and the comparison use minillm's own.")
+if mine:
+    mine_cols[1].text_input("Notebook folder", key="k_mine_folder",
+                            help="The folder of your lab notebooks (labNN_*.ipynb); the one the sidebar's "
+                                 "switch on the run pages reads.")
 
 
 def show_run(run: SpecRun) -> None:
@@ -112,12 +123,19 @@ if run_clicked:
     st.session_state.pop("spec_result", None)
     try:
         prompts = chosen_prompts(names, own)
-        config = engine_config(model, method, k, draft, len(prompts))
+        # The learner's notebook is read at each Run: an edit is picked up by the next one.
+        parts = learner_components(st.session_state["k_mine_folder"], [SPEC_LAB]) if mine else None
+        config = engine_config(model, method, k, draft, len(prompts), parts)
         result = run_prompts(build_engine, config, prompts, max_tokens, temperature, on_step=streaming(view))
-        st.session_state["spec_result"] = (result, settings_note(f"{label(method, draft)} for"))
+        whose = f"; your {describe(parts)}" if parts else ""
+        st.session_state["spec_result"] = (result, settings_note(f"{label(method, draft)} for") + whose)
         st.session_state.pop("spec_error", None)
     except (ValueError, FileNotFoundError) as exc:
         st.session_state["spec_error"] = f"Cannot run: {exc}"
+    except Exception as exc:  # the learner's code may raise anything: the page must stay up
+        if not mine:
+            raise
+        st.session_state["spec_error"] = f"Cannot run with your lab notebook: {failure(exc)}"
 if st.session_state.get("spec_error"):
     message.error(st.session_state["spec_error"], icon=":material/error:")
 if "spec_result" in st.session_state:

@@ -13,8 +13,11 @@ import streamlit as st
 from minillm.config import Components
 from minillm.labkit.plug import PARTS, LabPartError, lab_components
 
-# The labs that build engine parts (minillm.labkit.plug.LABS), as the switch names them.
+# The labs that build engine parts (minillm.labkit.plug.LABS), as the switch names them: the run pages'
+# sidebar offers those of labs 02-04; lab 05's (the verifier and prompt lookup) run on the Speculative
+# decoding page, which has a switch of its own.
 LAB_PARTS = {"02": "lab 02 · sampler", "03": "lab 03 · block allocator & prefix cache", "04": "lab 04 · scheduler"}
+SPEC_LAB = "05"
 NOTEBOOKS = "lab[0-9][0-9]_*.ipynb"
 
 

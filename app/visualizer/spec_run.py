@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minillm import EngineConfig, SamplingParams
-from minillm.config import SpeculativeConfig
+from minillm.config import Components, SpeculativeConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
@@ -105,9 +105,10 @@ def chosen_prompts(names: list[str], own: str) -> dict[str, str]:
     return prompts
 
 
-def engine_config(model: str, method: str | None, k: int, draft: str | None, num_prompts: int) -> EngineConfig:
-    """The target with speculation by `method` (None: without); a pool with room for every prompt's
-    full context, so a run never preempts."""
+def engine_config(model: str, method: str | None, k: int, draft: str | None, num_prompts: int,
+                  components: Components | None = None) -> EngineConfig:
+    """The target with speculation by `method` (None: without), and `components` (the learner's parts)
+    if given; a pool with room for every prompt's full context, so a run never preempts."""
     spec = None
     if method is not None:
         problem = proposer_problem(method, model, draft)
@@ -117,7 +118,8 @@ def engine_config(model: str, method: str | None, k: int, draft: str | None, num
         spec = SpeculativeConfig(method, k=k, **where)
     context = ModelConfig.from_file(resolve_model_path(model) / "config.json").max_position_embeddings
     return EngineConfig(model=model, speculative=spec, block_size=BLOCK_SIZE,
-                        num_kv_blocks=num_prompts * (cdiv(context, BLOCK_SIZE) + 1))
+                        num_kv_blocks=num_prompts * (cdiv(context, BLOCK_SIZE) + 1),
+                        components=components or Components())
 
 
 def run_prompts(make_engine: Callable[[EngineConfig], LLMEngine], config: EngineConfig, prompts: dict[str, str],

@@ -13,12 +13,14 @@ from conftest import APP, errors, run_to_end
 
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import LABS, PARTS, calls
-from visualizer.learner_parts import LAB_PARTS
+from visualizer.learner_parts import LAB_PARTS, SPEC_LAB
 
 ROOT = Path(__file__).resolve().parents[2]
+RUN_LABS = sorted(LAB_PARTS)  # the labs whose parts the run pages use (lab 05's run on the Speculative decoding page)
+RUN_PARTS = {field: part for field, part in PARTS.items() if part[0].split(".")[0].zfill(2) in RUN_LABS}
 
 
-def switch_on(at, folder, labs=LABS):
+def switch_on(at, folder, labs=RUN_LABS):
     at.session_state["k_mine"] = True
     at.session_state["k_mine_folder"] = str(folder)
     at.session_state["k_mine_labs"] = list(labs)
@@ -40,19 +42,19 @@ def stubs(tmp_path):
 
 
 def test_the_switch_offers_every_lab_that_builds_an_engine_part():
-    assert sorted(LAB_PARTS) == LABS
+    assert sorted([*LAB_PARTS, SPEC_LAB]) == LABS
 
 
 def test_the_solutions_parts_run_the_engine_and_the_page_names_them(app):
     switch_on(app, ROOT / "solutions")
     run = run_to_end(app)
     parts = run.engine.config.components
-    assert set(parts.replaced()) == set(PARTS)
+    assert set(parts.replaced()) == set(RUN_PARTS)
     called = calls(parts)
     assert all(n > 0 for field, n in called.items() if field != "static_step"), f"the parts in use are called: {called}"
     text = page_text(app)
-    assert "Your parts" in text and all(f"solutions/lab{lab}_" in text for lab in LABS)
-    assert all(f"{exercise} `{name}`" in text for exercise, name in PARTS.values())
+    assert "Your parts" in text and all(f"solutions/lab{lab}_" in text for lab in RUN_LABS)
+    assert all(f"{exercise} `{name}`" in text for exercise, name in RUN_PARTS.values())
     for page in ("views/timeline.py", "views/memory.py"):  # every run page says whose parts ran
         app.switch_page(page).run()
         assert not app.exception and "Your parts" in page_text(app), page
@@ -89,8 +91,8 @@ def test_a_syntax_error_in_an_exercise_cell_names_the_exercise(app, tmp_path):
 
 
 @pytest.mark.parametrize("folder, labs, message", [
-    ("empty", LABS, "holds no lab notebook"),
-    ("missing", LABS, "There is no folder"),
+    ("empty", RUN_LABS, "holds no lab notebook"),
+    ("missing", RUN_LABS, "There is no folder"),
     ("solutions", [], "no lab is chosen"),
 ])
 def test_a_folder_or_choice_without_parts_gets_a_message(app, tmp_path, folder, labs, message):

@@ -1,16 +1,20 @@
 """The Speculative decoding page: each step's proposals marked, the k sweep beside the theory, the proposers
 compared, and messages instead of tracebacks when a setting or a proposer cannot run."""
+from pathlib import Path
+
 import pytest
 from conftest import APP, errors, figures
 
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
+from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.spec.heads import HEADS_FILE, SpecHeads, save_heads
 from minillm.spec.theory import expected_tokens_per_forward
 from visualizer import spec_run
 from visualizer.spec_charts import ACCEPTED, BOX, OWN, REJECTED, UNREACHED, marked_text
 from visualizer.spec_run import Segment, chosen_prompts, engine_config, run_prompts
 
+ROOT = Path(__file__).resolve().parents[2]
 FAST = {"k_spec_prompts": ["fibonacci", "edit: rename a function"], "k_spec_max_tokens": 12, "k_spec_ks": [1, 4]}
 
 
@@ -106,12 +110,33 @@ def test_the_proposers_are_compared_on_the_same_prompts(spec, monkeypatch, tmp_p
     press(spec, "spec_b_compare")
     table = next(df.value for df in spec.dataframe if df.value.columns[0] == "proposer").set_index("proposer")
     assert list(table.index) == ["none (no speculation)", "prompt lookup (n-gram)", "draft model (pico)",
-                                 "prediction heads (MTP)"]
+                                 "draft model (pico-distilled)", "prediction heads (MTP)"]
     assert table.loc["none (no speculation)", "speedup"] == 1.0
-    assert (table["tokens per forward"].iloc[1:3] > 1).all(), "prompt lookup and the draft save target forwards"
+    assert (table["tokens per forward"].iloc[1:4] > 1).all(), "prompt lookup and the drafts save target forwards"
     assert table.loc["prediction heads (MTP)", "tokens per forward"] >= 1
     bars = figures(spec)["Tokens/s on the same prompts"]["data"][0]
-    assert len(bars["x"]) == 4 and all(y > 0 for y in bars["y"])
+    assert len(bars["x"]) == 5 and all(y > 0 for y in bars["y"])
+
+
+@pytest.mark.parametrize("notebook", ["solutions", "stubs"])
+def test_a_run_with_my_lab_05_notebook_uses_my_parts_or_names_the_exercise(spec, tmp_path, notebook):
+    """The solutions stand in for a finished notebook, a freshly generated learner copy for an untouched one."""
+    folder = ROOT / "solutions"
+    if notebook == "stubs":
+        source, folder = ROOT / "solutions" / "lab05_speculative.py", tmp_path
+        (tmp_path / "lab05_speculative.ipynb").write_text(to_json(learner_copy(read_source(source), source.stem)))
+    spec.toggle(key="k_spec_mine").set_value(True).run()
+    spec.text_input(key="k_mine_folder").set_value(str(folder)).run()
+    press(spec, "spec_b_run")
+    if notebook == "solutions":
+        result, note = spec.session_state["spec_result"]
+        assert result.stats.verifications > 0 and not errors(spec)
+        assert "your exercises 5.3 `verify`, 5.4 `propose_ngram`, from" in note and "lab05_speculative" in note
+    else:
+        assert "spec_result" not in spec.session_state
+        message = errors(spec)[0]
+        assert message.startswith("Cannot run with your lab notebook: Exercise 5.4") and "not implemented" in message, \
+            message
 
 
 def test_marked_text_orders_and_escapes_each_steps_tokens():
