@@ -34,7 +34,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     kv_len, kv_heads = k.shape[0], k.shape[1]
     if q_len == 1:
         return decode_attention(q, k[None], v[None])  # the one query as a batch of one sequence
-    k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, kv_len, d]
+    group = heads // kv_heads
+    # [kv_heads, group, len, d]: the query heads that share a kv head side by side, and K/V expanded to
+    # them as views (never copied). Four-dimensional inputs reach SDPA's fused CPU kernel; three-
+    # dimensional ones with enable_gqa took a path several times slower.
+    q4 = q.view(q_len, kv_heads, group, d).permute(1, 2, 0, 3)
+    k4 = k.transpose(0, 1)[:, None].expand(kv_heads, group, kv_len, d)
+    v4 = v.transpose(0, 1)[:, None].expand(kv_heads, group, kv_len, d)
     if q_len == kv_len:
         mask, causal = None, True  # a whole prompt: plain causal
     else:
@@ -42,9 +48,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         # (is_causal=True would align it top-left, the classic bug with a cache.)
         q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
         mask, causal = q_pos[:, None] >= torch.arange(kv_len, device=q.device)[None, :], False
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, is_causal=causal,
-                                         enable_gqa=heads != kv_heads)  # [heads, q_len, d]
-    return out.transpose(0, 1)
+    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=causal)  # [kv_heads, group, q_len, d]
+    return out.permute(2, 0, 1, 3).reshape(q_len, heads, d)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

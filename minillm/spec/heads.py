@@ -8,6 +8,7 @@ DeepSeek-V3's MTP and EAGLE's draft layer are richer versions): a residual block
 parameters. `python -m minillm train heads` fits them with the target frozen; they are saved
 beside the target as spec_heads.safetensors, with the fingerprint of the model they fit.
 """
+import hashlib
 import json
 from pathlib import Path
 
@@ -33,14 +34,18 @@ class SpecHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module, k: int) -> torch.Tensor:
         """hidden: [B, hidden] -> logits [B, k, vocab] for the tokens 2 .. k + 1 ahead."""
-        return torch.stack([lm_head(hidden + F.silu(block(hidden))) for block in self.blocks[:k]], dim=1)
+        guesses = torch.stack([hidden + F.silu(block(hidden)) for block in self.blocks[:k]], dim=1)  # [B, k, hidden]
+        return lm_head(guesses)  # one pass over the LM head's weights for all k heads, not k passes
 
 
 def fingerprint(model: nn.Module) -> str:
-    """What heads are fitted to: the target's shape and a digest of its LM head's weights."""
-    cfg, w = model.config, model.lm_head.weight.detach().float()
-    return json.dumps([cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers, round(float(w.sum()), 3),
-                       round(float(w.abs().sum()), 3)])
+    """What heads are fitted to: the target's shape and a digest of its LM head's weights, taken in
+    bfloat16 so that the same checkpoint loaded in float32 or bfloat16, on any device, digests alike
+    (a float sum would not: its rounding depends on the order of the additions)."""
+    cfg = model.config
+    bits = model.lm_head.weight.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16)
+    digest = hashlib.sha256(bits.numpy().tobytes()).hexdigest()[:16]
+    return json.dumps([cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers, digest])
 
 
 def save_heads(heads: SpecHeads, target: nn.Module, path: Path) -> None:
