@@ -15,6 +15,7 @@ The helpers both speculative trainings share live here too: the corpus in a mode
 random training windows, the learning-rate schedule, and the acceptance rate measured through
 the engine on held-out prompts (`train_distill.py` imports them).
 """
+import json
 import math
 import sys
 import time
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 from minillm.config import SpeculativeConfig
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
+from minillm.perf import machine
 from minillm.spec.heads import HEADS_FILE, SpecHeads, save_heads
 from minillm.train import PackedRows, corpus_split, encode_corpus
 
@@ -220,5 +222,7 @@ def train_heads(model: str = "tiny", num_heads: int = 8, steps: int = 300, seed:
         cell = measure_speculation(model, SpeculativeConfig("heads", k=k, heads=str(path)), prompts, 0.0)
         cells.append(cell)
         log(f"| {k} | {cell['acceptance_rate']:.3f} | {cell['tokens_per_forward']:.2f} | {cell['samples']} |")
-    return {"schedule": asdict(schedule), "train_seconds": round(seconds, 1), "loss_curve": curve,
-            "accuracy_untrained": before, "accuracy": after, "acceptance": cells}
+    info = {"schedule": asdict(schedule), "train_seconds": round(seconds, 1), "loss_curve": curve,
+            "accuracy_untrained": before, "accuracy": after, "acceptance": cells, "machine": machine()}
+    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")  # the training log, beside the heads
+    return info
