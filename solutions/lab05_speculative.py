@@ -593,7 +593,14 @@ fig.show()
 #   that copies a line gets the whole line), the assumption behind the formula.
 # * **c_k** is what a speculative step costs in plain decode steps. For prompt lookup it is the
 #   price of computing k + 1 positions instead of one; for the draft, add k forwards of pico. On
-#   this CPU even verification is not free, so c_k rises with k, and the best k is small.
+#   this CPU even verification is not free, so c_k rises with k, and the best k is small. Why?
+#   Speculation's premise is lab 00's: a decode step waits on memory, so extra rows of arithmetic
+#   ride along for free. `tiny`'s 23 MB of weights, though, stay in this CPU's caches from one step
+#   to the next, so its step is bound by arithmetic and per-operation overhead, not by memory: a
+#   matrix product of 2 rows costs here 1.5 to 2 times one of 1 row. A model of billions of
+#   parameters on a GPU is the other case: there verifying 5 tokens costs about one step.
+#   Pico is 4.4 times smaller than tiny but only about 2 times faster per forward, for the same
+#   reason: below some size, a model's cost is the number of operations it launches.
 # * **predicted** (tok/fwd ÷ c_k) against **measured**: the speedup is that ratio, up to the
 #   prefills, which speculation does not change, and the machine's noise.
 #
