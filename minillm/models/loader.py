@@ -32,7 +32,19 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to(dtype)
     load_weights(model, checkpoint_files(model_dir), cfg)
+    if torch.device(device).type == "cpu":
+        column_major(model)
     return model.eval()
+
+
+def column_major(model: torch.nn.Module) -> None:
+    """Store each linear layer's weight [out, in] column by column (its transpose contiguous), same shape
+    and values. nn.Linear computes x @ weight.T, and on a CPU a product with few rows (decode: one per
+    sequence) is 25-30% faster when weight.T is the contiguous one; with many rows (prefill) it is the
+    same. Measured on this project's 2-core CPU over tiny's 25 matrices: 4.6 -> 3.2 ms at one row."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data = module.weight.data.t().contiguous().t()
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
