@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from minillm.models.registry import DEFAULT_MODEL
+from minillm.quant.config import QuantConfig
 from minillm.state import CacheKind, SchedulerPolicy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,6 +30,10 @@ class Components:
     make_room: Callable | None = None         # engine/policy.make_room(sched, seq, num_tokens)
     verify: Callable | None = None            # spec/verify.verify(logits, proposals, q, temperature, top_k, top_p, gen)
     propose_ngram: Callable | None = None     # spec/ngram.propose_ngram(token_ids, n, k)
+    quantize_int8: Callable | None = None     # quant/codecs.quantize_int8(w) -> (q, scale)
+    quantize_int4: Callable | None = None     # quant/codecs.quantize_int4(w, group_size) -> (codes, scale, zero)
+    pack_int4: Callable | None = None         # quant/codecs.pack_int4(codes) -> packed
+    int4_linear: Callable | None = None       # quant/linear.int4_linear(x, packed, scale, zero, bias) -> y
     source: str = "minillm"                   # whose parts these are, for messages
 
     def replaced(self) -> list[str]:
@@ -74,6 +79,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024   # tokens computed per step (the step's token budget)
     enable_chunked_prefill: bool = True  # split long prompts across steps (continuous only)
     speculative: SpeculativeConfig | None = None  # speculative decoding (None: one token per sequence per step)
+    quantization: QuantConfig | None = None  # weight-only quantization (None: the checkpoint's own weights)
     profile_attention: bool = False      # time attention apart in each step (a clock read per layer)
     components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
@@ -100,6 +106,9 @@ class EngineConfig:
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise TypeError(f"speculative must be a minillm.config.SpeculativeConfig or None, "
                             f"got {type(self.speculative).__name__}")
+        if self.quantization is not None and not isinstance(self.quantization, QuantConfig):
+            raise TypeError(f"quantization must be a minillm.QuantConfig or None, "
+                            f"got {type(self.quantization).__name__}")
         if not isinstance(self.components, Components):
             raise TypeError(f"components must be a minillm.config.Components, got {type(self.components).__name__}")
 

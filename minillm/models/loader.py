@@ -12,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 
 from minillm.models.config import ModelConfig
 from minillm.models.registry import MODEL_CLASSES
+from minillm.quant.checkpoint import load_quantized, quant_config_of
 
 # Checkpoint projections that minillm stacks into one fused matrix: name -> (fused name, index).
 FUSED = {
@@ -28,10 +29,14 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json: not a Hugging Face model directory")
     cfg = ModelConfig.from_file(cfg_path)
+    quantized = quant_config_of(json.loads(cfg_path.read_text()))
     with torch.device(device):
         model = MODEL_CLASSES[cfg.architecture](cfg)
     model.to(dtype)
-    load_weights(model, checkpoint_files(model_dir), cfg)
+    if quantized is not None:  # a checkpoint minillm quantized and saved (minillm/quant/checkpoint.py)
+        load_quantized(model, quantized, model_dir)
+    else:
+        load_weights(model, checkpoint_files(model_dir), cfg)
     if torch.device(device).type == "cpu":
         column_major(model)
     return model.eval()

@@ -1,0 +1,105 @@
+"""Weight codecs: how a float matrix becomes a few bits per weight, and back.
+
+Every scheme keeps a float *scale* beside small integer (or 8-bit float) codes, and the weight is
+recovered as `(code - zero) * scale`. The schemes differ in how many weights share one scale:
+
+    int8  symmetric, one scale per output channel (row):  w ~ q * s,        q in [-127, 127]
+    int4  asymmetric, one scale and zero point per group of `group_size` inputs of a row:
+                                                           w ~ (q - z) * s,  q, z in [0, 15]
+    fp8   e4m3 floats, one scale per row, so the row's largest |w| lands on e4m3's largest, 448
+
+All work on a weight `w: [out_features, in_features]` (nn.Linear's layout): a row is one output
+channel, and int4's groups run along it, so each output is a sum over whole groups.
+
+Error bounds (round to nearest, which every codec here uses):
+    int8, int4: |w - dequant(w)| <= s / 2 for the scale s of w's row or group;
+    fp8:        |w - dequant(w)| <= max(|w| * 2**-4, s * 2**-10): e4m3 carries 3 mantissa bits, so
+                a normal value is off by at most half a step, 2**-4 of it; below e4m3's smallest
+                normal (2**-6) the steps are a fixed 2**-9, half of it 2**-10 (times the scale).
+"""
+import torch
+
+INT8_MAX = 127          # symmetric: -128 is left out so that q and -q are both codes
+INT4_MAX = 15           # unsigned 4-bit codes 0..15
+FP8_MAX = 448.0         # the largest finite float8_e4m3fn
+FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)  # None on a torch built without 8-bit floats
+TINY = torch.finfo(torch.float32).tiny  # keeps a scale of an all-zero row or group from being 0
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric absmax per output channel. w: [out, in] -> q: int8 [out, in], scale: float32 [out].
+
+    scale = max|w[row]| / 127;  q = round(w / scale), so the row's largest weight maps to +-127."""
+    scale = (w.abs().amax(dim=1).float() / INT8_MAX).clamp_min(TINY)        # [out]
+    q = torch.round(w.float() / scale[:, None]).clamp(-INT8_MAX, INT8_MAX)  # [out, in]
+    return q.to(torch.int8), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q: int8 [out, in], scale: [out] -> float32 [out, in]."""
+    return q.float() * scale[:, None]
+
+
+def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric min/max per group of `group_size` consecutive inputs of each row.
+
+    w: [out, in] -> codes: uint8 [out, in] in 0..15, scale: float32 [out, in // g], zero: uint8 [out, in // g].
+    scale = (max - min) / 15;  zero = round(-min / scale);  q = clamp(round(w / scale) + zero, 0, 15).
+    The zero point is an integer code, so that a weight of exactly 0 is stored exactly."""
+    out_features, in_features = w.shape
+    check_group_size(in_features, group_size)
+    groups = w.float().reshape(out_features, in_features // group_size, group_size)  # [out, groups, g]
+    lo, hi = groups.amin(dim=2), groups.amax(dim=2)                                  # [out, groups]
+    scale = ((hi - lo) / INT4_MAX).clamp_min(TINY)
+    zero = torch.round(-lo / scale).clamp(0, INT4_MAX)
+    q = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
+    return q.reshape(out_features, in_features).to(torch.uint8), scale, zero.to(torch.uint8)
+
+
+def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """codes: uint8 [out, in], scale: [out, groups], zero: [out, groups] -> float32 [out, in].
+    The group size is in // groups."""
+    out_features, in_features = codes.shape
+    groups = codes.reshape(out_features, scale.shape[1], -1).float()  # [out, groups, g]
+    return ((groups - zero[..., None].float()) * scale[..., None]).reshape(out_features, in_features)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte along the last dimension: element 2i in the low nibble, 2i+1 in the
+    high one. codes: uint8 [..., n] in 0..15 -> uint8 [..., ceil(n / 2)] (an odd n is padded with 0)."""
+    if codes.shape[-1] % 2:
+        codes = torch.nn.functional.pad(codes, (0, 1))
+    pairs = codes.to(torch.uint8).reshape(*codes.shape[:-1], -1, 2)  # [..., n / 2, 2]
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def unpack_int4(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of pack_int4. packed: uint8 [..., ceil(n / 2)] -> uint8 [..., n]."""
+    pairs = torch.stack([packed & 0x0F, packed >> 4], dim=-1)  # [..., ceil(n / 2), 2]
+    return pairs.reshape(*packed.shape[:-1], -1)[..., :n]
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 with one scale per output channel. w: [out, in] -> q: float8_e4m3fn [out, in], scale: [out]."""
+    require_fp8()
+    scale = (w.abs().amax(dim=1).float() / FP8_MAX).clamp_min(TINY)  # [out]
+    return (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q: float8_e4m3fn [out, in], scale: [out] -> float32 [out, in]."""
+    return q.float() * scale[:, None]
+
+
+def check_group_size(in_features: int, group_size: int) -> None:
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    if in_features % group_size:
+        raise ValueError(f"group_size {group_size} does not divide the input dimension {in_features}: "
+                         f"every group must be whole")
+
+
+def require_fp8() -> None:
+    if FP8_DTYPE is None:
+        raise ValueError(f"the fp8 scheme needs torch.float8_e4m3fn, which this torch ({torch.__version__}) "
+                         f"does not have: use int8 or int4, or a torch >= 2.1")

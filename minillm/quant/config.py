@@ -1,0 +1,85 @@
+"""QuantConfig: which scheme, and which layers and projections it applies to.
+
+    QuantConfig("int8")                                     every projection of every decoder layer
+    QuantConfig("int4", group_size=32, layers=(0, 5))       only decoder layers 0 and 5
+    QuantConfig("int4", projections=("gate_proj", "up_proj", "down_proj"))   only the MLPs
+
+The projections are named as in a Hugging Face checkpoint. The LM head is left in full precision
+unless "lm_head" is named: most weight-only schemes do the same, since every logit passes through it.
+The embedding is never quantized (it is a lookup table, not a matmul).
+"""
+from dataclasses import asdict, dataclass
+
+from minillm.quant import codecs
+
+SCHEMES = ("int8", "int4", "fp8")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+LAYER_PROJECTIONS = PROJECTIONS[:-1]  # the seven inside each decoder layer
+GROUP_SIZES = (32, 64, 128)           # int4's usual group sizes (any size that divides the rows works)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    scheme: str                                 # int8 | int4 | fp8
+    group_size: int = 64                        # int4: inputs that share one scale and zero point
+    layers: tuple[int, ...] | None = None       # decoder layers to quantize; None: all of them
+    projections: tuple[str, ...] = LAYER_PROJECTIONS  # which matrices, by Hugging Face name
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"quantization scheme must be one of {', '.join(SCHEMES)}, got {self.scheme!r}")
+        if self.scheme == "fp8":
+            codecs.require_fp8()
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {self.group_size!r}")
+        if isinstance(self.projections, str):
+            raise TypeError(f"projections must be a list of names, got the string {self.projections!r}")
+        projections = tuple(self.projections)
+        unknown = [p for p in projections if p not in PROJECTIONS]
+        if unknown or not projections:
+            raise ValueError(f"projections must be a non-empty list drawn from {', '.join(PROJECTIONS)}, "
+                             f"got {list(projections)}")
+        object.__setattr__(self, "projections", projections)
+        if self.layers is not None:
+            layers = tuple(self.layers)
+            bad = [i for i in layers if not isinstance(i, int) or isinstance(i, bool) or i < 0]
+            if bad:
+                raise ValueError(f"layers must be decoder layer indices (integers >= 0), got {bad}")
+            object.__setattr__(self, "layers", tuple(sorted(set(layers))))
+
+    def layer_indices(self, num_layers: int) -> tuple[int, ...]:
+        """The decoder layers to quantize in a model with num_layers of them; a clear error for one
+        that does not exist."""
+        if self.layers is None:
+            return tuple(range(num_layers))
+        out_of_range = [i for i in self.layers if i >= num_layers]
+        if out_of_range:
+            raise ValueError(f"layers {out_of_range} out of range: this model has {num_layers} decoder layers "
+                             f"(0..{num_layers - 1})")
+        return self.layers
+
+    def to_dict(self) -> dict:
+        """The form a checkpoint's config.json records (quantization_config)."""
+        d = asdict(self)
+        d["layers"] = None if self.layers is None else list(self.layers)
+        d["projections"] = list(self.projections)
+        return {"quant_method": "minillm", **d}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "QuantConfig":
+        method = raw.get("quant_method")
+        if method != "minillm":
+            raise ValueError(f"quantization_config.quant_method is {method!r}: minillm loads only the checkpoints "
+                             f"it quantized itself ('minillm'); quantize the full-precision model with "
+                             f"EngineConfig(quantization=...) instead")
+        return cls(scheme=raw["scheme"], group_size=raw.get("group_size", 64), layers=raw.get("layers"),
+                   projections=tuple(raw.get("projections", LAYER_PROJECTIONS)))
+
+    def label(self) -> str:
+        """A short name: int8, int4-g64, fp8, with the layers when not all."""
+        name = f"int4-g{self.group_size}" if self.scheme == "int4" else self.scheme
+        if self.layers is not None:
+            name += f" layers {','.join(map(str, self.layers))}"
+        if self.projections != LAYER_PROJECTIONS:
+            name += f" ({','.join(p.removesuffix('_proj') for p in self.projections)})"
+        return name

@@ -1,0 +1,137 @@
+"""QuantizedLinear: a linear layer that keeps its weight in a codec's few bits and dequantizes it on
+the fly, in every forward, so only the small form stays in memory.
+
+    y = x @ dequant(W).T + b
+
+For int8 and fp8 the row scale can wait until after the product: x @ (q * s).T = (x @ q.T) * s,
+one multiply per output instead of one per weight. int4's scales vary along the input, so its
+weight is rebuilt group by group first. The forward is plain PyTorch; a fused kernel (Triton) can
+take its place behind the same interface, since the layer reads its codecs from `QuantOps`.
+"""
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minillm.quant import codecs
+from minillm.quant.config import SCHEMES
+
+
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x: [n, in]; q: int8 [out, in]; scale: [out] -> [n, out]."""
+    y = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """x: [n, in]; packed: uint8 [out, ceil(in / 2)]; scale, zero: [out, in // group_size] -> [n, out]."""
+    codes = codecs.unpack_int4(packed, x.shape[-1])                       # [out, in]
+    return F.linear(x, codecs.dequantize_int4(codes, scale, zero).to(x.dtype), bias)
+
+
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x: [n, in]; q: float8_e4m3fn [out, in]; scale: [out] -> [n, out]."""
+    y = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
+    return y if bias is None else y + bias
+
+
+@dataclass(frozen=True)
+class QuantOps:
+    """The functions a QuantizedLinear quantizes and multiplies with: the engine's own by default, a
+    learner's (lab 06, through EngineConfig.components) or a kernel's in their place."""
+    quantize_int8: Callable = codecs.quantize_int8    # (w) -> (q, scale)
+    quantize_int4: Callable = codecs.quantize_int4    # (w, group_size) -> (codes, scale, zero)
+    pack_int4: Callable = codecs.pack_int4            # (codes) -> packed
+    int4_linear: Callable = int4_linear               # (x, packed, scale, zero, bias) -> y
+
+
+class QuantizedLinear(nn.Module):
+    """nn.Linear's interface over a quantized weight. Buffers (what a checkpoint stores):
+    int8 qweight int8 [out, in], scale [out];  fp8 qweight float8_e4m3fn [out, in], scale [out];
+    int4 qweight uint8 [out, ceil(in / 2)] (two codes a byte), scale and zero [out, in // group_size]."""
+
+    def __init__(self, in_features: int, out_features: int, scheme: str, group_size: int = 64,
+                 bias: bool = False, dtype: torch.dtype = torch.float32, device=None, ops: QuantOps | None = None):
+        super().__init__()
+        if scheme not in SCHEMES:
+            raise ValueError(f"quantization scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+        self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
+        self.group_size = group_size if scheme == "int4" else None
+        self.ops = ops or QuantOps()
+        empty = dict(device=device)
+        if scheme == "int4":
+            codecs.check_group_size(in_features, group_size)
+            groups = in_features // group_size
+            packed = (in_features + 1) // 2  # two codes a byte
+            self.register_buffer("qweight", torch.zeros(out_features, packed, dtype=torch.uint8, **empty))
+            self.register_buffer("scale", torch.zeros(out_features, groups, **empty))
+            self.register_buffer("zero", torch.zeros(out_features, groups, dtype=torch.uint8, **empty))
+        else:
+            if scheme == "fp8":
+                codecs.require_fp8()
+            qdtype = torch.int8 if scheme == "int8" else codecs.FP8_DTYPE
+            self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=qdtype, **empty))
+            self.register_buffer("scale", torch.zeros(out_features, **empty))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, **empty)) if bias else None
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str, group_size: int = 64,
+                    ops: QuantOps | None = None) -> "QuantizedLinear":
+        """Quantize weight [out, in] (and keep bias [out] as it is)."""
+        out_features, in_features = weight.shape
+        layer = cls(in_features, out_features, scheme, group_size, bias is not None, weight.dtype, weight.device, ops)
+        with torch.no_grad():
+            w = weight.detach().float()
+            if scheme == "int8":
+                q, scale = layer.ops.quantize_int8(w)
+            elif scheme == "fp8":
+                q, scale = codecs.quantize_fp8(w)
+            else:
+                codes, scale, zero = layer.ops.quantize_int4(w, group_size)
+                q = layer.ops.pack_int4(codes)
+                layer.zero.copy_(zero)
+            layer.qweight.copy_(q)
+            layer.scale.copy_(scale)
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [n, in] -> [n, out]"""
+        if self.scheme == "int4":
+            return self.ops.int4_linear(x, self.qweight, self.scale, self.zero, self.bias)
+        if self.scheme == "int8":
+            return int8_linear(x, self.qweight, self.scale, self.bias)
+        return fp8_linear(x, self.qweight, self.scale, self.bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight this layer multiplies by, [out, in] float32."""
+        if self.scheme == "int4":
+            return codecs.dequantize_int4(codecs.unpack_int4(self.qweight, self.in_features), self.scale, self.zero)
+        if self.scheme == "int8":
+            return codecs.dequantize_int8(self.qweight, self.scale)
+        return codecs.dequantize_fp8(self.qweight, self.scale)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the stored weight: codes, scales and zero points (the bias is not counted)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.group_size else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}{group}"
+
+
+class StackedLinear(nn.Module):
+    """Several linear layers side by side on the same input, outputs concatenated: a fused matrix
+    (qkv, gate_up) whose row blocks are quantized differently (only q, say)."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [n, in] -> [n, sum of the parts' out]"""
+        return torch.cat([part(x) for part in self.parts], dim=-1)
