@@ -26,6 +26,8 @@ class Quality:
     kl: float           # nats per token, KL(full || quantized)
     top1: float         # agreement of the argmax with the full model's
     tokens: int         # positions scored
+    kl_per_window: tuple[float, ...] = ()   # the KL of each window: its spread is the noise of `kl`
+    nll_per_window: tuple[float, ...] = ()  # mean NLL of each window: the noise of perplexity
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -62,7 +64,9 @@ class Reference:
 
     def compare_log_probs(self, candidate: torch.Tensor) -> Quality:
         targets = self.windows[:, 1:]                                                  # [n, t]
-        nll = -candidate.gather(-1, targets[..., None]).mean().item()
-        kl = (self.log_probs.exp() * (self.log_probs - candidate)).sum(-1).mean().item()
+        nll = -candidate.gather(-1, targets[..., None])[..., 0].mean(1)                    # [n]
+        kl = (self.log_probs.exp() * (self.log_probs - candidate)).sum(-1).clamp_min(0).mean(1)  # [n]
         top1 = (candidate.argmax(-1) == self.log_probs.argmax(-1)).float().mean().item()
-        return Quality(perplexity=math.exp(nll), kl=max(kl, 0.0), top1=top1, tokens=targets.numel())
+        return Quality(perplexity=math.exp(nll.mean().item()), kl=kl.mean().item(), top1=top1,
+                       tokens=targets.numel(), kl_per_window=tuple(kl.tolist()),
+                       nll_per_window=tuple(nll.tolist()))
