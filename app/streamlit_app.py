@@ -15,7 +15,9 @@ RUN_PAGES = [
 ]
 page = st.navigation({"The engine, live": RUN_PAGES,
                       "Techniques": [st.Page("views/speculative.py", title="Speculative decoding",
-                                             icon=":material/fast_forward:")],
+                                             icon=":material/fast_forward:"),
+                                     st.Page("views/quantization.py", title="Quantization",
+                                             icon=":material/compress:")],
                       "Models of performance": [st.Page("views/roofline.py", title="Roofline",
                                                         icon=":material/show_chart:")]})
 keep_knobs()
