@@ -1,4 +1,4 @@
-"""The command line: `python -m minillm generate | bench | train [heads | distill]`."""
+"""The command line: `python -m minillm generate | quantize | bench | train [heads | distill]`."""
 import argparse
 import sys
 import time
@@ -24,6 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
+
+    quant = sub.add_parser("quantize", help="write a quantized copy of a model (safetensors, loads with LLM(DIR))")
+    quant.add_argument("model", help="bundled model name or Hugging Face model directory")
+    quant.add_argument("--scheme", required=True, choices=["int8", "int4", "fp8"])
+    quant.add_argument("--group-size", type=int, default=64, help="int4: inputs sharing a scale (32, 64, 128)")
+    quant.add_argument("--layers", type=int, nargs="+", default=None, help="decoder layers (default: all)")
+    quant.add_argument("--projections", nargs="+", default=None,
+                       help="q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head (default: all but lm_head)")
+    quant.add_argument("--out", type=Path, required=True, help="the folder to write")
 
     sub.add_parser("bench", help="run a benchmark (same as python -m minillm.bench; --list names them)")
 
@@ -53,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _generate(args)
+    if args.command == "quantize":
+        return _quantize(args)
     if args.what == "heads":
         from minillm.spec.train_heads import train_heads
         train_heads(args.model, args.heads, args.steps, seed=args.seed, out=args.out,
@@ -64,6 +75,23 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.models.registry import BUNDLED_DIR
         from minillm.train import train_all
         train_all(args.out or BUNDLED_DIR, args.models, seed=args.seed, bf16=args.precision == "bf16")
+    return 0
+
+
+def _quantize(args) -> int:
+    from minillm import LLM
+    from minillm.quant import QuantConfig, linear_weight_bytes, save_quantized
+    try:
+        extra = {} if args.projections is None else {"projections": tuple(args.projections)}
+        config = QuantConfig(args.scheme, group_size=args.group_size, layers=args.layers, **extra)
+        llm = LLM(args.model, quantization=config, device="cpu", dtype="float32")
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = save_quantized(llm.model, llm.engine.model_dir, args.out)
+    b = linear_weight_bytes(llm.model)
+    print(f"{config.label()}: {b['quantized']:,} bytes for the quantized matrices "
+          f"({b['quantized'] / b['quantized_fp32']:.3f}x float32), {b['total']:,} bytes in all -> {out}")
     return 0
 
 

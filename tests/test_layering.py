@@ -43,6 +43,17 @@ def test_layers_depend_one_way(layer, forbidden):
     assert not wrong, sorted(wrong)
 
 
+QUANT_CORE = ("codecs.py", "config.py", "linear.py", "apply.py", "checkpoint.py")
+
+
+def test_the_quantized_layers_sit_below_the_model_loader():
+    """The loader builds quantized models, so the codecs, the layer, the policy and the checkpoint
+    format import nothing of models, cache or engine (the measurements in quant/ may)."""
+    wrong = {f"quant/{name} imports {m}" for name in QUANT_CORE for m in imports(PACKAGE / "quant" / name)
+             if m.startswith(("minillm.models", "minillm.cache", "minillm.engine", "minillm.llm", "minillm.config"))}
+    assert not wrong, sorted(wrong)
+
+
 def test_shared_state_types_import_nothing_of_the_package():
     assert imports(PACKAGE / "state.py") == set()
 

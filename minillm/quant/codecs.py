@@ -44,12 +44,14 @@ def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch
     """Asymmetric min/max per group of `group_size` consecutive inputs of each row.
 
     w: [out, in] -> codes: uint8 [out, in] in 0..15, scale: float32 [out, in // g], zero: uint8 [out, in // g].
-    scale = (max - min) / 15;  zero = round(-min / scale);  q = clamp(round(w / scale) + zero, 0, 15).
-    The zero point is an integer code, so that a weight of exactly 0 is stored exactly."""
+    lo = min(min(group), 0), hi = max(max(group), 0);  scale = (hi - lo) / 15;  zero = round(-lo / scale);
+    q = clamp(round(w / scale) + zero, 0, 15).
+    The range always holds 0, so the zero point is one of the 16 codes and a weight of exactly 0 is
+    stored exactly; a group of only positive weights has zero point 0, only negative ones 15."""
     out_features, in_features = w.shape
     check_group_size(in_features, group_size)
     groups = w.float().reshape(out_features, in_features // group_size, group_size)  # [out, groups, g]
-    lo, hi = groups.amin(dim=2), groups.amax(dim=2)                                  # [out, groups]
+    lo, hi = groups.amin(dim=2).clamp(max=0), groups.amax(dim=2).clamp(min=0)        # [out, groups]
     scale = ((hi - lo) / INT4_MAX).clamp_min(TINY)
     zero = torch.round(-lo / scale).clamp(0, INT4_MAX)
     q = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
