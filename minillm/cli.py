@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     quant.add_argument("--group-size", type=int, default=64, help="int4: inputs sharing a scale (32, 64, 128)")
     quant.add_argument("--layers", type=int, nargs="+", default=None, help="decoder layers (default: all)")
     quant.add_argument("--projections", nargs="+", default=None,
-                       help="q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head (default: all but lm_head)")
+                       help="q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head (default: all but "
+                            "lm_head)")
     quant.add_argument("--out", type=Path, required=True, help="the folder to write")
 
     sub.add_parser("bench", help="run a benchmark (same as python -m minillm.bench; --list names them)")

@@ -287,3 +287,13 @@ def test_a_quantized_checkpoint_is_not_quantized_twice_nor_loaded_from_another_t
     (out / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="quant_method is 'gptq': minillm loads only the checkpoints it quantized"):
         LLM(str(out))
+
+
+def test_the_quantize_command_writes_a_checkpoint_that_loads(tmp_path, capsys):
+    from minillm.cli import main
+    assert main(["quantize", "tiny", "--scheme", "int4", "--group-size", "128", "--layers", "0", "1",
+                 "--out", str(tmp_path / "q")]) == 0
+    assert "int4-g128 layers 0,1" in capsys.readouterr().out
+    assert LLM(str(tmp_path / "q")).model.quant_config == QuantConfig("int4", group_size=128, layers=(0, 1))
+    assert main(["quantize", "tiny", "--scheme", "int4", "--group-size", "48", "--out", str(tmp_path / "x")]) == 2
+    assert "group_size 48 does not divide the input dimension 256" in capsys.readouterr().err
