@@ -1,0 +1,149 @@
+"""Error cancellation: does quantizing MORE of a model ever give a LOWER error?
+
+Quantizing a set of units S (decoder layers, numbered 0..L-1) moves the model's next-token
+distributions by some KL. One would expect a superset T of S to move them further. When it does
+not, KL(T) < KL(S), the errors of the extra units partly undo those of S: they cancel.
+
+Is a drop real, or noise? Every set is scored on the same held-out windows, so the question is a
+paired one: d_w = KL_w(S) - KL_w(T) for each window w, with mean delta and standard error
+stderr = stdev(d) / sqrt(n). A drop counts when z = delta / stderr reaches a threshold (2 by
+default). The noise is that of the text sampled (which windows were held out), not of the run: a
+measurement is deterministic. Testing hundreds of pairs finds some z >= 2 by chance alone, so
+`bonferroni_z` gives the stricter threshold that keeps the chance of any false find at 5%.
+
+The decision (`find_cancellations`) is pure: measured Qualities in, cancellations out. The
+measuring (`measure_sets`, `search`) quantizes fresh copies of the model set by set, each once.
+"""
+import itertools
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from minillm.quant.config import QuantConfig
+from minillm.quant.eval import Quality, Reference
+from minillm.quant.sensitivity import measure, orders
+
+MAX_EXHAUSTIVE_UNITS = 6  # 2**6 - 1 = 63 sets; each extra unit doubles the count
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    subset: frozenset[int]     # S: the units quantized in the smaller set
+    superset: frozenset[int]   # T: a strict superset of S, quantized with lower error
+    kl_subset: float           # mean KL(full || quantized S), nats per token
+    kl_superset: float         # the same for T (lower)
+    delta: float               # mean over windows of KL_w(S) - KL_w(T) (> 0)
+    stderr: float              # its standard error over the windows
+    z: float                   # delta / stderr (inf when every window drops by the same amount)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Per-window figures a and b of the same windows -> (mean of a - b, its standard error, z).
+    z is inf for a positive mean with no spread, -inf for a negative one, 0 for no difference."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"a paired comparison needs two equally long lists of at least 2 windows, "
+                         f"got {len(a)} and {len(b)}")
+    d = [x - y for x, y in zip(a, b)]
+    delta = statistics.fmean(d)
+    stderr = statistics.stdev(d) / math.sqrt(len(d))
+    z = delta / stderr if stderr > 0 else math.copysign(math.inf, delta) if delta else 0.0
+    return delta, stderr, z
+
+
+def strict_pairs(sets: Iterable[frozenset[int]]) -> list[tuple[frozenset[int], frozenset[int]]]:
+    """Every (S, T) of non-empty sets with S a strict subset of T: the pairs a search compares."""
+    sets = sorted({frozenset(s) for s in sets if s}, key=lambda s: (len(s), sorted(s)))
+    return [(s, t) for s, t in itertools.permutations(sets, 2) if s < t]
+
+
+def find_cancellations(results: dict[frozenset[int], Quality], z: float = 2.0) -> list[Cancellation]:
+    """Pairs S < T of measured sets where T's per-window KL is lower than S's by at least z standard
+    errors (paired over the same windows). results: set of units -> its Quality, each with the same
+    number (>= 2) of kl_per_window. -> the cancellations, the most certain (highest z) first."""
+    counts = {len(q.kl_per_window) for q in results.values()}
+    if len(counts) > 1 or (counts and min(counts) < 2):
+        sizes = {tuple(sorted(s)): len(q.kl_per_window) for s, q in results.items()}
+        raise ValueError(f"every Quality must carry kl_per_window for the same windows (at least 2); "
+                         f"windows per set: {sizes}")
+    found = []
+    for s, t in strict_pairs(results):
+        a, b = results[s], results[t]
+        delta, stderr, score = paired_difference(a.kl_per_window, b.kl_per_window)
+        if delta > 0 and score >= z:
+            found.append(Cancellation(s, t, a.kl, b.kl, delta, stderr, score))
+    return sorted(found, key=lambda c: (-c.z, sorted(c.subset), sorted(c.superset)))
+
+
+def bonferroni_z(pairs: int, alpha: float = 0.05) -> float:
+    """The one-sided z threshold that keeps the chance of any false cancellation among `pairs`
+    comparisons at most alpha (each tested at alpha / pairs)."""
+    if pairs < 1:
+        raise ValueError(f"pairs must be at least 1, got {pairs}")
+    return statistics.NormalDist().inv_cdf(1 - alpha / pairs)
+
+
+def all_subsets(units: int) -> list[frozenset[int]]:
+    """Every non-empty subset of range(units), smallest first: 2**units - 1 of them."""
+    if not 1 <= units <= MAX_EXHAUSTIVE_UNITS:
+        raise ValueError(f"an exhaustive search takes 1 to {MAX_EXHAUSTIVE_UNITS} units (2**units - 1 "
+                         f"measurements), got {units}")
+    return [frozenset(c) for n in range(1, units + 1) for c in itertools.combinations(range(units), n)]
+
+
+def prefixes(order: Sequence[int]) -> list[frozenset[int]]:
+    """The growing sets of an order: its first 1, 2, ..., len(order) units."""
+    return [frozenset(order[:n]) for n in range(1, len(order) + 1)]
+
+
+def measure_sets(model: torch.nn.Module, reference: Reference, base: QuantConfig, sets: Iterable[frozenset[int]],
+                 results: dict[frozenset[int], Quality], bar=None) -> dict[frozenset[int], Quality]:
+    """Quantize base's scheme into each set of decoder layers not yet in results, and measure it
+    (in place: results is a cache shared by every order and search). -> results."""
+    for s in sets:
+        if s in results:
+            continue
+        if bar is not None:
+            bar.set_description(f"quant: {base.label()} layers {','.join(map(str, sorted(s)))}")
+        results[s] = measure(model, reference, replace(base, layers=tuple(sorted(s))))
+        if bar is not None:
+            bar.update()
+    return results
+
+
+@dataclass
+class Search:
+    """One scheme's sets of layers, measured: each alone, growing sets in several orders, and (for
+    few layers) every subset; with the cancellations found among all of them."""
+    base: QuantConfig
+    results: dict[frozenset[int], Quality]
+    orders: dict[str, list[int]]
+    exhaustive: bool
+    pairs: int
+    cancellations: list[Cancellation]
+
+
+def search(model: torch.nn.Module, reference: Reference, base: QuantConfig, seeds: tuple[int, ...] = (0, 1, 2),
+           exhaustive: bool = True, z: float = 2.0, bar=None) -> Search:
+    """Each layer alone, then the growing sets of sensitivity.orders (ranked by the layers' KL),
+    then every subset when exhaustive and the model has at most MAX_EXHAUSTIVE_UNITS layers; each
+    set measured once. bar: a tqdm bar whose total grows as the sets become known."""
+    layers = len(model.model.layers)
+    exhaustive = exhaustive and layers <= MAX_EXHAUSTIVE_UNITS
+    results: dict[frozenset[int], Quality] = {}
+
+    def grow(sets: list[frozenset[int]]) -> None:
+        if bar is not None:
+            bar.total += len({s for s in sets if s not in results})
+            bar.refresh()
+        measure_sets(model, reference, base, sets, results, bar)
+
+    grow([frozenset({i}) for i in range(layers)])
+    ranked = orders([results[frozenset({i})].kl for i in range(layers)], seeds)
+    grow([s for order in ranked.values() for s in prefixes(order)])
+    if exhaustive:
+        grow(all_subsets(layers))
+    pairs = len(strict_pairs(results))
+    return Search(base, results, ranked, exhaustive, pairs, find_cancellations(results, z))
