@@ -28,7 +28,7 @@ QUANT_LAB = "06"
 MIB = 2**20
 SCHEME_NAMES = {"int8": "int8 (one scale per row)", "int4": "int4 (groups of inputs)", "fp8": "fp8 (e4m3)"}
 DEFAULTS = {"scheme": "int4", "group_size": 64, "projections": list(LAYER_PROJECTIONS), "budget_mib": 32.0,
-            "block_size": 16, "prompt": "def fibonacci(n):", "max_tokens": 48}
+            "block_size": 16, "prompt": "def read_config(path):", "max_tokens": 48}
 
 st.title("Quantization")
 st.markdown("Decoding reads every weight once per step, so smaller weights mean less memory to hold and less to "
@@ -61,7 +61,7 @@ if "k_quant_layers" not in st.session_state or any(i not in layer_ids for i in s
     st.session_state["k_quant_layers"] = layer_ids  # the first visit, or another model with fewer layers
 p = st.columns([1, 2])
 layers = p[0].multiselect("Decoder layers", layer_ids, key="k_quant_layers", format_func=lambda i: f"layer {i}",
-                          help=f"{model} has {len(layer_ids)} decoder layers; the ones left out stay in full precision.")
+                          help=f"{model} has {len(layer_ids)} decoder layers; those left out stay in full precision.")
 projections = p[1].multiselect("Projections", list(PROJECTIONS), key="k_quant_projections",
                                format_func=lambda n: n.removesuffix("_proj"),
                                help="The matrices of each chosen layer: attention's q, k, v and o, the MLP's gate, "
@@ -103,8 +103,8 @@ m[3].metric("Quantized matrices", f"{b['quantized'] / MIB:.2f} MiB",
                  f"({b['quantized_fp32'] / MIB:.2f} MiB).")
 m[4].metric("Whole model", f"{b['total'] / MIB:.2f} MiB",
             f"{measured.full_bytes['total'] / b['total']:.2f}x smaller", delta_color="off",
-            help=f"Every weight as stored: the matrices, the embedding and the norms; {measured.full_bytes['total'] / MIB:.2f} "
-                 f"MiB in full precision (fp32).")
+            help=f"Every weight as stored: the matrices, the embedding and the norms; "
+                 f"{measured.full_bytes['total'] / MIB:.2f} MiB in full precision (fp32).")
 spread = f"{min(q.kl_per_window):.1e} to {max(q.kl_per_window):.1e}"
 st.caption(f"Measured on {WINDOWS} held-out windows of {WINDOW_TOKENS} tokens ({q.tokens:,} next-token predictions) "
            f"from text the model never trained on. The KL of each window ranges {spread}: differences between "
