@@ -116,3 +116,33 @@ def test_spec_quick_path_reports_each_proposer_against_theory_and_the_targets(mo
     assert set(figures["targets"]) == {"edit", "code"}
     record = json.loads((tmp_path / "spec.json").read_text())
     assert record["benchmark"] == "spec" and "torch_threads" in record["conditions"]
+
+
+def test_quant_quick_path_on_a_hf_checkpoint_skips_group_sizes_that_do_not_divide(monkeypatch, tmp_path, capsys):
+    import torch
+
+    from minillm.bench import quant
+    from minillm.testing import make_hf_model
+    hf = make_hf_model(tmp_path / "model")  # hidden 64, intermediate 96: group size 64 does not divide 96
+    monkeypatch.setattr(quant, "QUICK", quant.Settings(
+        windows=3, window_tokens=16, group_sizes=(32, 64), fp8=False, prompt_tokens=8, new_tokens=4, repeats=2,
+        searched=(("int4", 32),), seeds=(0,), exhaustive=True))
+    # random windows: the held-out corpus in this tokenizer's tokens takes longer than the whole test
+    monkeypatch.setattr(quant, "heldout_windows", lambda path, count, tokens: torch.randint(
+        1, 300, (count, tokens + 1), generator=torch.Generator().manual_seed(0)))
+    figures = quant.run(quick=True, json_path=str(tmp_path / "quant.json"), model=str(tmp_path / "model"))
+    out = capsys.readouterr().out
+    assert "int4-g64 skipped: group size 64 does not divide intermediate_size 96" in out
+    assert [r["scheme"] for r in figures["schemes"]] == ["full", "int8", "int4-g32"]
+    shapes = [p.shape for name, p in hf.named_parameters() if "layers" in name and name.endswith("proj.weight")]
+    assert figures["bytes"]["int8"]["quantized"] == sum(o * i + 4 * o for o, i in shapes)  # codes + a scale a row
+    assert figures["bytes"]["int4-g32"]["quantized"] == sum(o * i // 2 + o * (i // 32) * 5 for o, i in shapes)
+    assert figures["bytes"]["full"]["quantized"] == 0
+    [study] = figures["sensitivity"]
+    assert study["scheme"] == "int4-g32" and study["exhaustive"] and study["sets_measured"] == 3
+    assert study["pairs"] == 2 and set(study["projections_alone"]) == {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                                        "gate_proj", "up_proj", "down_proj"}
+    assert "cancellation at int4-g32:" in out and "48 tokens scored per measurement" in out
+    record = json.loads((tmp_path / "quant.json").read_text())
+    assert record["benchmark"] == "quant" and "torch_threads" in record["conditions"]
+    assert all(len(r) == 2 for r in record["decode_tokens_per_s"].values())

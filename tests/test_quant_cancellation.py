@@ -8,9 +8,10 @@ import statistics
 import pytest
 import torch
 
-from minillm.quant import QuantConfig
+from minillm.quant import QuantConfig, QuantizedLinear
 from minillm.quant.cancellation import (
     Cancellation,
+    LayerSets,
     all_subsets,
     bonferroni_z,
     find_cancellations,
@@ -19,6 +20,7 @@ from minillm.quant.cancellation import (
     search,
 )
 from minillm.quant.eval import Quality, Reference
+from minillm.quant.sensitivity import measure
 
 
 def quality(kl_per_window) -> Quality:
@@ -144,3 +146,9 @@ def test_a_real_search_on_two_layers_of_tiny_measures_each_set_once():
     for q in result.results.values():
         assert len(q.kl_per_window) == 3 and q.kl > 0 and 0 < q.top1 <= 1
     assert all(isinstance(c, Cancellation) and c.subset < c.superset for c in result.cancellations)
+    # layers quantized once and swapped in give exactly the model a fresh quantization of the set gives
+    reference = Reference(model, windows)
+    assert result.results[units(1)] == measure(model, reference, QuantConfig("int4", group_size=32, layers=(1,)))
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())  # the model searched is left as it was
+    with pytest.raises(ValueError, match=r"layers \[2\] out of range"):
+        LayerSets(model, QuantConfig("int8")).model(units(0, 2))

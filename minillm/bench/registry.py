@@ -44,4 +44,7 @@ BENCHMARKS = {b.name: b for b in [
                       "against theory, and where it loses (low acceptance, large batches)", "tiny"),
     Benchmark("throughput", "offline throughput: continuous vs static vs sequential batching vs transformers "
                             "padded batches", SMOLLM_SHAPE),
+    Benchmark("quant", "weight-only quantization: perplexity, KL, top-1, weight bytes and decode tokens/s of int8, "
+                       "int4 (group 32, 64, 128) and fp8 against full precision; per-layer and per-projection "
+                       "sensitivity, growing sets, and a search for error cancellation beyond the noise", "tiny"),
 ]}

@@ -12,8 +12,9 @@ measurement is deterministic. Testing hundreds of pairs finds some z >= 2 by cha
 `bonferroni_z` gives the stricter threshold that keeps the chance of any false find at 5%.
 
 The decision (`find_cancellations`) is pure: measured Qualities in, cancellations out. The
-measuring (`measure_sets`, `search`) quantizes fresh copies of the model set by set, each once.
+measuring (`LayerSets`, `measure_sets`, `search`) quantizes each layer once and measures each set once.
 """
+import copy
 import itertools
 import math
 import statistics
@@ -24,7 +25,7 @@ import torch
 
 from minillm.quant.config import QuantConfig
 from minillm.quant.eval import Quality, Reference
-from minillm.quant.sensitivity import measure, orders
+from minillm.quant.sensitivity import orders, quantized_copy
 
 MAX_EXHAUSTIVE_UNITS = 6  # 2**6 - 1 = 63 sets; each extra unit doubles the count
 
@@ -98,16 +99,38 @@ def prefixes(order: Sequence[int]) -> list[frozenset[int]]:
     return [frozenset(order[:n]) for n in range(1, len(order) + 1)]
 
 
-def measure_sets(model: torch.nn.Module, reference: Reference, base: QuantConfig, sets: Iterable[frozenset[int]],
+class LayerSets:
+    """Models with any set of decoder layers quantized, each layer quantized only once: a quantized
+    copy holds every layer in base's scheme, and a working copy swaps them in or out set by set.
+    Each linear layer is quantized on its own, so this gives exactly the model that quantizing
+    those layers of a fresh copy would (sensitivity.measure), without re-quantizing per set."""
+
+    def __init__(self, model: torch.nn.Module, base: QuantConfig) -> None:
+        self.base = base
+        self.work = copy.deepcopy(model)
+        self.plain = list(self.work.model.layers)
+        self.quantized = list(quantized_copy(model, replace(base, layers=None)).model.layers)
+
+    def model(self, layers: frozenset[int]) -> torch.nn.Module:
+        """The working copy with exactly `layers` quantized (the others full precision)."""
+        bad = sorted(i for i in layers if not 0 <= i < len(self.plain))
+        if bad:
+            raise ValueError(f"layers {bad} out of range: this model has {len(self.plain)} decoder layers")
+        for i in range(len(self.plain)):
+            self.work.model.layers[i] = self.quantized[i] if i in layers else self.plain[i]
+        return self.work
+
+
+def measure_sets(sets_of: LayerSets, reference: Reference, sets: Iterable[frozenset[int]],
                  results: dict[frozenset[int], Quality], bar=None) -> dict[frozenset[int], Quality]:
-    """Quantize base's scheme into each set of decoder layers not yet in results, and measure it
-    (in place: results is a cache shared by every order and search). -> results."""
+    """Measure each set of decoder layers not yet in results, quantized in sets_of's scheme (in
+    place: results is a cache shared by every order and search). -> results."""
     for s in sets:
         if s in results:
             continue
         if bar is not None:
-            bar.set_description(f"quant: {base.label()} layers {','.join(map(str, sorted(s)))}")
-        results[s] = measure(model, reference, replace(base, layers=tuple(sorted(s))))
+            bar.set_description(f"quant: {sets_of.base.label()} layers {','.join(map(str, sorted(s)))}")
+        results[s] = reference.compare(sets_of.model(s))
         if bar is not None:
             bar.update()
     return results
@@ -133,12 +156,13 @@ def search(model: torch.nn.Module, reference: Reference, base: QuantConfig, seed
     layers = len(model.model.layers)
     exhaustive = exhaustive and layers <= MAX_EXHAUSTIVE_UNITS
     results: dict[frozenset[int], Quality] = {}
+    sets_of = LayerSets(model, base)
 
     def grow(sets: list[frozenset[int]]) -> None:
         if bar is not None:
             bar.total += len({s for s in sets if s not in results})
             bar.refresh()
-        measure_sets(model, reference, base, sets, results, bar)
+        measure_sets(sets_of, reference, sets, results, bar)
 
     grow([frozenset({i}) for i in range(layers)])
     ranked = orders([results[frozenset({i})].kl for i in range(layers)], seeds)

@@ -1,0 +1,247 @@
+"""Weight-only quantization: what each scheme costs in quality, saves in bytes and does to decode speed;
+which layers and projections are sensitive; and whether quantizing more ever gives a lower error.
+
+Measured side by side in one run, on the same held-out windows (eval.Reference):
+  * the full-precision model and each scheme (int8; int4 at group sizes 32, 64, 128; fp8 where
+    torch has float8_e4m3fn): perplexity, KL(full || quantized), top-1 agreement, the bytes of the
+    quantized matrices (codes, scales and zero points) against float32, the whole model's bytes,
+    and greedy decode tokens/s at batch 1 (the engine, one prompt, interleaved repetitions; the
+    ratio to full precision is the median of each repetition's ratio);
+  * sensitivity: each decoder layer alone and each projection type alone, then growing sets of
+    layers in the orders most-sensitive-first, least-sensitive-first and seeded random ones;
+  * the cancellation search (quant/cancellation.py) over every set measured, with every subset of
+    layers for the most aggressive scheme when the model has at most 6 layers.
+"""
+import dataclasses
+import statistics
+import time
+
+import torch
+
+from minillm import LLM
+from minillm.bench import print_table, progress, write_json
+from minillm.bench.conditions import check_conditions, machine_line
+from minillm.bench.decode import minillm_decode
+from minillm.models.registry import resolve_model_path
+from minillm.quant import QuantConfig, linear_weight_bytes
+from minillm.quant.cancellation import Search, bonferroni_z, find_cancellations, paired_difference, search
+from minillm.quant.codecs import FP8_DTYPE
+from minillm.quant.config import LAYER_PROJECTIONS
+from minillm.quant.eval import Quality, Reference, heldout_windows
+from minillm.quant.sensitivity import quantized_copy
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    windows: int                         # held-out windows scored by every measurement
+    window_tokens: int                   # tokens scored per window
+    group_sizes: tuple[int, ...]         # int4 group sizes in the schemes table
+    fp8: bool                            # fp8 in the schemes table (where torch has it)
+    prompt_tokens: int                   # the decode prompt
+    new_tokens: int
+    repeats: int                         # interleaved decode repetitions
+    searched: tuple[tuple[str, int], ...]  # (scheme, group size) of the sensitivity sections, most aggressive first
+    seeds: tuple[int, ...]               # random orders of the growing sets
+    exhaustive: bool                     # every subset of layers for the first searched scheme
+
+
+FULL = Settings(windows=24, window_tokens=256, group_sizes=(32, 64, 128), fp8=True, prompt_tokens=64,
+                new_tokens=64, repeats=5, searched=(("int4", 32), ("int4", 64), ("int8", 0)), seeds=(0, 1, 2),
+                exhaustive=True)
+QUICK = Settings(windows=4, window_tokens=128, group_sizes=(64,), fp8=False, prompt_tokens=32, new_tokens=16,
+                 repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False)
+
+
+def unfit_group(group_size: int, config) -> str | None:
+    """Why int4 at group_size cannot quantize this model (a matrix's input size it does not divide), or None."""
+    inputs = {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+              "num_attention_heads x head_dim": config.num_attention_heads * config.head_dim}
+    bad = [f"{name} {n}" for name, n in inputs.items() if n % group_size]
+    return f"int4-g{group_size} skipped: group size {group_size} does not divide {', '.join(bad)}" if bad else None
+
+
+def configs(specs, config, notes: list[str]) -> list[QuantConfig]:
+    """QuantConfigs of (scheme, group size) specs that fit this model; a note for each that does not."""
+    out = []
+    for scheme, group in specs:
+        why = unfit_group(group, config) if scheme == "int4" else None
+        if scheme == "fp8" and FP8_DTYPE is None:
+            why = f"fp8 skipped: this torch ({torch.__version__}) has no float8_e4m3fn"
+        if why and why not in notes:
+            notes.append(why)
+        if not why:
+            out.append(QuantConfig(scheme, group_size=group or 64))
+    return out
+
+
+def decode_speeds(model_dir: str, schemes: list[QuantConfig], prompt: list[int], s: Settings, bar) -> dict:
+    """Greedy decode tokens/s at batch 1 of the full model and each scheme, interleaved repetitions
+    in rotating order. -> label -> (rates per repetition, the greedy tokens)."""
+    llms = {"full": LLM(model_dir, dtype="float32", device="cpu")}
+    llms.update({c.label(): LLM(model_dir, dtype="float32", device="cpu", quantization=c) for c in schemes})
+    for llm in llms.values():
+        minillm_decode(llm, prompt, 4)  # warm-up
+    names, out = list(llms), {name: ([], []) for name in llms}
+    for rep in range(s.repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            bar.set_description(f"quant: decode {name}, run {rep + 1}/{s.repeats}")
+            rate, tokens = minillm_decode(llms[name], prompt, s.new_tokens)
+            out[name][0].append(rate)
+            out[name][1][:] = tokens
+            bar.update()
+    return out
+
+
+def stderr(values) -> float:
+    return statistics.stdev(values) / len(values) ** 0.5
+
+
+def shown(q: Quality) -> dict:
+    return {"perplexity": f"{q.perplexity:.3f}", "KL": f"{q.kl:.2e}", "± se": f"{stderr(q.kl_per_window):.1e}",
+            "top-1": f"{q.top1:.2%}"}
+
+
+def layers_label(units) -> str:
+    return "{" + ",".join(map(str, sorted(units))) + "}"
+
+
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
+    model = model or "tiny"
+    started, conditions, s, notes = time.perf_counter(), check_conditions(), QUICK if quick else FULL, []
+    path = resolve_model_path(model)
+    windows = heldout_windows(path, s.windows, s.window_tokens)  # [windows, tokens + 1]
+    full = LLM(str(path), dtype="float32", device="cpu").model
+    specs = [("int8", 0), *(("int4", g) for g in s.group_sizes), *([("fp8", 0)] if s.fp8 else [])]
+    schemes = configs(specs, full.config, notes)
+    searched = configs(s.searched, full.config, notes)
+    with progress("quant", 1 + len(schemes) * (1 + s.repeats) + s.repeats, "measurement") as bar:
+        bar.set_description("quant: the full model's log-probabilities")
+        reference = Reference(full, windows)
+        bar.update()
+        table = {"full": (reference.quality, linear_weight_bytes(full))}
+        for c in schemes:
+            bar.set_description(f"quant: {c.label()} quality")
+            quantized = quantized_copy(full, c)
+            table[c.label()] = (reference.compare(quantized), linear_weight_bytes(quantized))
+            bar.update()
+        speeds = decode_speeds(str(path), schemes, windows[0, :s.prompt_tokens].tolist(), s, bar)
+        studies = []
+        for i, base in enumerate(searched):
+            bar.total += len(LAYER_PROJECTIONS)
+            alone = {}
+            for p in LAYER_PROJECTIONS:
+                bar.set_description(f"quant: {base.label()} {p} alone")
+                alone[p] = reference.compare(quantized_copy(full, dataclasses.replace(base, projections=(p,))))
+                bar.update()
+            studies.append((alone, search(full, reference, base, s.seeds, s.exhaustive and i == 0, bar=bar)))
+    return report(model, s, notes, table, speeds, studies, conditions, json_path, time.perf_counter() - started)
+
+
+def scheme_rows(table: dict, speeds: dict) -> list[dict]:
+    """One row per scheme: quality, bytes (exact) and decode speed against the full model."""
+    full_rates, full_tokens = speeds["full"]
+    full_total = table["full"][1]["total"]
+    rows = []
+    for label, (q, nbytes) in table.items():
+        rates, tokens = speeds[label]
+        same = next((i for i, (a, b) in enumerate(zip(tokens, full_tokens)) if a != b), len(tokens))
+        ratio = statistics.median(r / f for r, f in zip(rates, full_rates))
+        quantized = nbytes["quantized"]
+        rows.append({"scheme": label, "perplexity": f"{q.perplexity:.3f}", "KL": f"{q.kl:.2e}",
+                     "top-1": f"{q.top1:.2%}", "quantized bytes": f"{quantized:,}" if quantized else "-",
+                     "of fp32": f"{quantized / nbytes['quantized_fp32']:.3f}x" if quantized else "-",
+                     "model bytes": f"{nbytes['total']:,}", "of full": f"{nbytes['total'] / full_total:.3f}x",
+                     "decode tok/s": statistics.median(rates), "vs full": f"{ratio:.2f}x",
+                     "greedy = full": f"{same}/{len(tokens)}"})
+    return rows
+
+
+def growing_rows(study: Search) -> list[dict]:
+    """Each order's growing sets, and whether adding the next layer lowered the KL (paired z)."""
+    rows = []
+    for name, order in study.orders.items():
+        previous = None
+        for n in range(1, len(order) + 1):
+            units = frozenset(order[:n])
+            q = study.results[units]
+            change = "-"
+            if previous is not None:
+                delta, _, z = paired_difference(previous.kl_per_window, q.kl_per_window)
+                change = f"lower, z={z:.1f}" if delta > 0 else "higher"
+            rows.append({"order": name if n == 1 else "", "added": order[n - 1], "layers": layers_label(units),
+                         **shown(q), "vs previous set": change})
+            previous = q
+    return rows
+
+
+def cancellation_record(study: Search) -> dict:
+    """The search's counts at z >= 2 and at the Bonferroni threshold, with each cancellation's
+    perplexity change and paired NLL z."""
+    strict = bonferroni_z(max(study.pairs, 1))
+    lower = find_cancellations(study.results, z=-float("inf"))
+    found = []
+    for c in study.cancellations:
+        a, b = study.results[c.subset], study.results[c.superset]
+        _, _, nll_z = paired_difference(a.nll_per_window, b.nll_per_window)
+        found.append({"subset": sorted(c.subset), "superset": sorted(c.superset), "kl_subset": c.kl_subset,
+                      "kl_superset": c.kl_superset, "delta": c.delta, "stderr": c.stderr, "z": c.z,
+                      "perplexity_subset": a.perplexity, "perplexity_superset": b.perplexity, "nll_z": nll_z})
+    return {"scheme": study.base.label(), "sets_measured": len(study.results), "exhaustive": study.exhaustive,
+            "pairs": study.pairs, "superset_lower": len(lower), "beyond_z2": len(found), "bonferroni_z": strict,
+            "beyond_bonferroni": sum(c["z"] >= strict for c in found), "cancellations": found}
+
+
+def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict, studies: list, conditions: dict,
+           json_path: str | None, seconds: float) -> dict:
+    print(f"{machine_line(conditions)}\nmodel: {model}; held-out text: {s.windows} windows x {s.window_tokens} "
+          f"tokens = {s.windows * s.window_tokens:,} tokens scored per measurement")
+    for note in notes:
+        print(f"note: {note}")
+    rows = scheme_rows(table, speeds)
+    print_table(rows, f"schemes: quality on the held-out windows, weight bytes (exact), greedy decode at batch 1 "
+                      f"({s.prompt_tokens}-token prompt, {s.new_tokens} new tokens, median of {s.repeats} "
+                      f"interleaved runs; vs full = median of paired ratios)")
+    records = []
+    for alone, study in studies:
+        label = study.base.label()
+        singles = [{"unit": f"layer {i}", **shown(study.results[frozenset({i})])}
+                   for i in range(len(study.orders["most sensitive first"]))]
+        print_table(singles + [{"unit": f"{p} (all layers)", **shown(q)} for p, q in alone.items()],
+                    f"{label}: each layer alone (all its projections), each projection type alone (every layer)")
+        print_table(growing_rows(study), f"{label}: growing sets of layers, in several orders")
+        record = cancellation_record(study)
+        top = record["cancellations"][:8]
+        print(f"\n{label}: cancellation search over {record['sets_measured']} measured sets of layers"
+              f"{' (every subset)' if study.exhaustive else ''}, {record['pairs']} nested pairs (S a strict subset "
+              f"of T): T's mean KL lower in {record['superset_lower']}, beyond the noise (paired z >= 2) in "
+              f"{record['beyond_z2']}, beyond the Bonferroni threshold for {record['pairs']} pairs "
+              f"(z >= {record['bonferroni_z']:.2f}) in {record['beyond_bonferroni']}")
+        if top:
+            print_table([{"S": layers_label(c["subset"]), "T": layers_label(c["superset"]),
+                          "KL S": f"{c['kl_subset']:.2e}", "KL T": f"{c['kl_superset']:.2e}",
+                          "drop": f"{c['delta']:.1e}", "± se": f"{c['stderr']:.1e}", "z": f"{c['z']:.1f}",
+                          "perplexity S -> T": f"{c['perplexity_subset']:.3f} -> {c['perplexity_superset']:.3f}",
+                          "NLL z": f"{c['nll_z']:.1f}"} for c in top],
+                        f"{label}: the strongest cancellations (quantizing T lowers the KL of S)")
+        records.append({**record, "layers_alone": {i: study.results[frozenset({i})].as_dict()
+                                                   for i in range(len(singles))},
+                        "projections_alone": {p: q.as_dict() for p, q in alone.items()},
+                        "orders": study.orders,
+                        "sets": [{"layers": sorted(k), **v.as_dict()} for k, v in study.results.items()]})
+    print()
+    for r in records:
+        verdict = ("beyond the noise" if r["beyond_bonferroni"] else
+                   "only at z >= 2, not at the Bonferroni threshold (as chance alone could give)"
+                   if r["beyond_z2"] else "none beyond the noise")
+        print(f"cancellation at {r['scheme']}: {verdict}")
+    measurements = len(table) + sum(len(a) + len(st.results) for a, st in studies)
+    print(f"{measurements} quality measurements of {s.windows * s.window_tokens:,} tokens each; "
+          f"the run took {seconds / 60:.1f} min")
+    figures = {"model": model, "settings": dataclasses.asdict(s), "notes": notes,
+               "tokens_scored": s.windows * s.window_tokens, "schemes": rows,
+               "bytes": {label: b for label, (_, b) in table.items()},
+               "quality": {label: q.as_dict() for label, (q, _) in table.items()},
+               "decode_tokens_per_s": {label: r for label, (r, _) in speeds.items()},
+               "sensitivity": records, "measurements": measurements, "seconds": seconds}
+    write_json(json_path, "quant", figures, conditions)
+    return figures
