@@ -72,7 +72,8 @@ mine_cols = st.columns([1.4, 2])
 mine = mine_cols[0].toggle(f"Run with my lab {QUANT_LAB} notebook", key="k_quant_mine",
                            help="Generate (below) quantizes with your codecs and multiplies with your int4 linear "
                                 f"layer, read from your lab {QUANT_LAB} notebook at each press, and scores your "
-                                "quantized model. The figures above it and the heatmap use minillm's own.")
+                                "quantized model (fp8 has no exercise: it stays minillm's). The figures above it "
+                                "and the heatmap use minillm's own.")
 if mine:
     mine_cols[1].text_input("Notebook folder", key="k_mine_folder",
                             help="The folder of your lab notebooks (labNN_*.ipynb); the one the sidebar's "
@@ -98,11 +99,12 @@ m[1].metric("KL from full precision", f"{q.kl:.2e}",
 m[2].metric("Top-1 agreement", f"{q.top1:.1%}",
             help="The share of positions where both models put the same token first.")
 m[3].metric("Quantized matrices", f"{b['quantized'] / MIB:.2f} MiB",
-            f"{b['quantized_fp32'] / b['quantized']:.1f}x smaller" if b["quantized"] else None, delta_color="off",
+            f"{b['quantized_fp32'] / b['quantized']:.1f}x smaller" if b["quantized"] else None, delta_color="green",
+            delta_arrow="off",
             help=f"Codes, scales and zero points of the matrices quantized, against the same matrices in fp32 "
                  f"({b['quantized_fp32'] / MIB:.2f} MiB).")
 m[4].metric("Whole model", f"{b['total'] / MIB:.2f} MiB",
-            f"{measured.full_bytes['total'] / b['total']:.2f}x smaller", delta_color="off",
+            f"{measured.full_bytes['total'] / b['total']:.2f}x smaller", delta_color="green", delta_arrow="off",
             help=f"Every weight as stored: the matrices, the embedding and the norms; "
                  f"{measured.full_bytes['total'] / MIB:.2f} MiB in full precision (fp32).")
 spread = f"{min(q.kl_per_window):.1e} to {max(q.kl_per_window):.1e}"
@@ -183,7 +185,7 @@ st.caption(f"Each cell quantizes one matrix of one layer alone with {base.label(
            f"sensitive. Quantizing several matrices does not simply add their cells up: errors can also cancel.")
 done = st.session_state.setdefault("quant_heatmaps", {})
 key = (model, base)
-if st.button(f"Measure the sensitivity ({cells} cells, about {cells // 2} s)", key="quant_b_heatmap",
+if st.button(f"Measure the sensitivity ({cells} cells: tens of seconds)", key="quant_b_heatmap",
              icon=":material/grid_on:"):
     st.session_state.pop("quant_heatmap_error", None)
     try:

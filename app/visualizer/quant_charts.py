@@ -36,7 +36,7 @@ def sensitivity_heatmap(rows: list[dict], label: str) -> go.Figure:
         hovertemplate="%{y}, %{x} alone: KL %{customdata[0]:.2e} nats, perplexity %{customdata[1]:.3f}, "
                       "top-1 %{customdata[2]:.1f}%<extra></extra>"))
     fig.update_layout(title=f"Sensitivity: each matrix quantized alone ({label})", height=120 + 36 * len(layers),
-                      margin=dict(l=10, r=10, t=40, b=10), xaxis=dict(side="top", title=None),
+                      margin=dict(l=10, r=10, t=40, b=10), xaxis_title="projection",
                       yaxis=dict(autorange="reversed"))
     return fig
 

@@ -3,7 +3,8 @@
 It presses Run, waits for tokens to stream, pauses and resumes, visits every page (on Speculative decoding it
 runs the proposals, the k sweep and the comparison), runs the engine with the solutions' parts through "Run with
 my lab notebook", and saves screenshots under the test's temporary directory
-(the path is printed). Skips, saying why, where no Chromium can be had.
+(the path is printed). The Quantization page has a test of its own: its figures, the side-by-side generation and
+the sensitivity heatmap. Skips, saying why, where no Chromium can be had.
 """
 import os
 import re
@@ -118,3 +119,31 @@ def run_with_my_notebook(page, tmp_path) -> None:
     page.wait_for_timeout(1000)
     page.screenshot(path=tmp_path / "my_notebook.png", full_page=True)
     page.locator('[data-testid="stSidebar"]').screenshot(path=tmp_path / "my_notebook_switch.png")
+
+
+def test_the_quantization_page_in_a_real_browser(server, tmp_path):
+    """Quality, bytes and the memory budget on the first visit; Generate puts both greedy texts side by side with
+    the token where they part marked; the heatmap button draws every layer and projection."""
+    executable = chromium()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2400})
+            page.goto(server)
+            page.get_by_role("link", name="Quantization").click(timeout=60_000)
+            page.get_by_text("Quality and size: int4-g64").wait_for(timeout=180_000)  # the held-out text, read once
+            page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
+            page.get_by_role("button", name=re.compile("Generate$")).click()
+            page.get_by_text("Last run:").wait_for(timeout=60_000)
+            marked = page.locator('span[style*="background:#ffd8a8"]').count()  # the legend's, then one per text
+            assert marked == 3 or page.get_by_text("agree on the first 48 of 48").count(), "where they part is marked"
+            page.get_by_role("button", name=re.compile(r"Measure the sensitivity \(")).click()
+            page.locator('[data-testid="stPlotlyChart"]').nth(1).wait_for(timeout=180_000)
+            page.wait_for_timeout(1500)
+            assert page.locator('[data-testid="stException"]').count() == 0, "the quantization page raised"
+            assert page.locator('[data-testid="stPlotlyChart"]').count() == 2, "the memory budget and the heatmap"
+            page.screenshot(path=tmp_path / "quantization.png", full_page=True)
+        finally:
+            browser.close()
+    print(f"screenshot in {tmp_path}")

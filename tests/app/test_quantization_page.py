@@ -16,12 +16,13 @@ from minillm.quant import QuantConfig, QuantizedLinear
 from minillm.quant.eval import Reference, heldout_windows
 from minillm.quant.sensitivity import measure
 from visualizer.quant_charts import FIRST_DIFFERENT, parted_text
-from visualizer.quant_run import WINDOW_TOKENS, WINDOWS, first_difference, full_model
+from visualizer.quant_run import WINDOW_TOKENS, WINDOWS, first_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
 LAB06_SOURCES = sorted((ROOT / "solutions").glob("lab06_*.py"))
-LAB06_READY = any(exercise.startswith("6.") for exercise, _ in PARTS.values()) and bool(LAB06_SOURCES)
+LAB06_READY = (any(exercise.startswith("6.") for exercise, _ in PARTS.values())
+               and any((ROOT / "solutions").glob("lab06_*.ipynb")))
 
 
 @pytest.fixture
@@ -32,6 +33,13 @@ def quant():
     at.switch_page("views/quantization.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The oracle: tiny loaded apart from the page, and its log-probabilities on the same held-out windows."""
+    model = LLM("tiny").model
+    return model, Reference(model, heldout_windows(resolve_model_path("tiny"), count=WINDOWS, seq_len=WINDOW_TOKENS))
 
 
 def press(at, key: str):
@@ -49,11 +57,10 @@ def fp32_and_int8_bytes(model: torch.nn.Module, layers: list[int]) -> tuple[int,
     return sum(4 * m.weight.numel() for m in linears), sum(m.weight.numel() + 4 * m.out_features for m in linears)
 
 
-def test_the_default_page_measures_int4_against_full_precision(quant):
+def test_the_default_page_measures_int4_against_full_precision(quant, tiny):
     assert quant.title[0].value == "Quantization" and not errors(quant)
     assert quant.subheader[0].value == "Quality and size: int4-g64"
-    full = full_model("tiny")
-    ref = Reference(full, heldout_windows(resolve_model_path("tiny"), count=WINDOWS, seq_len=WINDOW_TOKENS))
+    full, ref = tiny
     expected = measure(full, ref, QuantConfig("int4", group_size=64))
     shown = metrics(quant)
     assert shown["Perplexity"] == f"{expected.perplexity:.3f}"
@@ -68,10 +75,10 @@ def test_the_default_page_measures_int4_against_full_precision(quant):
                                                                           for i in quant.info)
 
 
-def test_smaller_weights_leave_room_for_more_kv_blocks_in_the_budget(quant):
+def test_smaller_weights_leave_room_for_more_kv_blocks_in_the_budget(quant, tiny):
     quant.number_input(key="k_quant_budget_mib").set_value(24.0).run()
     bars = {t["name"]: t for t in figures(quant)["Weights and KV blocks in one memory budget"]["data"]}
-    full = full_model("tiny")
+    full, _ = tiny
     per_block = block_bytes(full.config, 16, torch.float32)
     weights = [w * MIB for w in bars["weights"]["customdata"]]
     blocks = [int(text.split()[0].replace(",", "")) for text in bars["KV blocks"]["text"]]
@@ -90,7 +97,7 @@ def test_changing_model_scheme_and_layers_measures_only_those_layers(quant):
     quant.multiselect(key="k_quant_layers").set_value([0, 1]).run()
     assert not quant.exception and not errors(quant)
     assert quant.subheader[0].value == "Quality and size: int8 layers 0,1"
-    fp32, int8 = fp32_and_int8_bytes(full_model("pico"), [0, 1])
+    fp32, int8 = fp32_and_int8_bytes(LLM("pico").model, [0, 1])
     shown = metrics(quant)
     assert shown["Quantized matrices"] == f"{int8 / MIB:.2f} MiB"
     assert next(m for m in quant.metric if m.label == "Quantized matrices").delta == f"{fp32 / int8:.1f}x smaller"
@@ -116,14 +123,13 @@ def test_the_same_prompt_side_by_side_marks_where_the_texts_part(quant):
                for c in quant.caption)
 
 
-def test_the_heatmap_is_measured_on_demand_and_kept(quant):
+def test_the_heatmap_is_measured_on_demand_and_kept(quant, tiny):
     assert "Sensitivity: each matrix quantized alone (int4-g64)" not in figures(quant)
     press(quant, "quant_b_heatmap")
     heatmap = figures(quant)["Sensitivity: each matrix quantized alone (int4-g64)"]["data"][0]
     assert heatmap["y"] == [f"layer {i}" for i in range(6)]
     assert heatmap["x"] == ["q", "k", "v", "o", "gate", "up", "down"]
-    full = full_model("tiny")
-    ref = Reference(full, heldout_windows(resolve_model_path("tiny"), count=WINDOWS, seq_len=WINDOW_TOKENS))
+    full, ref = tiny
     down = measure(full, ref, QuantConfig("int4", layers=(5,), projections=("down_proj",)))
     assert heatmap["customdata"][5][6][0] == pytest.approx(down.kl, rel=1e-4)
     quant.number_input(key="k_quant_budget_mib").set_value(40.0).run()  # any redraw keeps the heatmap
