@@ -31,6 +31,10 @@ PARTS = {
     "make_room": ("4.4", "make_room"),
     "verify": ("5.3", "verify"),
     "propose_ngram": ("5.4", "propose_ngram"),
+    "quantize_int8": ("6.1", "quantize_int8"),
+    "quantize_int4": ("6.2", "quantize_int4"),
+    "pack_int4": ("6.3", "pack_int4"),
+    "int4_linear": ("6.5", "int4_linear"),
 }
 CLASSES = {"block_allocator", "evictable_blocks"}  # parts the engine instantiates
 LABS = sorted({exercise.split(".")[0].zfill(2) for exercise, _ in PARTS.values()})

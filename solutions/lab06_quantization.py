@@ -1,0 +1,803 @@
+# %% [markdown]
+# # Lab 06 · Quantization
+#
+# **Time:** about 100 minutes. **You need:** lab 00 (the roofline: why a decode step waits on
+# memory) and lab 01 (the linear layers of a decoder block).
+#
+# A decode step reads every weight of the model once to produce one token per sequence (lab 00).
+# Store each weight in fewer bits and the step moves fewer bytes: 4-bit weights are a quarter of
+# bf16's, so a memory-bound step can run up to four times faster, and a model four times larger
+# fits on the same GPU. The price is error: every weight is rounded to one of 256 levels (8 bits)
+# or of 16 (4 bits).
+#
+# This lab is about paying as little of that price as possible. You will write the codecs that
+# turn a float matrix into a few bits per weight (int8 with a scale per row, int4 with a scale and
+# a zero point per group of inputs), pack two 4-bit codes into each byte, and compute a linear
+# layer straight from the packed form. Your codecs then run inside `minillm`. Finally you measure
+# what rounding costs: on the model's held-out text, layer by layer and projection by projection,
+# and whether the errors of two layers always add up, or sometimes cancel.
+#
+# Everything here is **weight-only** quantization: activations and the KV cache stay in full
+# precision, and only the matrices of the linear layers shrink.
+#
+# ## Learning objectives
+# By the end you can
+# 1. quantize a matrix symmetrically (int8, one scale per output channel) and asymmetrically
+#    (int4, a scale and a zero point per group), and bound the error of each weight;
+# 2. count the bits a weight really costs once its scales and zero points are included;
+# 3. pack 4-bit codes two per byte and unpack them, odd lengths included;
+# 4. write the forward of a quantized linear layer, and run your codecs inside the real engine;
+# 5. measure quality (perplexity, KL from the full model, top-1 agreement) against bits per weight;
+# 6. find which layers and projections are sensitive, and test whether errors cancel, with the
+#    noise of the measurement taken into account;
+# 7. explain with the roofline why weight-only quantization speeds up decode but not prefill, and
+#    why on a CPU without a fused kernel it can even slow decode down.
+#
+# ## How this lab works
+# Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
+# and signatures. Run each `check(...)` cell for feedback. `make grade LAB=06` grades the notebook,
+# and like `check("6.E")` below it runs your codecs and your quantized linear layer **inside the
+# real engine** and compares its logits and tokens with those of the engine's own.
+# `minillm/quant/` holds the engine's version (`codecs.py`, `linear.py`, `apply.py`, `eval.py`,
+# `sensitivity.py`): read it after you finish.
+
+# %% tags=["setup"]
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minillm.labkit import check
+from minillm.quant import QuantConfig, quantize_model
+from minillm.quant.codecs import INT4_MAX, INT8_MAX, TINY
+from minillm.quant.eval import Quality, Reference
+
+# %%
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from tokenizers import Tokenizer
+
+from minillm import LLM, SamplingParams
+from minillm.config import Components
+from minillm.models.registry import BUNDLED_DIR
+from minillm.perf import PROFILES, OpCost, decode_cost, median_time, model_shape, param_count, prefill_cost
+from minillm.quant import linear_weight_bytes
+from minillm.quant.codecs import dequantize_int4, dequantize_int8
+from minillm.quant.linear import int8_linear
+from minillm.quant.sensitivity import measure, sensitivity_grid
+from minillm.spec.train_heads import spread_rows
+from minillm.train import corpus_split, encode_corpus
+
+torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
+tiny = LLM("tiny").engine.model  # the full-precision model every experiment compares with
+
+# %% [markdown]
+# ## The concept: a scale, a zero point, and who shares them
+#
+# Uniform quantization keeps a float **scale** `s` and an integer **zero point** `z` beside small
+# integer **codes** `q`, and recovers each weight as
+#
+# $$\hat w = (q - z)\, s .$$
+#
+# The codes are evenly spaced, `s` apart; `z` is the code that stands for 0. Rounding `w / s` to the
+# nearest code is off by at most half a step, so every weight comes back within
+#
+# $$|w - \hat w| \le s / 2 .$$
+#
+# Two choices decide how large `s` must be:
+#
+# * **Symmetric or asymmetric.** Symmetric codes run from −127 to 127 with `z = 0`, and
+#   `s = max|w| / 127`: the largest weight lands on ±127. Asymmetric codes run from 0 to 15 (4
+#   bits), and the 16 levels are spread from the smallest weight to the largest, so none is
+#   wasted on a side where there are no weights.
+# * **Granularity: who shares one scale.** One scale for the whole matrix lets a single outlier
+#   inflate the step of every weight. One per **output channel** (a row of `nn.Linear`'s
+#   `weight: [out, in]`) costs nothing at run time: output `o` is `Σ_i x_i ŵ_oi = s_o Σ_i x_i q_oi`,
+#   one multiply per output. One per **group** of, say, 64 consecutive inputs of a row is finer
+#   still: 4-bit codes need it, since 16 levels over a whole row of outliers are too coarse.
+#
+# Scales and zero points are stored too. `minillm` keeps a float32 scale and an 8-bit zero point per
+# group, so int4 with groups of 64 costs `4 + (32 + 8) / 64 = 4.625` bits per weight, not 4.
+
+# %% [markdown]
+# ## Exercise 6.1 · int8: symmetric, one scale per output channel
+#
+# For each row of `w: [out, in]`: `scale = max|w[row]| / 127`, and `q = round(w / scale)`, kept in
+# −127..127 (−128 is left out, so that `q` and `−q` are both codes). A row of zeros would give a
+# scale of 0 and a division by zero: keep every scale at least `TINY` (the smallest normal float32,
+# imported above), which quantizes such a row to zeros.
+#
+# `torch.round` rounds halves to the even neighbour (`2.5 → 2`, `−3.5 → −4`): use it, so that
+# your codes equal the engine's bit for bit.
+
+# %% exercise="6.1"
+def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric absmax quantization, one scale per output channel (row).
+
+    w: [out, in] float32 -> (q: int8 [out, in], scale: float32 [out]).
+    scale = max over the row of |w|, / 127, at least TINY;  q = round(w / scale), clamped to
+    [-127, 127]. round is torch.round: to the nearest integer, halves to the even one.
+    Then w is recovered as q * scale[:, None], within scale / 2 of each weight.
+
+    Hints: 3 lines. `w.abs().amax(dim=1)`, `clamp_min`, `torch.round`, `clamp`, `.to(torch.int8)`.
+    """
+    ### BEGIN SOLUTION
+    scale = (w.abs().amax(dim=1).float() / INT8_MAX).clamp_min(TINY)        # [out]
+    q = torch.round(w.float() / scale[:, None]).clamp(-INT8_MAX, INT8_MAX)  # [out, in]
+    return q.to(torch.int8), scale
+    ### END SOLUTION
+
+
+# %% [markdown]
+# How much does the granularity matter? Take the first attention projection of `tiny` (q, k and v
+# stacked in one matrix) and quantize it to int8 with one scale per row, then with one scale for
+# the whole matrix:
+
+# %%
+w_qkv = tiny.model.layers[0].self_attn.qkv_proj.weight.detach()  # [q + k + v rows, hidden]
+q8, s8 = quantize_int8(w_qkv)
+per_tensor = w_qkv.abs().max() / INT8_MAX
+err_row = (w_qkv - q8.float() * s8[:, None]).abs().mean()
+err_tensor = (w_qkv - torch.round(w_qkv / per_tensor) * per_tensor).abs().mean()
+print(f"largest |w| of a row: from {w_qkv.abs().amax(1).min():.3f} to {w_qkv.abs().amax(1).max():.3f}")
+print(f"mean |error|, a scale per row:    {err_row:.2e}")
+print(f"mean |error|, one scale for all:  {err_tensor:.2e}  ({err_tensor / err_row:.1f}x larger)")
+
+# %%
+check("6.1")
+
+# %% [markdown]
+# ## Exercise 6.2 · int4: asymmetric, a scale and a zero point per group
+#
+# Split each row into groups of `group_size` consecutive inputs. For each group, spread the 16
+# codes 0..15 over the range from `lo` to `hi`, where the range is the group's own, stretched to
+# hold 0:
+#
+# $$lo = \min(\min w, 0),\quad hi = \max(\max w, 0),\quad s = \frac{hi - lo}{15},$$
+#
+# $$z = \mathrm{round}\Big(\frac{-lo}{s}\Big),\quad
+#   q = \mathrm{clamp}\Big(\mathrm{round}\Big(\frac{w}{s}\Big) + z,\ 0,\ 15\Big).$$
+#
+# Why hold 0? The zero point is then one of the 16 codes, so a weight of exactly 0 (and padding, or
+# pruned weights) comes back exactly 0; and a group whose weights are all positive gets `z = 0`,
+# all negative `z = 15`, instead of a zero point that does not fit in 4 bits. A group whose weights
+# are all equal (`max == min`) is covered too: its range runs from 0 to that value. Only a group of
+# zeros has `hi == lo`; keep every scale at least `TINY`, as in 6.1.
+#
+# Round with `torch.round` (halves to even) everywhere. Return the codes, one scale and one zero
+# point per group; a group size that does not divide the row is an error, raised as a `ValueError`
+# that says so.
+
+# %% exercise="6.2"
+def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric min/max quantization per group of `group_size` consecutive inputs of each row.
+
+    w: [out, in] float32 -> (codes: uint8 [out, in] in 0..15, scale: float32 [out, in // group_size],
+    zero: uint8 [out, in // group_size]). Group j of row o is w[o, j * group_size : (j + 1) * group_size].
+    Per group: lo = min(min(group), 0), hi = max(max(group), 0); scale = (hi - lo) / 15, at least TINY;
+    zero = round(-lo / scale); codes = clamp(round(w / scale) + zero, 0, 15). round is torch.round
+    (halves to the even integer). w is recovered as (codes - zero) * scale, within scale / 2.
+    Raises ValueError if group_size does not divide in.
+
+    Hints: about 8 lines. `w.reshape(out, in // group_size, group_size)` puts each group in a row of
+    its own; `amin` / `amax` over the last dimension; `clamp(max=0)`, `clamp(min=0)`.
+    """
+    ### BEGIN SOLUTION
+    out_features, in_features = w.shape
+    if group_size < 1 or in_features % group_size:
+        raise ValueError(f"group_size {group_size} does not divide the {in_features} inputs of a row")
+    groups = w.float().reshape(out_features, in_features // group_size, group_size)  # [out, groups, g]
+    lo, hi = groups.amin(dim=2).clamp(max=0), groups.amax(dim=2).clamp(min=0)        # [out, groups]
+    scale = ((hi - lo) / INT4_MAX).clamp_min(TINY)
+    zero = torch.round(-lo / scale).clamp(0, INT4_MAX)
+    codes = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
+    return codes.reshape(out_features, in_features).to(torch.uint8), scale, zero.to(torch.uint8)
+    ### END SOLUTION
+
+
+# %% [markdown]
+# The first 96 weights of one row of that matrix, and what int4 with groups of 32 and int8 bring
+# back. Each group of 32 has its own 16 levels: look how the steps change at 32 and 64.
+
+# %%
+row = w_qkv[5:6]                                               # [1, hidden]
+codes4, scale4, zero4 = quantize_int4(row, 32)
+back4 = dequantize_int4(codes4, scale4, zero4)[0, :96]
+back8 = dequantize_int8(*quantize_int8(row))[0, :96]
+inputs = list(range(96))
+fig = go.Figure([go.Scatter(x=inputs, y=row[0, :96].tolist(), mode="markers", name="weight"),
+                 go.Scatter(x=inputs, y=back8.tolist(), mode="lines", name="int8, a scale per row"),
+                 go.Scatter(x=inputs, y=back4.tolist(), mode="lines", line_shape="hvh", name="int4, groups of 32")])
+for edge in (31.5, 63.5):
+    fig.add_vline(x=edge, line_dash="dot", line_color="gray")
+fig.update_layout(title="One row, quantized: int4 has 16 levels per group of 32", xaxis_title="input index",
+                  yaxis_title="weight", height=340)
+fig.show()
+print(f"int4 groups of 32, these three: scales {[round(s, 4) for s in scale4[0, :3].tolist()]}, "
+      f"zero points {zero4[0, :3].tolist()}")
+
+# %%
+check("6.2")
+
+# %% [markdown]
+# ## Exercise 6.3 · Pack two 4-bit codes into a byte
+#
+# PyTorch has no 4-bit type: a `uint8` code in 0..15 wastes half its byte. Pack pairs of them:
+# along the last dimension, code `2i` goes to the **low** nibble (bits 0 to 3) of byte `i` and code
+# `2i + 1` to the **high** nibble (bits 4 to 7):
+#
+# $$\text{byte}_i = c_{2i} + 16\, c_{2i+1} = c_{2i} \,|\, (c_{2i+1} \ll 4).$$
+#
+# An odd number of codes is padded with one code 0 at the end, so `n` codes take `⌈n / 2⌉` bytes.
+# This order is a convention (the one of `minillm`'s checkpoints); what matters is that packing and
+# unpacking agree on it.
+
+# %% exercise="6.3"
+def pack_int4(codes: Tensor) -> Tensor:
+    """Two 4-bit codes per byte along the last dimension.
+
+    codes: uint8 [..., n], values in 0..15 -> uint8 [..., ceil(n / 2)].
+    byte i = codes[..., 2i] | (codes[..., 2i + 1] << 4): the even index in the low nibble, the odd
+    one in the high nibble. An odd n is padded with one 0 code at the end first.
+
+    Hints: 4 lines. `F.pad(codes, (0, 1))` pads the last dimension; `codes[..., 0::2]` and
+    `codes[..., 1::2]` are the even and the odd codes; `|` and `<<` work on uint8 tensors.
+    """
+    ### BEGIN SOLUTION
+    if codes.shape[-1] % 2:
+        codes = F.pad(codes, (0, 1))
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)  # [..., ceil(n / 2)]
+    ### END SOLUTION
+
+
+# %%
+print("codes [1, 2, 3, 4, 5] ->", pack_int4(torch.tensor([1, 2, 3, 4, 5], dtype=torch.uint8)).tolist(),
+      " (1 + 16*2, 3 + 16*4, 5)")
+
+# %%
+check("6.3")
+
+# %% [markdown]
+# ## Exercise 6.4 · Unpack them
+#
+# The inverse: byte `i` gives code `2i` (its low nibble, `byte & 0x0F`) and code `2i + 1` (its high
+# nibble, `byte >> 4`), in that order. The caller says how many codes there were, `n`: for an odd
+# `n` the last high nibble is the padding, and is dropped.
+
+# %% exercise="6.4"
+def unpack_int4(packed: Tensor, n: int) -> Tensor:
+    """The inverse of pack_int4.
+
+    packed: uint8 [..., ceil(n / 2)] -> codes: uint8 [..., n]; codes[..., 2i] = packed[..., i] & 0x0F,
+    codes[..., 2i + 1] = packed[..., i] >> 4; for an odd n the padding code at the end is dropped.
+
+    Hints: 2 or 3 lines. `torch.stack([low, high], dim=-1)` interleaves them; then reshape the
+    last two dimensions into one and keep the first n.
+    """
+    ### BEGIN SOLUTION
+    pairs = torch.stack([packed & 0x0F, packed >> 4], dim=-1)  # [..., ceil(n / 2), 2]
+    return pairs.reshape(*packed.shape[:-1], -1)[..., :n]
+    ### END SOLUTION
+
+
+# %% [markdown]
+# What a 256 × 256 matrix of `tiny` weighs in each form (codes, scales and zero points counted):
+
+# %%
+w_o = tiny.model.layers[0].self_attn.o_proj.weight.detach()  # [hidden, hidden]
+codes4, scale4, zero4 = quantize_int4(w_o, 64)
+packed4 = pack_int4(codes4)
+assert torch.equal(unpack_int4(packed4, w_o.shape[1]), codes4)
+for name, tensors in (("float32", [w_o]), ("int8", list(quantize_int8(w_o))),
+                      ("int4, groups of 64", [packed4, scale4, zero4])):
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    print(f"{name:>20}: {size / 1024:6.1f} KiB, {8 * size / w_o.numel():6.3f} bits per weight")
+
+# %%
+check("6.4")
+
+# %% [markdown]
+# ## Exercise 6.5 · The quantized linear layer
+#
+# `QuantizedLinear` keeps only the packed codes, the scales and the zero points, and rebuilds the
+# weight in every forward:
+#
+# $$y = x\, \hat W^\top + b,\qquad \hat W_{o,i} = (q_{o,i} - z_{o,j})\, s_{o,j},\quad j = \lfloor i / g \rfloor,$$
+#
+# with `g = in / groups` the group size (the scale's shape gives the number of groups). Unpack with
+# your `unpack_int4` (the number of inputs is `x`'s last dimension), dequantize group by group, and
+# multiply. One trap: `q − z` in `uint8` wraps around below zero (`3 − 5 = 254`); convert to float
+# first. Build `Ŵ` in `x`'s dtype, so that a bf16 model multiplies in bf16.
+#
+# Rebuilding a whole float matrix for every forward is the plain-PyTorch way, and not a fast one
+# (you will measure it at the end). A fused kernel dequantizes a tile at a time, in registers,
+# right before it multiplies (lab 07), behind this very interface.
+
+# %% exercise="6.5"
+def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
+    """A linear layer on int4 weights: y = x @ W^T + bias, W dequantized from its packed codes.
+
+    x: [n, in]; packed: uint8 [out, ceil(in / 2)] (pack_int4 of the codes); scale: float32 [out, groups];
+    zero: uint8 [out, groups]; bias: [out] or None -> y: [n, out] in x's dtype.
+    codes = unpack_int4(packed, in); W[o, i] = (codes[o, i] - zero[o, j]) * scale[o, j], with
+    j = i // g and g = in // groups; y = F.linear(x, W in x's dtype, bias).
+
+    Hints: 4 lines. Reshape the codes to [out, groups, g] so that zero[..., None] and scale[..., None]
+    broadcast over each group; `.float()` before subtracting.
+    """
+    ### BEGIN SOLUTION
+    out_features, in_features = packed.shape[0], x.shape[-1]
+    codes = unpack_int4(packed, in_features).reshape(out_features, scale.shape[1], -1).float()  # [out, groups, g]
+    weight = ((codes - zero[..., None].float()) * scale[..., None]).reshape(out_features, in_features)
+    return F.linear(x, weight.to(x.dtype), bias)  # [n, out]
+    ### END SOLUTION
+
+
+# %% [markdown]
+# The MLP's gate and up projections of layer 0 of `tiny` (1,536 outputs), on a few hidden states,
+# quantized with three group sizes: how far do the outputs move?
+
+# %%
+w_gate_up = tiny.model.layers[0].mlp.gate_up_proj.weight.detach()  # [2 * intermediate, hidden]
+x_demo = torch.randn(8, w_gate_up.shape[1], generator=torch.Generator().manual_seed(6))
+exact = F.linear(x_demo, w_gate_up)
+for g in (32, 64, 128):
+    codes4, scale4, zero4 = quantize_int4(w_gate_up, g)
+    y = int4_linear(x_demo, pack_int4(codes4), scale4, zero4, None)
+    print(f"groups of {g:3d}: output error {float((y - exact).norm() / exact.norm()):.2%} of the output's norm")
+
+# %%
+check("6.5")
+
+# %% [markdown]
+# ## Your codecs inside minillm
+#
+# `EngineConfig(quantization=QuantConfig(...))` quantizes the model as it loads: every projection
+# of every decoder layer becomes a `QuantizedLinear` (the LM head stays in full precision unless
+# named). The engine takes its codecs and its int4 forward from `EngineConfig.components`, so with
+# `components=YOURS` below, your `quantize_int8`, `quantize_int4` and `pack_int4` build the
+# quantized weights, and your `int4_linear` (calling your `unpack_int4`) computes with them.
+#
+# `check("6.E")` (also part of `make grade LAB=06`) builds `tiny` quantized to int4 with groups of
+# 64, and to int8, once with your parts and once with the engine's: the logits must agree. Then it
+# runs the workload of labs 02 to 04 (chunked prefill, prefix-cache hits, parallel samples,
+# preemption) on the int4 `pico`: the tokens must be identical.
+
+# %%
+YOURS = Components(quantize_int8=quantize_int8, quantize_int4=quantize_int4, pack_int4=pack_int4,
+                   int4_linear=int4_linear, source="this notebook")
+check("6.E")
+
+# %% [markdown]
+# ## Measure it: quality against bits per weight
+#
+# What does each scheme cost in quality? The yardstick is held-out text: eight windows of 128 tokens
+# from the files of the bundled corpus that `tiny` never trained on. For each candidate,
+# `Reference.compare` (`minillm/quant/eval.py`) computes, on the same windows:
+#
+# * **perplexity**, `exp` of the mean next-token loss: what a benchmark reports;
+# * **KL** from the full model, `Σ p_full (log p_full − log p_quant)` averaged over positions, in
+#   nats: how far each next-token distribution moved. It sees changes that perplexity averages
+#   away (a quantized model can even score a slightly *lower* perplexity by luck while every
+#   distribution moved);
+# * **top-1**: how often both models rank the same token first.
+#
+# Every projection of every layer is quantized; the embedding and the LM head (tied in `tiny`)
+# stay in float32. The fp8 scheme (e4m3, one scale per row) is the engine's.
+
+# %%
+_, heldout_texts, _ = corpus_split()
+tokenizer = Tokenizer.from_file(str(BUNDLED_DIR / "tiny" / "tokenizer.json"))
+# The windows minillm.quant.eval.heldout_windows gives, without tokenizing the training split too.
+windows = spread_rows(encode_corpus(tokenizer, heldout_texts), 8, 129)  # [8, 128 + 1] token ids
+reference = Reference(tiny, windows)
+
+schemes = [QuantConfig("int8"), QuantConfig("fp8"), QuantConfig("int4", group_size=32),
+           QuantConfig("int4", group_size=64), QuantConfig("int4", group_size=128)]
+rows = [("float32", reference.quality, 32.0, linear_weight_bytes(tiny)["total"])]
+for config in schemes:
+    model = quantize_model(copy.deepcopy(tiny), config)
+    sizes = linear_weight_bytes(model)
+    bits = 8 * sizes["quantized"] / (sizes["quantized_fp32"] / 4)  # stored bits per quantized weight
+    rows.append((config.label(), reference.compare(model), bits, sizes["total"]))
+print(f"{'scheme':>10} {'bits/weight':>11} {'model MB':>9} {'perplexity':>10} {'KL (nats)':>10} {'top-1':>6}")
+for name, quality, bits, total in rows:
+    print(f"{name:>10} {bits:11.3f} {total / 1e6:9.2f} {quality.perplexity:10.3f} {quality.kl:10.5f} "
+          f"{quality.top1:6.3f}")
+
+# %%
+fig = make_subplots(rows=1, cols=2, subplot_titles=("KL from the full model", "model size"))
+quantized = rows[1:]
+for name, quality, bits, _ in quantized:
+    fig.add_trace(go.Scatter(x=[bits], y=[quality.kl], mode="markers+text", text=[name], textposition="top center",
+                             marker=dict(size=11), showlegend=False), row=1, col=1)
+fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[3] / 1e6 for r in rows], showlegend=False), row=1, col=2)
+fig.update_xaxes(title_text="stored bits per quantized weight", row=1, col=1)
+fig.update_yaxes(title_text="KL (nats per token)", type="log", row=1, col=1)
+fig.update_yaxes(title_text="MB (the float32 embedding included)", row=1, col=2)
+fig.update_layout(title="tiny: quality against bits per weight", height=380)
+fig.show()
+
+# %% [markdown]
+# Read it from right to left. int8 and fp8 move the distributions very little; int4 costs more,
+# and more the larger its groups: fewer scales, each stretched over more weights, so a larger step.
+# Groups of 32 cost 5.25 bits per weight, groups of 128 only 4.31: the usual compromise is 64 or
+# 128. Perplexity hardly moves for any of them on this small sample, while KL separates them
+# clearly: that is why the rest of this lab measures KL.
+#
+# The size panel has a lesson too: `tiny`'s embedding (4,096 × 256, tied to its LM head) is a
+# fifth of its weights and stays in float32, so int4 shrinks the whole model less than its
+# matrices. In a model of billions of parameters the layers dominate, and the ratio approaches
+# bits per weight over 16 (bf16).
+
+# %% [markdown]
+# ## Exercise 6.6 · Which layers are sensitive?
+#
+# The average hides where the error comes from. Quantize **one decoder layer at a time** (every
+# other layer stays full precision) and measure each against the reference: a layer whose
+# quantization moves the output a lot deserves more bits, a robust one fewer. This is how mixed
+# precision policies are chosen.
+#
+# Use the engine's pieces: `quantize_model(model, config)` quantizes a model **in place** (so
+# quantize a `copy.deepcopy` of it, and leave `model` as it was), `replace(base, layers=(i,))`
+# (from `dataclasses`) is `base` with only layer `i` picked, and `reference.compare(model)` gives
+# the `Quality`. Keep everything else of `base`: its scheme, group size and projections.
+
+# %% exercise="6.6"
+def layer_sensitivity(model: nn.Module, reference: Reference, base: QuantConfig) -> list[Quality]:
+    """Quantize each decoder layer alone, as `base` says, and measure it: one Quality per layer.
+
+    model: a full-precision minillm model (its layers are model.model.layers), left unchanged.
+    reference: the full model's log-probabilities on held-out windows (Reference(model, windows)).
+    base: the scheme, group size and projections to use. Result i is
+    reference.compare(a copy of model quantized with replace(base, layers=(i,))).
+
+    Hints: 1 to 3 lines. A list comprehension over range(len(model.model.layers)).
+    """
+    ### BEGIN SOLUTION
+    return [reference.compare(quantize_model(copy.deepcopy(model), replace(base, layers=(i,))))
+            for i in range(len(model.model.layers))]
+    ### END SOLUTION
+
+
+# %%
+base = QuantConfig("int4", group_size=128)
+per_layer = layer_sensitivity(tiny, reference, base)
+for i, quality in enumerate(per_layer):
+    spread = torch.tensor(quality.kl_per_window).std().item() / math.sqrt(len(quality.kl_per_window))
+    print(f"layer {i}: KL {quality.kl:.5f} ± {spread:.5f} (standard error over the windows), top-1 {quality.top1:.3f}")
+
+# %%
+check("6.6")
+
+# %% [markdown]
+# The first layer stands out in `tiny`. (Each figure carries noise: the `±` is its standard error
+# over the eight windows, computed from `Quality.kl_per_window`. Two layers whose intervals overlap
+# cannot be told apart on this sample.)
+#
+# Now finer: each projection of each layer alone, int4 with groups of 128, the heatmap
+# `minillm.quant.sensitivity.sensitivity_grid` measures (42 quantized copies of `tiny`).
+
+# %%
+projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+grid = sensitivity_grid(tiny, reference, base, projections)
+layers = list(range(len(tiny.model.layers)))
+z = [[grid[(i, p)].kl * 1e3 for p in projections] for i in layers]  # KL in thousandths of a nat
+fig = go.Figure(go.Heatmap(z=z, x=[p.removesuffix("_proj") for p in projections], y=[f"layer {i}" for i in layers],
+                           colorscale="Viridis", colorbar=dict(title="KL x 1000"),
+                           text=[[f"{v:.2f}" for v in r] for r in z], texttemplate="%{text}"))
+fig.update_layout(title="KL from the full model, one projection of one layer in int4 (groups of 128)",
+                  xaxis_title="projection", yaxis_title="decoder layer", height=380)
+fig.update_yaxes(autorange="reversed")
+fig.show()
+
+# %% [markdown]
+# The sensitivity is far from even: a few cells carry most of it, and the sum over a row is
+# roughly that layer's figure from 6.6. This is the picture behind mixed-precision recipes (keep
+# the few sensitive matrices in 8 bits, the rest in 4), and behind methods like AWQ that protect
+# the weights that matter most for the activations they see.
+
+# %% [markdown]
+# ## Exercise 6.7 · Do errors add up, or cancel?
+#
+# If each layer's rounding pushed the output in an unrelated direction, the error of quantizing
+# layers A and B together would be about the sum of their errors alone. (For small changes KL is
+# a quadratic form in the change of the logits: the cross term, the **interaction**, is what can
+# make the total smaller than the sum.) The measured interaction of a pair is
+#
+# $$d = e(A \cup B) - e(A) - e(B).$$
+#
+# Negative: the errors partly **cancel**; positive: they compound. But every `e` is measured on a
+# few windows, and is noisy. The windows are the same for every set, though, so compare window by
+# window (a **paired** test): with `d_w` the interaction on window `w` (n windows),
+#
+# $$\bar d = \frac1n \sum_w d_w,\qquad \mathrm{se} = \frac{\mathrm{sd}(d_w)}{\sqrt n}
+#   \quad(\text{sample standard deviation, divided by } n - 1),$$
+#
+# and call the pair cancelling when `d̄ < −z · se`. Pairing matters: a hard window raises every
+# set's error together, and that shared swing drops out of `d_w`.
+#
+# Search every split of every measured set `S` into two non-empty, disjoint measured sets `A` and
+# `B` with `A ∪ B = S` (all three must be in `errors`). Report each pair once, with `A` the part
+# that holds the smallest layer of `S`, strongest cancellation (most negative `d̄`) first.
+
+# %% exercise="6.7"
+def find_cancellations(errors: dict[frozenset[int], Sequence[float]], z: float = 2.0
+                       ) -> list[tuple[frozenset[int], frozenset[int]]]:
+    """The pairs of layer sets whose quantization errors measurably cancel.
+
+    errors: a set of quantized layers -> its error on each of the same n >= 2 windows (KL per window).
+    For every measured S and every split of S into non-empty, disjoint A and B that are both measured
+    (A | B == S), take d_w = errors[S][w] - errors[A][w] - errors[B][w] and
+    se = (sample standard deviation of d_w, with n - 1) / sqrt(n). The pair cancels when
+    mean(d_w) < -z * se. -> [(A, B), ...]: each pair once, min(A) < min(B), sorted by mean(d_w),
+    the most negative first.
+
+    Hints: about 10 lines. For each S, try each measured A that is a proper subset of S (`A < S`)
+    and holds min(S); B = S - A. torch.tensor(...).std() divides by n - 1.
+    """
+    ### BEGIN SOLUTION
+    found = []
+    for s in errors:
+        for a in errors:
+            b = s - a
+            if not (a and a < s and min(s) in a and b in errors):
+                continue
+            d = torch.tensor(errors[s], dtype=torch.float64) - torch.tensor(errors[a], dtype=torch.float64) \
+                - torch.tensor(errors[b], dtype=torch.float64)  # [n]: the interaction on each window
+            if d.mean() < -z * d.std() / math.sqrt(len(d)):
+                found.append((float(d.mean()), a, b))
+    return [(a, b) for _, a, b in sorted(found, key=lambda f: f[0])]
+    ### END SOLUTION
+
+
+# %% [markdown]
+# A made-up example over three windows, the third much harder than the others: every set's error
+# swings with it. Yet layers 0 and 1 together lose a steady 0.04 or 0.05 to the sum of each alone,
+# window after window, while layers 0 and 2 compound on one window and cancel on another.
+
+# %%
+example = {frozenset({0}): [0.10, 0.20, 0.90], frozenset({1}): [0.05, 0.10, 0.60],
+           frozenset({0, 1}): [0.11, 0.26, 1.45], frozenset({2}): [0.02, 0.04, 0.10],
+           frozenset({0, 2}): [0.12, 0.30, 0.95]}
+for a, b in ((0, 1), (0, 2)):
+    d = [ab - ea - eb for ab, ea, eb in zip(example[frozenset({a, b})], example[frozenset({a})],
+                                            example[frozenset({b})])]
+    print(f"layers {a} and {b}: interaction per window {[round(v, 3) for v in d]}")
+print("find_cancellations:", find_cancellations(example))
+
+# %%
+check("6.7")
+
+# %% [markdown]
+# Now on `tiny`: every layer alone (6.6 measured them) and every pair of layers (15 more quantized
+# copies), int4 with groups of 128, KL per window. If errors simply added, each pair would sit on
+# the diagonal of the plot below; the bars are ±2 standard errors of its interaction.
+
+# %%
+errors = {frozenset({i}): q.kl_per_window for i, q in enumerate(per_layer)}
+for i in layers:
+    for j in layers[i + 1:]:
+        errors[frozenset({i, j})] = measure(tiny, reference, replace(base, layers=(i, j))).kl_per_window
+pairs = [s for s in errors if len(s) == 2]
+cancelling = find_cancellations(errors, z=2.0)
+print(f"{len(cancelling)} of {len(pairs)} pairs cancel at z = 2:",
+      ", ".join(f"layers {sorted(a)} and {sorted(b)}" for a, b in cancelling) or "none")
+
+
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def interaction(pair: frozenset) -> torch.Tensor:
+    i, j = sorted(pair)
+    return (torch.tensor(errors[pair]) - torch.tensor(errors[frozenset({i})]) - torch.tensor(errors[frozenset({j})]))
+
+
+found = {a | b for a, b in cancelling}
+fig = go.Figure()
+for kind, members, color in (("cancel (z = 2)", [s for s in pairs if s in found], "#e4572e"),
+                             ("no evidence", [s for s in pairs if s not in found], "#3d6fb6")):
+    if not members:
+        continue
+    predicted = [sum(mean(errors[frozenset({i})]) for i in s) for s in members]
+    bars = [2 * interaction(s).std().item() / math.sqrt(len(windows)) for s in members]
+    fig.add_trace(go.Scatter(x=predicted, y=[mean(errors[s]) for s in members], mode="markers", name=kind,
+                             marker=dict(color=color, size=9), error_y=dict(type="data", array=bars),
+                             text=[f"layers {sorted(s)}" for s in members]))
+line = [min(mean(errors[s]) for s in pairs) * 0.95, max(mean(errors[s]) for s in pairs) * 1.05]
+fig.add_trace(go.Scatter(x=line, y=line, mode="lines", line=dict(dash="dash", color="gray"), name="errors add up"))
+fig.update_layout(title="Two layers in int4: measured KL against the sum of each alone", height=400,
+                  xaxis_title="KL of layer i alone + KL of layer j alone", yaxis_title="KL of layers i and j together")
+fig.show()
+
+# %% [markdown]
+# Errors mostly add up: the points hug the diagonal. Where the search finds a cancelling pair, the
+# saving is a few percent of the pair's error, real (the paired test says it is not noise) but
+# small. Two cautions before you build a policy on it:
+#
+# * **Many tests, some false alarms.** At z = 2 each pair with no true interaction still passes by
+#   chance about 2% of the time; over 15 pairs, expect a third of a false alarm. Demand a larger
+#   z, or confirm on fresh windows, before trusting one pair.
+# * **Cancellation is specific.** It depends on the scheme, the group size and the text; a pair
+#   that cancels in int4-g128 need not in int4-g32.
+#
+# `minillm/quant/sensitivity.py` also grows sets of layers in several orders (most sensitive first,
+# least sensitive first, random): a quick way to see whether the error of *all* layers is the sum
+# of the parts, which for `tiny` it nearly is.
+
+# %% [markdown]
+# ## Why weight-only quantization speeds up decode, and not prefill
+#
+# Lab 00's roofline: a step takes at least `max(FLOPs / peak, bytes / bandwidth)`. Weight-only
+# quantization changes only the bytes of the weights: the arithmetic still runs in bf16 (the
+# weights are dequantized on the way in), so the FLOPs and the peak stay the same.
+#
+# * A **decode** step at batch 1 does 2 FLOPs per weight and reads each weight once: its intensity
+#   is about 1 FLOP per byte in bf16, far below a GPU's ridge (hundreds). It is bound by the bytes,
+#   and int4 divides them by almost 4.
+# * A **prefill** of 2,048 tokens does 2 FLOPs per weight *per token* for one read of each weight:
+#   thousands of FLOPs per byte, compute-bound. Fewer bytes change nothing; only faster arithmetic
+#   would (FP8 or INT8 tensor cores, with the activations quantized too: W8A8).
+#
+# Llama-3.1-8B on an H100, by `minillm.perf`'s roofline (KV cache in bf16, 1,024 tokens of context
+# for decode; fp32 weights computed in fp32, all others in bf16):
+
+# %%
+llama, h100 = model_shape("Llama-3.1-8B"), PROFILES["H100 SXM"]
+FORMATS = {"fp32": (32.0, "float32"), "bf16": (16.0, "bfloat16"), "int8": (8.0, "bfloat16"),
+           "int4-g64": (4.625, "bfloat16")}  # bits per weight (scales included), the arithmetic's dtype
+
+
+def step_cost(phase: str, tokens: int, bits: float) -> OpCost:
+    """One step of Llama-3.1-8B at batch 1, weights stored at `bits` per weight, KV cache in bf16."""
+    step = decode_cost if phase == "decode" else prefill_cost
+    cost = step(llama, 1, tokens, "bfloat16")
+    weights = param_count(llama)
+    return OpCost(cost.flops, cost.bytes - 2 * weights + weights * bits / 8, cost.tokens)
+
+
+points, costs = {}, {}
+for phase, tokens in (("decode", 1024), ("prefill", 2048)):
+    for name, (bits, dtype) in FORMATS.items():
+        cost, peak = step_cost(phase, tokens, bits), h100.peak(dtype)
+        compute_s, memory_s = cost.flops / peak, cost.bytes / h100.bandwidth
+        costs[(phase, name)] = (cost, max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory")
+        points[(phase, name)] = (cost.intensity, min(peak, cost.intensity * h100.bandwidth))
+print(f"{'step':>8} {'format':>9} {'GB moved':>9} {'FLOP/byte':>10} {'bound':>8} {'ms':>8} {'vs bf16':>8}")
+for (phase, name), (cost, seconds, kind) in costs.items():
+    speedup = costs[(phase, "bf16")][1] / seconds
+    print(f"{phase:>8} {name:>9} {cost.bytes / 1e9:9.2f} {cost.intensity:10.1f} {kind:>8} {seconds * 1e3:8.2f} "
+          f"{speedup:7.2f}x")
+
+# %%
+intensity = torch.logspace(-0.5, 4.5, 200)
+fig = go.Figure()
+for dtype, dash in (("bfloat16", "solid"), ("float32", "dot")):
+    roof = [min(h100.peak(dtype), float(i) * h100.bandwidth) / 1e12 for i in intensity]
+    fig.add_trace(go.Scatter(x=intensity.tolist(), y=roof, mode="lines", line=dict(dash=dash, color="gray"),
+                             name=f"H100 roof, {dtype} arithmetic"))
+COLORS = ("#8a5cf6", "#3d6fb6", "#2a9d8f", "#e4572e")
+for phase, symbol in (("decode", "circle"), ("prefill", "diamond")):
+    for k, name in enumerate(FORMATS):
+        x, y = points[(phase, name)]
+        fig.add_trace(go.Scatter(x=[x], y=[y / 1e12], mode="markers", name=f"{phase}, {name}",
+                                 marker=dict(symbol=symbol, size=11, color=COLORS[k])))
+fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte moved)")
+fig.update_yaxes(type="log", title_text="attainable TFLOP/s")
+fig.update_layout(title="Llama-3.1-8B on an H100: fewer bits move decode up the memory roof", height=420)
+fig.show()
+
+# %% [markdown]
+# The decode points climb the slanted, memory-bound part of the roof as the bits shrink: each
+# halving of the bytes doubles the attainable FLOP/s, and the step's time halves. The prefill points
+# sit on the flat compute roof (the fp32 one on its lower roof), where the weights' bytes do not
+# matter. Batching moves decode to the right too: at batch 64 a decode step does 64 times the
+# FLOPs for the same weight bytes, and the gain of int4 shrinks as it nears the ridge. That is why
+# weight-only int4 shines for a few users at a time, and why servers with large batches turn to
+# FP8 arithmetic instead.
+
+# %% [markdown]
+# ## Measure it: your parts in the engine, on this CPU
+#
+# Now the real engine, with your codecs and your int4 linear layer. First: does `tiny` still
+# write the same text? Then the time of a decode step at batch 1: float32, int8 (the engine's
+# `int8_linear`, which scales after the product), and int4 with groups of 64, the engine's forward
+# and yours.
+
+# %%
+prompt = tokenizer.encode("def fibonacci(n):\n    ").ids
+greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+
+
+def decode_step_time(llm: LLM) -> float:
+    """Median seconds of a decode step at batch 1 (the first 48 tokens after the prompt, twice)."""
+    steps = []
+    llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)  # warm-up
+    llm.engine.subscribe(lambda e: steps.append(e.duration) if all(w.phase == "decode" for w in e.scheduled) else None)
+    for _ in range(2):
+        llm.generate([prompt], greedy, use_tqdm=False)
+    return sorted(steps)[len(steps) // 2]
+
+
+int4_g64 = QuantConfig("int4", group_size=64)
+engines = {"float32": LLM("tiny"), "int8": LLM("tiny", quantization=QuantConfig("int8")),
+           "int4-g64, the engine's": LLM("tiny", quantization=int4_g64),
+           "int4-g64, yours": LLM("tiny", quantization=int4_g64, components=YOURS)}
+texts = {name: llm.generate([prompt], greedy, use_tqdm=False)[0].token_ids for name, llm in engines.items()}
+print("your int4 engine writes the engine's int4 tokens:", texts["int4-g64, yours"] == texts["int4-g64, the engine's"])
+print("int4 tokens equal to float32's:", sum(a == b for a, b in zip(texts["int4-g64, yours"], texts["float32"])),
+      "of", len(texts["float32"]))
+step_ms = {name: decode_step_time(llm) * 1e3 for name, llm in engines.items()}
+for name, ms in step_ms.items():
+    print(f"{name:>24}: {ms:6.2f} ms per decode step ({ms / step_ms['float32']:.2f}x float32)")
+
+# %% [markdown]
+# On this CPU, quantization does not make `tiny` faster, and int4 makes it slower. Two reasons:
+#
+# * `tiny`'s 23 MB of weights stay in the CPU's caches from one step to the next (lab 05 found the
+#   same), so its steps were never waiting on main memory: there is little traffic to save.
+# * Your `int4_linear`, like the engine's plain-PyTorch one, unpacks and dequantizes the whole
+#   matrix into a fresh float32 tensor in every forward, then multiplies. That writes and reads
+#   *more* bytes than the float32 weight alone.
+#
+# A layer the size of a large model's makes the second point plain: one 4096 × 4096 projection at
+# batch 1, whose float32 weight (64 MB) does not fit in the caches.
+
+# %%
+w_big = torch.randn(4096, 4096, generator=torch.Generator().manual_seed(0)) * 0.02
+x_one = torch.randn(1, 4096)
+q_big, s_big = quantize_int8(w_big)
+codes_big, scale_big, zero_big = quantize_int4(w_big, 64)
+packed_big = pack_int4(codes_big)
+layer_ms = {
+    "float32 weight (64 MB)": median_time(lambda: F.linear(x_one, w_big), repeats=5),
+    "int8 (16 MB), converted each call": median_time(lambda: int8_linear(x_one, q_big, s_big, None), repeats=5),
+    "int4-g64 (9 MB), your int4_linear": median_time(lambda: int4_linear(x_one, packed_big, scale_big, zero_big, None),
+                                                     repeats=5),
+}
+for name, seconds in layer_ms.items():
+    print(f"{name:>36}: {seconds * 1e3:7.2f} ms")
+fig = go.Figure(go.Bar(x=list(layer_ms), y=[s * 1e3 for s in layer_ms.values()]))
+fig.update_layout(title="One 4096 x 4096 linear layer at batch 1 on this CPU, without a fused kernel",
+                  yaxis_title="ms per call", height=320)
+fig.show()
+
+# %% [markdown]
+# Dequantizing on the fly in plain PyTorch turns a 9 MB read into a 64 MB write and a 64 MB read,
+# plus the unpacking: several times slower than the float32 layer it replaces. The memory saving
+# is real (the model takes a quarter of the space), the speed-up is not, until the dequantization
+# moves *into* the matrix multiplication: a kernel that loads packed 4-bit tiles, unpacks and
+# scales them in registers, and multiplies at once never writes the float matrix at all. That is
+# what GPU kernels such as Marlin and the int4 dequant-matmul of lab 07 do, and where the roofline's
+# near-4x for decode becomes a measurement.
+#
+# ## How production engines do it
+#
+# * **Better rounding, same format.** Rounding each weight to its nearest level is the simplest
+#   choice, not the best. **GPTQ** (Frantar et al. 2022) quantizes a matrix one column at a time
+#   and updates the columns not yet quantized to compensate each column's error, guided by
+#   second-order information from calibration activations. **AWQ** (Lin et al. 2023) finds the
+#   input channels with large activations and scales their weights up before quantizing, so the
+#   weights that matter most lose the least. Both produce ordinary int4 group-wise weights that the
+#   same kernels run.
+# * **Formats.** Group sizes of 64 or 128 with 16-bit scales are the common int4 choice.
+#   llama.cpp's GGUF formats use blocks of 32 weights (Q4_0: a 16-bit scale per block, 4.5 bits per
+#   weight) and "k-quants" with super-blocks of 256. QLoRA's **NF4** places its 16 levels at the
+#   quantiles of a normal distribution instead of evenly, since weights are roughly normal.
+# * **Outliers.** **LLM.int8()** (Dettmers et al. 2022) keeps the few activation channels with
+#   outliers in 16 bits and the rest in int8. **SmoothQuant** (Xiao et al. 2022) moves activation
+#   outliers into the weights with a per-channel scale, so both can be int8 (W8A8), which speeds
+#   up prefill too, on int8 tensor cores.
+# * **FP8.** Hopper and newer GPUs multiply in FP8 natively: FP8 weights *and* activations (the e4m3
+#   format of the fp8 row above) halve both the bytes and the arithmetic time of bf16, with a
+#   quality loss close to int8's. vLLM and SGLang serve FP8 checkpoints, and can store the KV cache
+#   in FP8 too, which halves the memory of long contexts.
+# * **Kernels.** Weight-only int4 pays off only with fused dequant-matmul kernels (Marlin, Machete,
+#   ExLlama, llama.cpp's), which keep decode memory-bound on the 4-bit bytes; vLLM picks one by the
+#   checkpoint's quantization method and the GPU.
