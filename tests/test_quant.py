@@ -297,3 +297,35 @@ def test_the_quantize_command_writes_a_checkpoint_that_loads(tmp_path, capsys):
     assert LLM(str(tmp_path / "q")).model.quant_config == QuantConfig("int4", group_size=128, layers=(0, 1))
     assert main(["quantize", "tiny", "--scheme", "int4", "--group-size", "48", "--out", str(tmp_path / "x")]) == 2
     assert "group_size 48 does not divide the input dimension 256" in capsys.readouterr().err
+
+
+def test_awq_scaling_leaves_the_full_precision_model_unchanged_and_lowers_each_matrix_error(tiny):
+    from minillm.quant.awq import apply_awq, calibration_rows
+    model = copy.deepcopy(tiny.model)
+    ids, pos = torch.tensor([5, 99, 1000, 7, 42, 3000]), torch.arange(6)
+    before = model.compute_logits(model(ids, pos))
+    rows = calibration_rows(resolve_model_path("tiny"), tokens=256, seq_len=128)
+    report = apply_awq(model, QuantConfig("int4", group_size=32, layers=(0, 3), calibration="awq"), rows)
+    assert set(report) == {f"layer {i} {m}" for i in (0, 3) for m in ("qkv", "gate_up", "down")}
+    assert torch.allclose(model.compute_logits(model(ids, pos)), before, rtol=1e-4, atol=1e-4)  # same function
+    assert all(r["error_after"] <= r["error_before"] for r in report.values())
+    assert any(r["error_after"] < r["error_before"] * 0.99 for r in report.values())
+    norm = model.model.layers[0].input_layernorm.weight
+    assert not torch.equal(norm, tiny.model.model.layers[0].input_layernorm.weight)  # the scales were folded in
+
+
+def test_an_awq_checkpoint_keeps_its_folded_scales(tmp_path):
+    config = QuantConfig("int4", group_size=32, layers=(1,), calibration="awq")
+    quantized = LLM("tiny", quantization=config)
+    loaded = LLM(str(save_quantized(quantized.model, resolve_model_path("tiny"), tmp_path / "q")))
+    assert loaded.model.quant_config == config
+    assert torch.equal(quantized.logits([5, 99, 1000, 7]), loaded.logits([5, 99, 1000, 7]))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: QuantConfig("int8", calibration="awq"), "calibration 'awq' applies to int4 only, not 'int8'"),
+    (lambda: QuantConfig("int4", calibration="gptq"), "calibration must be None or 'awq', got 'gptq'"),
+])
+def test_bad_calibration_settings_are_refused(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

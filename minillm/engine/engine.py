@@ -25,6 +25,7 @@ from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.quant import QuantConfig, QuantOps, quantize_model
+from minillm.quant.awq import apply_awq, calibration_rows
 from minillm.sampling import SamplingParams, sample_requests, token_logprobs
 from minillm.spec.proposers import make_proposer
 from minillm.spec.speculator import Speculator
@@ -32,14 +33,18 @@ from minillm.state import FinishReason, KVStats, ScheduledSeq, ScheduledWork, Se
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
-def quantized(model: torch.nn.Module, config: QuantConfig, components: Components, shared: bool) -> torch.nn.Module:
+def quantized(model: torch.nn.Module, config: QuantConfig, components: Components, shared: bool,
+              model_dir) -> torch.nn.Module:
     """model with its linear layers quantized as config says, by the components' codecs where a lab
     replaces them; a model shared with other engines is copied first, never changed under them."""
     if getattr(model, "quant_config", None) is not None:
         raise ValueError(f"the model is already quantized ({model.quant_config.label()}): load its "
                          f"full-precision checkpoint to quantize it another way")
     ops = QuantOps(**{f.name: getattr(components, f.name) for f in fields(QuantOps) if getattr(components, f.name)})
-    return quantize_model(copy.deepcopy(model) if shared else model, config, ops)
+    model = copy.deepcopy(model) if shared else model
+    if config.calibration == "awq":
+        apply_awq(model, config, calibration_rows(model_dir))
+    return quantize_model(model, config, ops)
 
 
 class LLMEngine:
@@ -51,7 +56,8 @@ class LLMEngine:
         self.device, self.dtype = config.torch_device, config.torch_dtype
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.device)
         if config.quantization is not None:
-            self.model = quantized(self.model, config.quantization, config.components, shared=model is not None)
+            self.model = quantized(self.model, config.quantization, config.components, model is not None,
+                                   self.model_dir)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = Tokenizer(self.model_dir)
         limit = self.model_config.max_position_embeddings

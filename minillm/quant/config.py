@@ -15,6 +15,7 @@ from minillm.quant import codecs
 SCHEMES = ("int8", "int4", "fp8")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 LAYER_PROJECTIONS = PROJECTIONS[:-1]  # the seven inside each decoder layer
+CALIBRATIONS = (None, "awq")
 GROUP_SIZES = (32, 64, 128)           # int4's usual group sizes (any size that divides the rows works)
 
 
@@ -24,6 +25,7 @@ class QuantConfig:
     group_size: int = 64                        # int4: inputs that share one scale and zero point
     layers: tuple[int, ...] | None = None       # decoder layers to quantize; None: all of them
     projections: tuple[str, ...] = LAYER_PROJECTIONS  # which matrices, by Hugging Face name
+    calibration: str | None = None              # "awq": activation-aware scaling on calibration text (int4)
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -32,6 +34,10 @@ class QuantConfig:
             codecs.require_fp8()
         if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {self.group_size!r}")
+        if self.calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be None or 'awq', got {self.calibration!r}")
+        if self.calibration is not None and self.scheme != "int4":
+            raise ValueError(f"calibration {self.calibration!r} applies to int4 only, not {self.scheme!r}")
         if isinstance(self.projections, str):
             raise TypeError(f"projections must be a list of names, got the string {self.projections!r}")
         projections = tuple(self.projections)
@@ -73,11 +79,13 @@ class QuantConfig:
                              f"it quantized itself ('minillm'); quantize the full-precision model with "
                              f"EngineConfig(quantization=...) instead")
         return cls(scheme=raw["scheme"], group_size=raw.get("group_size", 64), layers=raw.get("layers"),
-                   projections=tuple(raw.get("projections", LAYER_PROJECTIONS)))
+                   projections=tuple(raw.get("projections", LAYER_PROJECTIONS)), calibration=raw.get("calibration"))
 
     def label(self) -> str:
         """A short name: int8, int4-g64, fp8, with the layers when not all."""
         name = f"int4-g{self.group_size}" if self.scheme == "int4" else self.scheme
+        if self.calibration:
+            name += f"-{self.calibration}"
         if self.layers is not None:
             name += f" layers {','.join(map(str, self.layers))}"
         if self.projections != LAYER_PROJECTIONS:
