@@ -136,8 +136,11 @@ def test_the_quantization_page_in_a_real_browser(server, tmp_path):
             page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
             page.get_by_role("button", name=re.compile("Generate$")).click()
             page.get_by_text("Last run:").wait_for(timeout=60_000)
+            page.get_by_text("Full precision (fp32)").wait_for(timeout=30_000)
+            page.wait_for_timeout(1000)  # the two texts are drawn just after the caption
             marked = page.locator('span[style*="background:#ffd8a8"]').count()  # the legend's, then one per text
-            assert marked == 3 or page.get_by_text("agree on the first 48 of 48").count(), "where they part is marked"
+            assert marked == 3 or page.get_by_text("agree on the first 48 of 48").count(), \
+                f"where they part is marked ({marked} marks)"
             page.get_by_role("button", name=re.compile(r"Measure the sensitivity \(")).click()
             page.locator('[data-testid="stPlotlyChart"]').nth(1).wait_for(timeout=180_000)
             page.wait_for_timeout(1500)
