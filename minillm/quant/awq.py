@@ -97,7 +97,7 @@ def apply_awq(model: torch.nn.Module, config: QuantConfig, rows: torch.Tensor) -
 
 def calibration_rows(model_dir, tokens: int = 512, seq_len: int = 256) -> torch.Tensor:
     """[tokens // seq_len, seq_len] rows of the bundled corpus's train split in the model's tokens."""
-    from minillm.spec.train_heads import corpus_ids, spread_rows
-    train, _, _ = corpus_ids(model_dir)
-    return spread_rows(train, max(1, tokens // seq_len), seq_len)
+    from minillm.quant.eval import corpus_tokens
+    from minillm.spec.train_heads import spread_rows
+    return spread_rows(corpus_tokens(str(model_dir), "train", texts=16), max(1, tokens // seq_len), seq_len)
 

@@ -9,15 +9,17 @@ Every figure comes from the same held-out windows (the bundled corpus's held-out
 model's own tokens), each window read from its start as a fresh prompt would be. The full model's
 log-probabilities are computed once (`Reference`) and every candidate is compared against them.
 """
+import functools
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 
-from minillm.spec.train_heads import corpus_ids, spread_rows
-from minillm.train import PackedRows
+from minillm.spec.train_heads import spread_rows
+from minillm.train import PackedRows, corpus_split, encode_corpus
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,18 @@ class Quality:
 
 def heldout_windows(model_dir: Path, count: int = 16, seq_len: int = 256) -> torch.Tensor:
     """[count, seq_len + 1] token ids spread evenly over the held-out split (the same every run)."""
-    _, heldout, _ = corpus_ids(Path(model_dir))
-    return spread_rows(heldout, count, seq_len + 1)
+    return spread_rows(corpus_tokens(str(model_dir), "heldout"), count, seq_len + 1)
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_tokens(model_dir: str, split: str, texts: int | None = None) -> torch.Tensor:
+    """The bundled corpus's `split` ("train" or "heldout") in the model's tokens; texts: only that many
+    of its files, evenly spaced (calibration needs a few hundred tokens, not the whole train split)."""
+    train, heldout, _ = corpus_split()
+    chosen = train if split == "train" else heldout
+    if texts is not None:
+        chosen = chosen[::max(1, len(chosen) // texts)][:texts]
+    return encode_corpus(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")), chosen)
 
 
 @torch.no_grad()
