@@ -18,6 +18,9 @@ from minillm.quant.eval import Quality, Reference
 
 def quantized_copy(model: torch.nn.Module, config: QuantConfig) -> torch.nn.Module:
     """A quantized copy of model; model itself stays full precision."""
+    if config.calibration is not None:
+        raise ValueError(f"sensitivity sweeps quantize without calibration; got calibration={config.calibration!r} "
+                         f"(an engine applies it: LLM(model, quantization=config))")
     return quantize_model(copy.deepcopy(model), config)
 
 
