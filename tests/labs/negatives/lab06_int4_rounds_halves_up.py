@@ -1,0 +1,14 @@
+"""Rounds halves up, floor(x + 0.5), instead of to the even integer as torch.round does."""
+EXERCISE = "6.2"
+
+
+def quantize_int4(w, group_size):
+    out_features, in_features = w.shape
+    if in_features % group_size:
+        raise ValueError(f"group_size {group_size} does not divide {in_features}")
+    groups = w.float().reshape(out_features, in_features // group_size, group_size)
+    lo, hi = groups.amin(dim=2).clamp(max=0), groups.amax(dim=2).clamp(min=0)
+    scale = ((hi - lo) / 15).clamp_min(TINY)
+    zero = torch.floor(-lo / scale + 0.5).clamp(0, 15)
+    codes = (torch.floor(groups / scale[..., None] + 0.5) + zero[..., None]).clamp(0, 15)
+    return codes.reshape(out_features, in_features).to(torch.uint8), scale, zero.to(torch.uint8)
