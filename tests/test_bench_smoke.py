@@ -140,6 +140,7 @@ def test_quant_quick_path_on_a_hf_checkpoint_skips_group_sizes_that_do_not_divid
     assert figures["bytes"]["full"]["quantized"] == 0
     [study] = figures["sensitivity"]
     assert study["scheme"] == "int4-g32" and study["exhaustive"] and study["sets_measured"] == 3
+    assert study["nll_pairs"] == 5  # the full model joins as the empty set: three more pairs
     assert study["pairs"] == 2 and set(study["projections_alone"]) == {"q_proj", "k_proj", "v_proj", "o_proj",
                                                                         "gate_proj", "up_proj", "down_proj"}
     assert "cancellation at int4-g32:" in out and "48 tokens scored per measurement" in out

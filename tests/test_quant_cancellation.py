@@ -1,5 +1,6 @@
 """Error cancellation: the pure decision on synthetic Qualities (against a brute-force oracle), and
 one small real search on tiny."""
+import dataclasses
 import itertools
 import math
 import random
@@ -15,6 +16,7 @@ from minillm.quant.cancellation import (
     all_subsets,
     bonferroni_z,
     find_cancellations,
+    nll_view,
     paired_difference,
     prefixes,
     search,
@@ -76,6 +78,16 @@ def test_sets_that_are_not_nested_are_never_compared():
     assert find_cancellations(results) == []  # {2} and {1, 2} are far lower, but no set of them contains {0, 1}
 
 
+def test_the_nll_view_asks_the_same_question_of_perplexity_with_the_full_model_as_the_empty_set():
+    full = dataclasses.replace(quality([0.0] * 4), nll_per_window=(2.0, 2.5, 3.0, 2.2))
+    lower = dataclasses.replace(quality([0.01] * 4), nll_per_window=(1.9, 2.41, 2.9, 2.12))  # KL up, NLL down
+    results = {units(): full, units(0): lower}
+    assert find_cancellations({units(0): lower}) == []
+    [c] = find_cancellations(nll_view(results))
+    assert (c.subset, c.superset) == (units(), units(0)) and c.kl_subset == pytest.approx(2.425)
+    assert c.delta == pytest.approx(0.0925) and c.z > 2
+
+
 def test_qualities_over_different_windows_are_refused():
     with pytest.raises(ValueError, match="same windows"):
         find_cancellations({units(0): quality([0.1, 0.2]), units(0, 1): quality([0.1, 0.2, 0.3])})
@@ -87,7 +99,7 @@ def oracle(results: dict[frozenset[int], Quality], z: float) -> set[tuple]:
     """Brute force, written apart: every ordered pair of sets, the paired z from first principles."""
     out = set()
     for s, t in itertools.product(results, repeat=2):
-        if not (s and s.issubset(t) and s != t):
+        if not (s.issubset(t) and s != t):
             continue
         d = [a - b for a, b in zip(results[s].kl_per_window, results[t].kl_per_window)]
         mean = sum(d) / len(d)

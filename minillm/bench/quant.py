@@ -24,7 +24,7 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.decode import minillm_decode
 from minillm.models.registry import resolve_model_path
 from minillm.quant import QuantConfig, linear_weight_bytes
-from minillm.quant.cancellation import Search, bonferroni_z, find_cancellations, paired_difference, search
+from minillm.quant.cancellation import MAX_EXHAUSTIVE_UNITS, Search, paired_difference, search
 from minillm.quant.codecs import FP8_DTYPE
 from minillm.quant.config import LAYER_PROJECTIONS
 from minillm.quant.eval import Quality, Reference, heldout_windows
@@ -114,6 +114,10 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     specs = [("int8", 0), *(("int4", g) for g in s.group_sizes), *([("fp8", 0)] if s.fp8 else [])]
     schemes = configs(specs, full.config, notes)
     searched = configs(s.searched, full.config, notes)
+    if s.exhaustive and len(full.model.layers) > MAX_EXHAUSTIVE_UNITS:
+        layers = len(full.model.layers)
+        notes.append(f"every-subset search skipped: {layers} decoder layers would be {2 ** layers - 1:,} sets "
+                     f"(it takes at most {MAX_EXHAUSTIVE_UNITS} layers); growing sets only")
     with progress("quant", 1 + len(schemes) * (1 + s.repeats) + s.repeats, "measurement") as bar:
         bar.set_description("quant: the full model's log-probabilities")
         reference = Reference(full, windows)
@@ -174,23 +178,6 @@ def growing_rows(study: Search) -> list[dict]:
     return rows
 
 
-def cancellation_record(study: Search) -> dict:
-    """The search's counts at z >= 2 and at the Bonferroni threshold, with each cancellation's
-    perplexity change and paired NLL z."""
-    strict = bonferroni_z(max(study.pairs, 1))
-    lower = find_cancellations(study.results, z=-float("inf"))
-    found = []
-    for c in study.cancellations:
-        a, b = study.results[c.subset], study.results[c.superset]
-        _, _, nll_z = paired_difference(a.nll_per_window, b.nll_per_window)
-        found.append({"subset": sorted(c.subset), "superset": sorted(c.superset), "kl_subset": c.kl_subset,
-                      "kl_superset": c.kl_superset, "delta": c.delta, "stderr": c.stderr, "z": c.z,
-                      "perplexity_subset": a.perplexity, "perplexity_superset": b.perplexity, "nll_z": nll_z})
-    return {"scheme": study.base.label(), "sets_measured": len(study.results), "exhaustive": study.exhaustive,
-            "pairs": study.pairs, "superset_lower": len(lower), "beyond_z2": len(found), "bonferroni_z": strict,
-            "beyond_bonferroni": sum(c["z"] >= strict for c in found), "cancellations": found}
-
-
 def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict, studies: list, conditions: dict,
            json_path: str | None, seconds: float) -> dict:
     print(f"{machine_line(conditions)}\nmodel: {model}; held-out text: {s.windows} windows x {s.window_tokens} "
@@ -201,6 +188,7 @@ def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict,
     print_table(rows, f"schemes: quality on the held-out windows, weight bytes (exact), greedy decode at batch 1 "
                       f"({s.prompt_tokens}-token prompt, {s.new_tokens} new tokens, median of {s.repeats} "
                       f"interleaved runs; vs full = median of paired ratios)")
+    print("every decoder layer's projections are quantized; the embedding and LM head stay full precision")
     print("greedy = full: output tokens before the first that differs from the full model's (a near-tie between "
           "two tokens can flip the first one and send the rest down another path)")
     records = []
@@ -211,12 +199,12 @@ def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict,
         print_table(singles + [{"unit": f"{p} (all layers)", **shown(q)} for p, q in alone.items()],
                     f"{label}: each layer alone (all its projections), each projection type alone (every layer)")
         print_table(growing_rows(study), f"{label}: growing sets of layers, in several orders")
-        record = cancellation_record(study)
+        record = study.summary()
         top = record["cancellations"][:8]
         print(f"\n{label}: cancellation search over {record['sets_measured']} measured sets of layers"
               f"{' (every subset)' if study.exhaustive else ''}, {record['pairs']} nested pairs (S a strict subset "
-              f"of T): T's mean KL lower in {record['superset_lower']}, beyond the noise (paired z >= 2) in "
-              f"{record['beyond_z2']}, beyond the Bonferroni threshold for {record['pairs']} pairs "
+              f"of T): T's mean KL lower in {record['superset_lower']}, beyond the noise (paired z >= "
+              f"{record['z']:g}) in {record['beyond_z']}, beyond the Bonferroni threshold for {record['pairs']} pairs "
               f"(z >= {record['bonferroni_z']:.2f}) in {record['beyond_bonferroni']}")
         if top:
             print_table([{"S": layers_label(c["subset"]), "T": layers_label(c["superset"]),
@@ -225,6 +213,16 @@ def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict,
                           "perplexity S -> T": f"{c['perplexity_subset']:.3f} -> {c['perplexity_superset']:.3f}",
                           "NLL z": f"{c['nll_z']:.1f}"} for c in top],
                         f"{label}: the strongest cancellations (quantizing T lowers the KL of S)")
+        print(f"{label}, perplexity: the same paired test on each window's mean NLL, the full model included as "
+              f"the empty set ({record['nll_pairs']} pairs): T's perplexity lower in {record['nll_lower']}, beyond "
+              f"the noise (z >= {record['z']:g}) in {record['nll_beyond_z']}, beyond the Bonferroni threshold "
+              f"(z >= {record['nll_bonferroni_z']:.2f}) in {record['nll_beyond_bonferroni']}")
+        if record["nll_drops"]:
+            print_table([{"S": layers_label(c["subset"]) if c["subset"] else "{} (full)",
+                          "T": layers_label(c["superset"]), "perplexity S -> T":
+                          f"{c['perplexity_subset']:.3f} -> {c['perplexity_superset']:.3f}",
+                          "NLL drop": f"{c['delta_nll']:.1e}", "± se": f"{c['stderr']:.1e}", "z": f"{c['z']:.1f}"}
+                         for c in record["nll_drops"][:5]], f"{label}: the largest perplexity drops (by z)")
         records.append({**record, "layers_alone": {i: study.results[frozenset({i})].as_dict()
                                                    for i in range(len(singles))},
                         "projections_alone": {p: q.as_dict() for p, q in alone.items()},
@@ -232,10 +230,13 @@ def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict,
                         "sets": [{"layers": sorted(k), **v.as_dict()} for k, v in study.results.items()]})
     print()
     for r in records:
-        verdict = ("beyond the noise" if r["beyond_bonferroni"] else
-                   "only at z >= 2, not at the Bonferroni threshold (as chance alone could give)"
-                   if r["beyond_z2"] else "none beyond the noise")
-        print(f"cancellation at {r['scheme']}: {verdict}")
+        verdict = ("beyond the noise, even at the Bonferroni threshold" if r["beyond_bonferroni"] else
+                   f"only at z >= {r['z']:g}, not at the Bonferroni threshold (as chance alone could give)"
+                   if r["beyond_z"] else "none beyond the noise")
+        nll = ("beyond the noise, even at the Bonferroni threshold" if r["nll_beyond_bonferroni"] else
+               f"only at z >= {r['z']:g}, not at the Bonferroni threshold" if r["nll_beyond_z"] else
+               "none beyond the noise")
+        print(f"cancellation at {r['scheme']}: in KL from the full model {verdict}; in perplexity {nll}")
     measurements = len(table) + sum(len(a) + len(st.results) for a, st in studies)
     print(f"{measurements} quality measurements of {s.windows * s.window_tokens:,} tokens each; "
           f"the run took {seconds / 60:.1f} min")

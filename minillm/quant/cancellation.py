@@ -55,8 +55,9 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, fl
 
 
 def strict_pairs(sets: Iterable[frozenset[int]]) -> list[tuple[frozenset[int], frozenset[int]]]:
-    """Every (S, T) of non-empty sets with S a strict subset of T: the pairs a search compares."""
-    sets = sorted({frozenset(s) for s in sets if s}, key=lambda s: (len(s), sorted(s)))
+    """Every (S, T) of the sets with S a strict subset of T: the pairs a search compares. The empty
+    set, where given, is the full-precision model."""
+    sets = sorted({frozenset(s) for s in sets}, key=lambda s: (len(s), sorted(s)))
     return [(s, t) for s, t in itertools.permutations(sets, 2) if s < t]
 
 
@@ -76,6 +77,14 @@ def find_cancellations(results: dict[frozenset[int], Quality], z: float = 2.0) -
         if delta > 0 and score >= z:
             found.append(Cancellation(s, t, a.kl, b.kl, delta, stderr, score))
     return sorted(found, key=lambda c: (-c.z, sorted(c.subset), sorted(c.superset)))
+
+
+def nll_view(results: dict[frozenset[int], Quality]) -> dict[frozenset[int], Quality]:
+    """The same results with each window's mean NLL in the place of its KL: find_cancellations on
+    them asks whether quantizing more ever lowers the held-out loss itself (perplexity) beyond the
+    noise; the Cancellations' kl_ fields then hold mean NLLs."""
+    return {s: replace(q, kl=statistics.fmean(q.nll_per_window), kl_per_window=q.nll_per_window)
+            for s, q in results.items()}
 
 
 def bonferroni_z(pairs: int, alpha: float = 0.05) -> float:
@@ -145,7 +154,37 @@ class Search:
     orders: dict[str, list[int]]
     exhaustive: bool
     pairs: int
+    z: float                  # the threshold the cancellations passed
     cancellations: list[Cancellation]
+    full: Quality             # the full-precision model on the same windows (the empty set)
+
+    def summary(self) -> dict:
+        """Counts of the nested pairs where the superset's mean KL is lower at all, at z >= the
+        search's threshold, and at the Bonferroni threshold; each cancellation with its perplexity
+        change and the paired z of its NLL (the same test on the windows' mean NLL)."""
+        strict = bonferroni_z(max(self.pairs, 1))
+        found = []
+        for c in self.cancellations:
+            a, b = self.results[c.subset], self.results[c.superset]
+            _, _, nll_z = paired_difference(a.nll_per_window, b.nll_per_window)
+            found.append({"subset": sorted(c.subset), "superset": sorted(c.superset), "kl_subset": c.kl_subset,
+                          "kl_superset": c.kl_superset, "delta": c.delta, "stderr": c.stderr, "z": c.z,
+                          "perplexity_subset": a.perplexity, "perplexity_superset": b.perplexity, "nll_z": nll_z})
+        # perplexity: the same test on each window's NLL, with the full model as the empty set
+        with_full = nll_view({frozenset(): self.full, **self.results})
+        nll_strict = bonferroni_z(len(strict_pairs(with_full)))
+        drops = find_cancellations(with_full, z=-math.inf)
+        return {"scheme": self.base.label(), "sets_measured": len(self.results), "exhaustive": self.exhaustive,
+                "pairs": self.pairs, "superset_lower": len(find_cancellations(self.results, z=-math.inf)),
+                "z": self.z, "beyond_z": len(found), "bonferroni_z": strict,
+                "beyond_bonferroni": sum(c["z"] >= strict for c in found), "cancellations": found,
+                "nll_pairs": len(strict_pairs(with_full)), "nll_lower": len(drops),
+                "nll_beyond_z": sum(c.z >= self.z for c in drops), "nll_bonferroni_z": nll_strict,
+                "nll_beyond_bonferroni": sum(c.z >= nll_strict for c in drops),
+                "nll_drops": [{"subset": sorted(c.subset), "superset": sorted(c.superset),
+                               "perplexity_subset": math.exp(c.kl_subset),
+                               "perplexity_superset": math.exp(c.kl_superset),
+                               "delta_nll": c.delta, "stderr": c.stderr, "z": c.z} for c in drops]}
 
 
 def search(model: torch.nn.Module, reference: Reference, base: QuantConfig, seeds: tuple[int, ...] = (0, 1, 2),
@@ -170,4 +209,4 @@ def search(model: torch.nn.Module, reference: Reference, base: QuantConfig, seed
     if exhaustive:
         grow(all_subsets(layers))
     pairs = len(strict_pairs(results))
-    return Search(base, results, ranked, exhaustive, pairs, find_cancellations(results, z))
+    return Search(base, results, ranked, exhaustive, pairs, z, find_cancellations(results, z), reference.quality)
