@@ -115,6 +115,9 @@ class LayerSets:
     those layers of a fresh copy would (sensitivity.measure), without re-quantizing per set."""
 
     def __init__(self, model: torch.nn.Module, base: QuantConfig) -> None:
+        if "lm_head" in base.projections:  # not inside a decoder layer: swapping layers would leave it out
+            raise ValueError(f"sets of decoder layers quantize the layers' projections only; got {base.label()} "
+                             f"with lm_head among its projections {list(base.projections)}")
         self.base = base
         self.work = copy.deepcopy(model)
         self.plain = list(self.work.model.layers)
