@@ -7,6 +7,7 @@
 #   make labs    regenerate the notebooks from solutions/*.py (keeps learners' edited notebooks)
 #   make bench   the benchmarks, quick versions
 # TORCH_SPEC lets CI pin the CPU wheel it has on disk; users get their platform's default torch.
+# The triton extra installs Triton on Linux only (its marker); elsewhere the kernel tests are skipped.
 
 PYTHON ?= python3
 TORCH_SPEC ?= torch
@@ -21,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev,lab]"
+	$(PY) -m pip install --quiet -e ".[dev,lab,triton]"
 	touch $(STAMP)
 
 venv: $(STAMP)

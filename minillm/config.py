@@ -4,6 +4,7 @@
 plug the learner's sampler, block allocator, prefix cache and step policy in through it
 (`minillm.labkit.plug`), so the learner's code runs inside the real engine.
 """
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -42,6 +43,7 @@ class Components:
 
 
 SPEC_METHODS = ("ngram", "draft", "heads")
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None     # pool size in blocks; None: from kv_cache_memory
     kv_cache_memory: int | None = None   # pool size in bytes; None: 256 MiB on CPU, half the free GPU memory
     enable_prefix_caching: bool = True   # reuse the K/V of prompt prefixes seen before (paged)
+    attention_backend: str = "torch"     # torch | triton: the Triton kernels of minillm/kernels (paged; int4 too)
     scheduler: SchedulerPolicy = SchedulerPolicy.CONTINUOUS  # continuous | static | sequential (engine/policy.py)
     max_num_seqs: int = 64               # sequences running at once
     max_num_batched_tokens: int = 1024   # tokens computed per step (the step's token budget)
@@ -103,6 +106,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.kv_cache = _choice("kv_cache", self.kv_cache, CacheKind)
         self.scheduler = _choice("scheduler", self.scheduler, SchedulerPolicy)
+        self._check_attention_backend()
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise TypeError(f"speculative must be a minillm.config.SpeculativeConfig or None, "
                             f"got {type(self.speculative).__name__}")
@@ -111,6 +115,22 @@ class EngineConfig:
                             f"got {type(self.quantization).__name__}")
         if not isinstance(self.components, Components):
             raise TypeError(f"components must be a minillm.config.Components, got {type(self.components).__name__}")
+
+    def _check_attention_backend(self) -> None:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
+        if self.attention_backend != "triton":
+            return
+        if self.kv_cache != CacheKind.PAGED:
+            raise ValueError(f"attention_backend 'triton' reads K/V in place in the paged pool: it needs "
+                             f"kv_cache='paged', got {self.kv_cache.value!r}")
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError("attention_backend 'triton' needs the triton package (Linux only): "
+                             "pip install -e '.[triton]', or use attention_backend='torch'")
+        if self.torch_device.type == "cpu" and self.torch_dtype == torch.bfloat16:
+            raise ValueError("attention_backend 'triton' on the CPU runs in Triton's interpreter, which has no "
+                             "bfloat16 arithmetic: use dtype 'float32' or 'float16' there")
 
     @property
     def torch_device(self) -> torch.device:

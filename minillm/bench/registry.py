@@ -47,4 +47,7 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("quant", "weight-only quantization: perplexity, KL, top-1, weight bytes and decode tokens/s of int8, "
                        "int4 (group 32, 64, 128) and fp8 against full precision; per-layer and per-projection "
                        "sensitivity, growing sets, and a search for error cancellation beyond the noise", "tiny"),
+    Benchmark("kernels", "Triton kernels vs their torch references against the GPU's measured peaks (paged decode "
+                         "attention, int4 matmul, ...) and end-to-end decode on each attention backend; on a CPU a "
+                         "correctness smoke pass", "tiny"),
 ]}

@@ -28,4 +28,4 @@ def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtyp
             raise ValueError(f"kv_cache_memory of {memory:,} bytes holds no block: one block of "
                              f"{config.block_size} tokens takes {per_block:,} bytes for this model")
     return PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching,
-                             config.components)
+                             config.components, config.attention_backend)

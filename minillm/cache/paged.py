@@ -109,8 +109,13 @@ class PagedCacheManager:
     kind = CacheKind.PAGED
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, enable_prefix_caching: bool, components: Components | None = None) -> None:
+                 device: torch.device, enable_prefix_caching: bool, components: Components | None = None,
+                 attention_backend: str = "torch") -> None:
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, components)
+        self.triton_context = None
+        if attention_backend == "triton":  # imported only when asked for: it imports triton
+            from minillm.cache.paged_triton import TritonPagedContext
+            self.triton_context = TritonPagedContext
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
@@ -162,9 +167,10 @@ class PagedCacheManager:
     def block_table(self, seq: Sequence) -> list[int]:
         return list(seq.kv.blocks) if isinstance(seq.kv, BlockTable) else []
 
-    def context(self, batch: list[ScheduledSeq]) -> PagedContext:
+    def context(self, batch: list[ScheduledSeq]) -> AttentionContext:
         """The step's slot mapping and attention groups, built in Python and moved to the device
-        in a few tensors (per-token tensor ops here would cost more than the decode itself)."""
+        in a few tensors (per-token tensor ops here would cost more than the decode itself).
+        With the Triton backend, the kernels' context over the same decodes and prefills."""
         bs, slots, prefills, decodes = self.block_size, [], [], []
         row = 0
         for item in batch:
@@ -175,9 +181,12 @@ class PagedCacheManager:
             if n == 1:
                 decodes.append((row, blocks, end))
             else:
-                prefills.append((row, n, torch.tensor(blocks, device=self.device), end))
+                prefills.append((row, n, blocks, end))
             row += n
         slot_mapping = torch.tensor(slots, device=self.device)
+        if self.triton_context is not None:
+            return self.triton_context(self.pool, slot_mapping, decodes, prefills)
+        prefills = [(row, n, torch.tensor(blocks, device=self.device), end) for row, n, blocks, end in prefills]
         return PagedContext(self.pool, slot_mapping, self._group(decodes), prefills)
 
     DECODE_GROUP = 8  # sequences per padded decode batch: fewer matmuls vs less padding

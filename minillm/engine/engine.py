@@ -26,6 +26,7 @@ from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.quant import QuantConfig, QuantOps, quantize_model
 from minillm.quant.awq import apply_awq, calibration_rows
+from minillm.quant.linear import int4_linear_triton
 from minillm.sampling import SamplingParams, sample_requests, token_logprobs
 from minillm.spec.proposers import make_proposer
 from minillm.spec.speculator import Speculator
@@ -34,13 +35,17 @@ from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 def quantized(model: torch.nn.Module, config: QuantConfig, components: Components, shared: bool,
-              model_dir) -> torch.nn.Module:
+              model_dir, attention_backend: str = "torch") -> torch.nn.Module:
     """model with its linear layers quantized as config says, by the components' codecs where a lab
-    replaces them; a model shared with other engines is copied first, never changed under them."""
+    replaces them (else int4 multiplies on the fused Triton kernel with the Triton backend); a model
+    shared with other engines is copied first, never changed under them."""
     if getattr(model, "quant_config", None) is not None:
         raise ValueError(f"the model is already quantized ({model.quant_config.label()}): load its "
                          f"full-precision checkpoint to quantize it another way")
-    ops = QuantOps(**{f.name: getattr(components, f.name) for f in fields(QuantOps) if getattr(components, f.name)})
+    parts = {f.name: getattr(components, f.name) for f in fields(QuantOps) if getattr(components, f.name)}
+    if attention_backend == "triton":
+        parts.setdefault("int4_linear", int4_linear_triton)
+    ops = QuantOps(**parts)
     model = copy.deepcopy(model) if shared else model
     if config.calibration == "awq":
         apply_awq(model, config, calibration_rows(model_dir))
@@ -57,7 +62,7 @@ class LLMEngine:
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.device)
         if config.quantization is not None:
             self.model = quantized(self.model, config.quantization, config.components, model is not None,
-                                   self.model_dir)
+                                   self.model_dir, config.attention_backend)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = Tokenizer(self.model_dir)
         limit = self.model_config.max_position_embeddings

@@ -1,12 +1,13 @@
 """Paged decode attention: one query token per sequence, attending over its context where it lies
-in the paged pool, block by block through its block table: no gather, no padding to a batch max.
+in the paged pool, a tile of BLOCK_N tokens at a time, each token's slot looked up in its block table
+(table[t // block_size] * block_size + t % block_size): no gather, no padding to a batch max.
 
 Grid (sequences, kv_heads, splits). GQA-aware: one program serves every query head of one kv
 head, so each K/V block is read once for the whole group (not once per query head). Online softmax
-(see softmax.py) over the blocks keeps a running max m, sum denom and output acc per query head.
+(see softmax.py) over the tiles keeps a running max m, sum denom and output acc per query head.
 
 Flash-decoding: with few sequences a long context leaves most of a GPU idle (sequences x kv_heads
-programs), so the blocks are split into `splits` ranges handled in parallel; each writes its partial
+programs), so the context is split into `splits` ranges handled in parallel; each writes its partial
 output (normalised by its own denom) and log-sum-exp m + log(denom), and `combine_splits_kernel` weights
 parts by exp(lse_s - max lse), the exact softmax over the whole context.
 """
@@ -31,15 +32,15 @@ def paged_decode_spec(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Ten
 
 @triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, rows_ptr, out_ptr, lse_ptr,
-                        scale, block_size, blocks_per_split, group, d,
+                        scale, block_size, split_len, group, d,
                         stride_qt, stride_qh, stride_ks, stride_kh, stride_tb, stride_ot, stride_oh, stride_os,
                         stride_lb, stride_lh,
                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row = tl.load(rows_ptr + b)  # the query's row in q and out
     ctx = tl.load(ctx_ptr + b)
-    first = split * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, tl.cdiv(ctx, block_size))  # first >= last: an empty split
+    first = split * split_len
+    last = tl.minimum(first + split_len, ctx)  # this split's tokens; first >= last: an empty split
     g, c = tl.arange(0, GROUP), tl.arange(0, D)
     heads = kvh * group + g  # [GROUP] the query heads of this kv head
     head_mask, d_mask = g < group, c < d
@@ -48,16 +49,16 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, rows_ptr, out_p
     m = tl.full((GROUP,), -float("inf"), tl.float32)
     denom = tl.zeros((GROUP,), tl.float32)
     acc = tl.zeros((GROUP, D), tl.float32)
-    offsets = tl.arange(0, BLOCK_N)
-    for j in range(first, last):
-        block = tl.load(table_ptr + b * stride_tb + j).to(tl.int64)
-        valid = (offsets < block_size) & (j * block_size + offsets < ctx)  # [BLOCK_N]
-        slots = block * block_size + offsets
+    for n0 in range(first, last, BLOCK_N):
+        t = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] token positions, maybe across several blocks
+        valid = t < last
+        block = tl.load(table_ptr + b * stride_tb + t // block_size, mask=valid, other=0).to(tl.int64)
+        slots = block * block_size + t % block_size  # where each token lies in the pool
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + slots[:, None] * stride_ks + kvh * stride_kh + c[None, :], mask=kv_mask, other=0.0)
         s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [GROUP, BLOCK_N]
         s = tl.where(valid[None, :], s, -float("inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds a token of the context
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every tile holds a token of the context
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])  # [GROUP, BLOCK_N]
         v = tl.load(v_ptr + slots[:, None] * stride_ks + kvh * stride_kh + c[None, :], mask=kv_mask, other=0.0)
@@ -78,11 +79,11 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, rows_ptr, out_p
 
 
 @triton.jit
-def combine_splits_kernel(part_ptr, lse_ptr, ctx_ptr, rows_ptr, out_ptr, block_size, blocks_per_split, d,
+def combine_splits_kernel(part_ptr, lse_ptr, ctx_ptr, rows_ptr, out_ptr, split_len, d,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
                           SPLITS: tl.constexpr, D: tl.constexpr):
     b, h = tl.program_id(0), tl.program_id(1)
-    used = tl.cdiv(tl.cdiv(tl.load(ctx_ptr + b), block_size), blocks_per_split)  # this sequence's non-empty splits
+    used = tl.cdiv(tl.load(ctx_ptr + b), split_len)  # this sequence's non-empty splits
     s, c = tl.arange(0, SPLITS), tl.arange(0, D)
     lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=s < used, other=-float("inf"))  # [SPLITS]
     w = tl.exp(lse - tl.max(lse, axis=0))  # each part's share of the softmax's denominator
@@ -93,12 +94,15 @@ def combine_splits_kernel(part_ptr, lse_ptr, ctx_ptr, rows_ptr, out_ptr, block_s
     tl.store(out_ptr + row * stride_ot + h * stride_oh + c, out.to(out_ptr.dtype.element_ty), mask=c < d)
 
 
-def choose_splits(batch: int, kv_heads: int, max_blocks: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU (about two per multiprocessor), never a split under 4 blocks."""
+BLOCK_N = 64 if INTERPRETED else 32  # tokens per step of the loop (the interpreter pays per step, not per token)
+
+
+def choose_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU (about two per multiprocessor), never a split under 256 tokens."""
     if INTERPRETED or device.type != "cuda":
         return 1  # the interpreter runs programs one by one: more of them only costs time
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(cdiv(2 * sms, batch * kv_heads), max_blocks // 4))
+    return max(1, min(cdiv(2 * sms, batch * kv_heads), max_context // 256))
 
 
 def paged_decode_attention(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, block_tables: torch.Tensor,
@@ -127,13 +131,13 @@ def paged_decode_attention(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torc
     if batch == 0:
         return out
     max_context = int(context_lens.max()) if max_context is None else max_context
-    max_blocks = cdiv(max_context, block_size)
-    splits = choose_splits(batch, kv_heads, max_blocks, q.device) if splits is None else max(1, min(splits, max_blocks))
-    per_split = cdiv(max_blocks, splits)
-    splits = cdiv(max_blocks, per_split)  # no split left empty for the longest sequence
+    tiles = cdiv(max_context, BLOCK_N)
+    splits = choose_splits(batch, kv_heads, max_context, q.device) if splits is None else splits
+    split_len = cdiv(tiles, max(1, min(splits, tiles))) * BLOCK_N  # whole tiles per split
+    splits = cdiv(max_context, split_len)  # no split left empty for the longest sequence
     group, scale = heads // kv_heads, d ** -0.5
-    shapes = dict(GROUP=next_pow2(group), D=next_pow2(d), BLOCK_N=next_pow2(block_size))
-    common = (scale, block_size, per_split, group, d, q.stride(0), q.stride(1), k_slots.stride(0), k_slots.stride(1),
+    shapes = dict(GROUP=next_pow2(group), D=next_pow2(d), BLOCK_N=BLOCK_N)
+    common = (scale, block_size, split_len, group, d, q.stride(0), q.stride(1), k_slots.stride(0), k_slots.stride(1),
               block_tables.stride(0))
     grid = (batch, kv_heads, splits)
     if splits == 1:
@@ -144,7 +148,7 @@ def paged_decode_attention(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torc
     lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)      # [B, heads, splits]
     paged_decode_kernel[grid](q, k_slots, v_slots, block_tables, context_lens, rows, part, lse, *common,
                               *part.stride()[:3], *lse.stride()[:2], SPLIT=True, **shapes)
-    combine_splits_kernel[(batch, heads)](part, lse, context_lens, rows, out, block_size, per_split, d,
+    combine_splits_kernel[(batch, heads)](part, lse, context_lens, rows, out, split_len, d,
                                           *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
                                           SPLITS=next_pow2(splits), D=shapes["D"])
     return out

@@ -1,6 +1,6 @@
 """Write a step's new K and V into the paged pool: token t goes to slot slot_mapping[t]
 (slot = block * block_size + offset, see minillm/cache/paged.py). A negative slot means "no slot"
-(a padded row) and is skipped. One program per token copies all its kv heads.
+(a padded row) and is skipped. One program copies BLOCK_T tokens, all their kv heads.
 """
 import torch
 
@@ -16,14 +16,14 @@ def store_kv_spec(k: torch.Tensor, v: torch.Tensor, k_slots: torch.Tensor, v_slo
 
 
 @triton.jit
-def store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, kv_heads, d,
+def store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, tokens, kv_heads, d,
                     stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
-                    HEADS: tl.constexpr, D: tl.constexpr):
-    t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: slot * stride overflows int32 in a large pool
-    h = tl.arange(0, HEADS)[:, None]
-    c = tl.arange(0, D)[None, :]
-    mask = (h < tl.where(slot >= 0, kv_heads, 0)) & (c < d)  # [HEADS, D], all False for a negative slot
+                    BLOCK_T: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T] tokens
+    slot = tl.load(slot_ptr + t, mask=t < tokens, other=-1).to(tl.int64)  # int64: slot * stride can pass 2**31
+    t, slot = t[:, None, None], slot[:, None, None]
+    h, c = tl.arange(0, HEADS)[None, :, None], tl.arange(0, D)[None, None, :]
+    mask = (slot >= 0) & (h < kv_heads) & (c < d)  # [BLOCK_T, HEADS, D]
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + c, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + c, mask=mask)
     tl.store(kc_ptr + slot * stride_cs + h * stride_ch + c, k, mask=mask)
@@ -46,6 +46,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_slots: torch.Tensor, v_slots: t
     if k.stride(2) != 1 or v.stride(2) != 1:
         k, v = k.contiguous(), v.contiguous()
     if tokens:
-        store_kv_kernel[(tokens,)](k, v, k_slots, v_slots, slot_mapping, kv_heads, d, k.stride(0), k.stride(1),
-                                   v.stride(0), v.stride(1), k_slots.stride(0), k_slots.stride(1),
-                                   HEADS=next_pow2(kv_heads), D=next_pow2(d))
+        block_t = 16
+        store_kv_kernel[(triton.cdiv(tokens, block_t),)](
+            k, v, k_slots, v_slots, slot_mapping, tokens, kv_heads, d, k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), k_slots.stride(0), k_slots.stride(1), BLOCK_T=block_t, HEADS=next_pow2(kv_heads),
+            D=next_pow2(d))

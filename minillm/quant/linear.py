@@ -32,6 +32,14 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     return F.linear(x, codecs.dequantize_int4(codes, scale, zero).to(x.dtype), bias)
 
 
+def int4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """int4_linear as one fused Triton kernel (minillm/kernels/int4_matmul.py): the codes are unpacked
+    and dequantized tile by tile in registers. The Triton backend's QuantOps.int4_linear."""
+    from minillm.kernels.int4_matmul import int4_linear as fused  # imports triton: only when used
+    return fused(x, packed, scale, zero, bias)
+
+
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x: [n, in]; q: float8_e4m3fn [out, in]; scale: [out] -> [n, out]."""
     y = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
