@@ -30,7 +30,8 @@ def paged_case(lens: list[int], block_size: int, heads: int, kv_heads: int, d: i
         tables.append(order[at:at + w] + [0] * (max(widths) - w))
         at += w
     slots = sum(widths) * block_size
-    make = lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    on_device = torch.Generator(device=device).manual_seed(seed)  # gigabytes of K/V at batch 64 x 8k: drawn there
+    make = lambda *shape: torch.randn(*shape, generator=on_device, device=device).to(dtype)  # noqa: E731
     as_int = partial(torch.tensor, dtype=torch.int32, device=device)
     return make(len(lens), heads, d), make(slots, kv_heads, d), make(slots, kv_heads, d), as_int(tables), as_int(lens)
 
