@@ -775,7 +775,9 @@ for name, seconds in step_s.items():
     print(f"{name:>24}: {seconds * 1e3:6.2f} ms per decode step ({seconds / step_s['float32']:.2f}x float32)")
 
 # %% [markdown]
-# On this CPU, quantization does not make `tiny` faster, and int4 makes it slower. Two reasons:
+# On this CPU, int8 runs `tiny` at about float32's speed (a little faster or slower, within the
+# noise of a shared machine), and int4 is clearly slower: nothing like the roofline's 2x and 3.4x.
+# Two reasons:
 #
 # * `tiny`'s 23 MB of weights stay in the CPU's caches from one step to the next (lab 05 found the
 #   same), so its steps were never waiting on main memory: there is little traffic to save.
