@@ -7,7 +7,7 @@ from minillm.quant import PROJECTIONS, SCHEMES
 from minillm.quant.codecs import FP8_DTYPE
 from minillm.quant.config import LAYER_PROJECTIONS, QuantConfig
 from visualizer.engines import build_engine, model_choices
-from visualizer.learner_parts import default_folder, describe, failure, learner_components
+from visualizer.learner_parts import QUANT_LAB, default_folder, describe, failure, learner_components
 from visualizer.quant_charts import LEGEND, budget_chart, parted_text, sensitivity_heatmap
 from visualizer.quant_run import (
     WINDOW_TOKENS,
@@ -24,7 +24,6 @@ from visualizer.quant_run import (
     sensitivity_cells,
 )
 
-QUANT_LAB = "06"
 MIB = 2**20
 SCHEME_NAMES = {"int8": "int8 (one scale per row)", "int4": "int4 (groups of inputs)", "fp8": "fp8 (e4m3)"}
 DEFAULTS = {"scheme": "int4", "group_size": 64, "projections": list(LAYER_PROJECTIONS), "budget_mib": 32.0,

@@ -17,7 +17,8 @@ from minillm.labkit.plug import PARTS, LabPartError, lab_components
 # sidebar offers those of labs 02-04; lab 05's (the verifier and prompt lookup) run on the Speculative
 # decoding page, which has a switch of its own.
 LAB_PARTS = {"02": "lab 02 · sampler", "03": "lab 03 · block allocator & prefix cache", "04": "lab 04 · scheduler"}
-SPEC_LAB = "05"
+SPEC_LAB = "05"   # the Speculative decoding page has its own switch for lab 05
+QUANT_LAB = "06"  # and the Quantization page one for lab 06
 NOTEBOOKS = "lab[0-9][0-9]_*.ipynb"
 
 
