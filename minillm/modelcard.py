@@ -21,9 +21,8 @@ def write_card(model_dir: Path) -> None:
     cfg = json.loads((model_dir / "config.json").read_text())
     p = log["preset"]
     name = model_dir.name
-    role = ("the default model: the subject of most labs, and the target for speculative decoding "
-            "(coming in lab 05)" if name == "tiny" else
-            "the draft model for speculative decoding (coming in lab 05): small, fast, and worse")
+    role = ("the default model: the subject of most labs, and the target for speculative decoding"
+            if name == "tiny" else "the draft model for speculative decoding: small, fast, and worse")
     curve = log["loss_curve"]
     picks = curve[:: max(1, len(curve) // 8)]
     if picks[-1] is not curve[-1]:

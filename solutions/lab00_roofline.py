@@ -334,11 +334,11 @@ print(f"minillm's engine on the bundled model (sampling and bookkeeping included
 # * **Batching** is the main lever on decode throughput: vLLM, SGLang and TensorRT-LLM run the
 #   decode steps of many requests as one batch, so each weight byte serves many tokens (lab 04).
 # * **Fewer bytes per weight.** Quantization to int8, fp8 or int4 (AWQ, GPTQ, TensorRT-LLM's fp8)
-#   speeds memory-bound decode almost in proportion to the bytes saved (coming in lab 06).
+#   speeds memory-bound decode almost in proportion to the bytes saved (lab 06).
 # * **Fewer bytes of KV cache.** GQA, paged caches (vLLM's PagedAttention) and fp8 KV caches let
 #   more sequences fit and shrink the attention traffic that dominates at long contexts (lab 03).
 # * **Removing overheads.** CUDA graphs (vLLM, SGLang) and compiled engines (TensorRT-LLM) replay
 #   a whole decode step without per-kernel CPU work: the gap you saw on the smallest model.
 # * **Roofline thinking** drives kernel work: FlashAttention raises attention's intensity by keeping
-#   tiles in on-chip SRAM; speculative decoding (coming in lab 05) turns memory-bound single-token steps into
+#   tiles in on-chip SRAM; speculative decoding (lab 05) turns memory-bound single-token steps into
 #   a few-token verification with more FLOPs per byte.
