@@ -17,7 +17,8 @@ page = st.navigation({"The engine, live": RUN_PAGES,
                       "Techniques": [st.Page("views/speculative.py", title="Speculative decoding",
                                              icon=":material/fast_forward:"),
                                      st.Page("views/quantization.py", title="Quantization",
-                                             icon=":material/compress:")],
+                                             icon=":material/compress:"),
+                                     st.Page("views/kernels.py", title="Kernels", icon=":material/grid_on:")],
                       "Models of performance": [st.Page("views/roofline.py", title="Roofline",
                                                         icon=":material/show_chart:")]})
 keep_knobs()

@@ -1,6 +1,7 @@
 """The page furniture every run page shares: the knobs in the sidebar, the run buttons, and the
 live refresh that redraws a view at least four times a second while the engine runs."""
 import streamlit as st
+import torch
 
 from minillm import EngineConfig
 from minillm.cache.paged import block_bytes
@@ -54,6 +55,10 @@ def knobs() -> dict:
         st.slider("Top-p", 0.05, 1.0, step=0.05, key="k_top_p")
     with sb.expander("KV cache", expanded=True):
         st.radio("Layout", ["paged", "contiguous"], key="k_kv_cache", horizontal=True)
+        st.radio("Attention backend", ["torch", "triton"], key="k_attention_backend", horizontal=True,
+                 help="triton: the Triton kernels read K/V in place in the paged pool (the Kernels page shows them).")
+        if st.session_state["k_attention_backend"] == "triton" and not torch.cuda.is_available():
+            st.caption("No GPU: the Triton kernels run in Triton's interpreter, same tokens, much slower.")
         st.number_input("Block size (tokens)", 0, 256, key="k_block_size")
         st.number_input("KV budget (MiB)", 0.0, 4096.0, step=0.5, format="%.2f", key="k_kv_mib")
         st.checkbox("Prefix caching", key="k_prefix_caching")

@@ -19,7 +19,7 @@ DEFAULTS = {
     "source": "Seeded workload", "prompts": "def fibonacci(n):\nimport os\nclass Stack:\nfor i in range(10):",
     "n_requests": 24, "workload_seed": 0, "rate": 12.0, "shared_prefix": 32,
     "max_tokens": 48, "temperature": 0.8, "top_p": 0.95, "n_samples": 1, "seed": 0,
-    "kv_cache": "paged", "block_size": 16, "kv_mib": 6.0, "prefix_caching": True,
+    "kv_cache": "paged", "attention_backend": "torch", "block_size": 16, "kv_mib": 6.0, "prefix_caching": True,
     "scheduler": "continuous", "max_num_seqs": 16, "max_batched_tokens": 256, "chunked_prefill": True,
     "pace_ms": 0, "mine": False, "mine_labs": list(LAB_PARTS), "mine_folder": default_folder(),
 }
@@ -32,6 +32,7 @@ def engine_config(values: dict, components: Components | None = None) -> EngineC
     if values["kv_cache"] == "paged" and kv_bytes < 1:
         raise ValueError(f"the KV budget must be more than 0 MiB, got {values['kv_mib']}")
     return EngineConfig(model=values["model"], seed=int(values["seed"]), kv_cache=values["kv_cache"],
+                        attention_backend=values["attention_backend"],
                         block_size=int(values["block_size"]), kv_cache_memory=int(kv_bytes),
                         enable_prefix_caching=bool(values["prefix_caching"]), scheduler=values["scheduler"],
                         max_num_seqs=int(values["max_num_seqs"]),
