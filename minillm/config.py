@@ -35,6 +35,8 @@ class Components:
     quantize_int4: Callable | None = None     # quant/codecs.quantize_int4(w, group_size) -> (codes, scale, zero)
     pack_int4: Callable | None = None         # quant/codecs.pack_int4(codes) -> packed
     int4_linear: Callable | None = None       # quant/linear.int4_linear(x, packed, scale, zero, bias) -> y
+    paged_decode: Callable | None = None      # kernels/paged_decode.paged_decode_attention(q, k_slots, v_slots,
+    #                                           block_tables, context_lens, block_size, max_context, rows, out)
     source: str = "minillm"                   # whose parts these are, for messages
 
     def replaced(self) -> list[str]:
@@ -115,6 +117,9 @@ class EngineConfig:
                             f"got {type(self.quantization).__name__}")
         if not isinstance(self.components, Components):
             raise TypeError(f"components must be a minillm.config.Components, got {type(self.components).__name__}")
+        if self.components.paged_decode is not None and self.attention_backend != "triton":
+            raise ValueError("components.paged_decode is a Triton kernel's launcher: it runs only with "
+                             f"attention_backend='triton', got {self.attention_backend!r}")
 
     def _check_attention_backend(self) -> None:
         if self.attention_backend not in ATTENTION_BACKENDS:

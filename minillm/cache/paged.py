@@ -4,6 +4,8 @@ Memory is reserved once, for the whole engine, as `num_blocks` blocks of `block_
 per layer. A sequence holds only the blocks its tokens fill, so the waste is at most the unused
 tail of its last block, instead of everything between its length and its maximum length.
 """
+from functools import partial
+
 import torch
 
 from minillm.cache.block_manager import BlockManager, BlockTable
@@ -115,7 +117,7 @@ class PagedCacheManager:
         self.triton_context = None
         if attention_backend == "triton":  # imported only when asked for: it imports triton
             from minillm.cache.paged_triton import TritonPagedContext
-            self.triton_context = TritonPagedContext
+            self.triton_context = partial(TritonPagedContext, paged_decode=(components or Components()).paged_decode)
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)

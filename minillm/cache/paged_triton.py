@@ -6,6 +6,8 @@ to groups of similar length; the kernels read every key where it lies, through t
 `store_kv` writes the step's K/V, `paged_decode_attention` serves the rows with one new token,
 `prefill_attention` the prompt chunks (and speculative verification rows), all in one launch each.
 """
+from collections.abc import Callable
+
 import torch
 
 from minillm.cache.paged import PagedKVPool
@@ -22,11 +24,13 @@ def padded_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor
 
 
 class TritonPagedContext(AttentionContext):
-    """decodes: [(row, blocks, context length)]; prefills: [(first row, rows, blocks, context length)]."""
+    """decodes: [(row, blocks, context length)]; prefills: [(first row, rows, blocks, context length)].
+    paged_decode: another launcher with paged_decode_attention's interface (lab 07's), None: the engine's."""
 
     def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, decodes: list[tuple[int, list[int], int]],
-                 prefills: list[tuple[int, int, list[int], int]]) -> None:
+                 prefills: list[tuple[int, int, list[int], int]], paged_decode: Callable | None = None) -> None:
         self.pool, self.slot_mapping = pool, slot_mapping
+        self.paged_decode = paged_decode or paged_decode_attention
         device, i32 = slot_mapping.device, dict(dtype=torch.int32, device=slot_mapping.device)
         self.decode = None
         if decodes:
@@ -46,7 +50,7 @@ class TritonPagedContext(AttentionContext):
         store_kv(k, v, k_slots, v_slots, self.slot_mapping)
         out = torch.empty_like(q)
         if self.decode is not None:
-            paged_decode_attention(q, k_slots, v_slots, block_size=block_size, out=out, **self.decode)
+            self.paged_decode(q, k_slots, v_slots, block_size=block_size, out=out, **self.decode)
         if self.prefill is not None:
             prefill_attention(q, k_slots, v_slots, block_size=block_size, out=out, **self.prefill)
         return out

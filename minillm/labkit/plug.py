@@ -35,6 +35,7 @@ PARTS = {
     "quantize_int4": ("6.2", "quantize_int4"),
     "pack_int4": ("6.3", "pack_int4"),
     "int4_linear": ("6.5", "int4_linear"),
+    "paged_decode": ("7.6", "paged_decode_attention"),
 }
 CLASSES = {"block_allocator", "evictable_blocks"}  # parts the engine instantiates
 LABS = sorted({exercise.split(".")[0].zfill(2) for exercise, _ in PARTS.values()})
@@ -49,7 +50,10 @@ def plug(source, labs: list[str] | None = None, model: str | None = None, **conf
     that `source` has, by default) are the learner's. source: a lab notebook, a folder of them, or
     definitions already loaded (a module, a dict, or the grader's `lab`). config: EngineConfig fields."""
     from minillm.llm import LLM
-    return LLM(model, components=lab_components(source, labs), **config)
+    components = lab_components(source, labs)
+    if components.paged_decode is not None:  # a Triton kernel: it runs in the Triton attention backend
+        config.setdefault("attention_backend", "triton")
+    return LLM(model, components=components, **config)
 
 
 def lab_components(source, labs: list[str] | None = None) -> Components:
