@@ -84,11 +84,11 @@ st.caption(NOTES[kernel])
 
 g = st.columns([2, 1])
 g[0].plotly_chart(grid_chart(launch), key="kern_grid")
-follow = g[1].selectbox("Follow one program", [None, *range(launch.programs)], key="k_kern_follow",
-                        format_func=lambda p: "every program" if p is None else label(launch, p),
+EVERY = -1  # not None: a selectbox shows None as no choice at all
+follow = g[1].selectbox("Follow one program", [EVERY, *range(launch.programs)], key="k_kern_follow",
+                        format_func=lambda p: "every program" if p == EVERY else label(launch, p),
                         help="Its elements keep their colour; every other program's fade.")
-if follow is not None and follow >= launch.programs:
-    follow = None
+follow = None if follow is None or follow == EVERY or follow >= launch.programs else follow
 g[1].caption("A cell's colour is the program that loaded or stored it; grey: several programs did; blank: none. "
              "Hover a cell for its programs and how many loads and stores it took.")
 
@@ -96,7 +96,8 @@ if kernel == "paged decode attention":
     st.plotly_chart(walk_chart(launch, follow or 0, values["block_size"]), key="kern_walk")
     st.caption(f"Contexts of {', '.join(map(str, case.lens))} tokens, in blocks of {values['block_size']}, handed out "
                f"shuffled from the pool. Token t lies in slot table[b, t // {values['block_size']}] · "
-               f"{values['block_size']} + t % {values['block_size']}: a run along a block, then a jump to the next.")
+               f"{values['block_size']} + t % {values['block_size']}: a run along a block, then a jump to the next. "
+               "In the block table, the zeros past a sequence's last block are padding, never read.")
 labels = {"table_ptr": case.tables, "ctx_ptr": torch.tensor(case.lens)} if case.lens else {}
 half = st.columns(2)
 for i, name in enumerate(launch.buffers):

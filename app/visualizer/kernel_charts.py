@@ -60,7 +60,8 @@ def buffer_map(launch: Launch, name: str, follow: int | None = None, values: np.
     hover = [f"{name}{[int(j) for j in np.unravel_index(i, shape)]} · {_who(launch, o)} · loads {loads[i]}, "
              f"stores {stores[i]}" for i, o in enumerate(owners)]
     grid = lambda a: np.asarray(a).reshape(rows, cols)  # noqa: E731
-    common = dict(text=grid(hover), hovertemplate="%{text}<extra></extra>", showscale=False, xgap=1, ygap=1)
+    gap = 1 if rows <= 40 else 0  # a tall pool's cells are too thin for gaps
+    common = dict(text=grid(hover), hovertemplate="%{text}<extra></extra>", showscale=False, xgap=gap, ygap=gap)
     faded = 0.25 if follow is not None else 1.0
     fig = go.Figure([go.Heatmap(z=grid(single), colorscale=_scale(launch.programs), zmin=-0.5,
                                 zmax=launch.programs - 0.5, opacity=faded, **common),

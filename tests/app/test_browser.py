@@ -4,7 +4,8 @@ It presses Run, waits for tokens to stream, pauses and resumes, visits every pag
 runs the proposals, the k sweep and the comparison), runs the engine with the solutions' parts through "Run with
 my lab notebook", and saves screenshots under the test's temporary directory
 (the path is printed). The Quantization page has a test of its own: its figures, the side-by-side generation and
-the sensitivity heatmap. Skips, saying why, where no Chromium can be had.
+the sensitivity heatmap; so has the Kernels page: a kernel's recorded access map, and paged decode's walk through
+the pool. Skips, saying why, where no Chromium can be had.
 """
 import os
 import re
@@ -150,3 +151,35 @@ def test_the_quantization_page_in_a_real_browser(server, tmp_path):
         finally:
             browser.close()
     print(f"screenshot in {tmp_path}")
+
+
+def test_the_kernels_page_in_a_real_browser(server, tmp_path):
+    """vector add's grid and buffers on the first visit, checked against its spec; paged decode attention draws
+    how a program walks the pool, its block table and the K/V pools, without a Python exception."""
+    executable = chromium()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2400})
+            page.goto(server)
+            page.get_by_role("link", name="Kernels").click(timeout=60_000)
+            page.get_by_text("Outputs stored exactly once").wait_for(timeout=60_000)
+            page.locator('[data-testid="stPlotlyChart"]').nth(3).wait_for(timeout=60_000)
+            assert page.locator('[data-testid="stPlotlyChart"]').count() == 4, "the grid and vector add's 3 buffers"
+            page.get_by_text("These figures need a GPU").wait_for(timeout=10_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=tmp_path / "kernels_vector_add.png", full_page=True)
+            page.get_by_text("paged decode attention", exact=True).click()
+            page.get_by_text("walks the pool").first.wait_for(timeout=60_000)
+            page.locator('[data-testid="stSelectbox"]').filter(has_text="Follow one program").click()
+            page.get_by_role("option", name="program (1, 1)").click()
+            page.get_by_text("How program (1, 1) walks the pool").wait_for(timeout=60_000)
+            page.locator('[data-testid="stPlotlyChart"]').nth(8).wait_for(timeout=60_000)
+            page.wait_for_timeout(1500)
+            assert page.locator('[data-testid="stException"]').count() == 0, "the kernels page raised"
+            assert page.locator('[data-testid="stPlotlyChart"]').count() == 9, "grid, walk and the kernel's 7 buffers"
+            page.screenshot(path=tmp_path / "kernels_paged_decode.png", full_page=True)
+        finally:
+            browser.close()
+    print(f"screenshots in {tmp_path}")
