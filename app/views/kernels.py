@@ -30,8 +30,9 @@ st.markdown("A kernel runs as a grid of programs; each program loads a few block
             "stores its share of the output. Pick one of the engine's Triton kernels and its sizes: it runs here, "
             "every load and store is recorded, and each buffer is drawn element by element, coloured by the "
             "program that touched it.")
-st.caption(":material/code: The kernels are in `minillm/kernels/`, each beside the PyTorch spec it must match; "
-           "`python -m minillm.bench kernels` measures them on a GPU.")
+st.caption(":material/menu_book: Taught in **lab 07, Triton kernels**: `labs/lab07_kernels.ipynb` (open the labs "
+           "with `make lab`). The engine's kernels are in `minillm/kernels/`, each beside the PyTorch spec it must "
+           "match; `python -m minillm.bench kernels` measures them on a GPU.")
 
 st.subheader("The live engine's attention backend")
 st.session_state.setdefault("k_attention_backend", "torch")
