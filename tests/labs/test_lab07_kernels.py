@@ -7,6 +7,8 @@ guard regions (minillm/kernels/guard.py): a read past a tensor leaks NaN into th
 past it changes a guard. Inputs are seeded, of both signs, and their shapes are never multiples of
 the block sizes. Shapes are small: the interpreter runs each program one after another.
 """
+import contextlib
+
 import pytest
 
 # Through minillm's runtime, not `import triton`: it sets TRITON_INTERPRET=1 before triton is imported.
@@ -34,15 +36,52 @@ EXERCISES = {"7.1": "vector_add", "7.2": "rmsnorm_residual", "7.3": "softmax", "
              "7.E": "your paged decode kernel in the real engine"}
 
 
-def run(fn, *args, **kwargs):
-    """Call a launcher; an exception raised inside a kernel comes out of the interpreter wrapped in an
-    InterpreterError: unwrap a NotImplementedError, so that a stub reads as "not implemented yet"."""
+ALLOCATORS = ("empty", "empty_like", "zeros", "zeros_like")
+OUTPUT_GUARD = -31337.0  # not NaN: a stray store of a NaN read through a missing load mask must change it
+
+
+@contextlib.contextmanager
+def guarded_allocations():
+    """Every tensor torch.empty / empty_like / zeros / zeros_like makes meanwhile is the inner view of a
+    Guarded buffer, its pad at least as large as itself: a launcher's own output gets guard regions too
+    (and a kernel writing past it writes into its guard, not into memory that belongs to someone else)."""
+    made, originals = [], {name: getattr(torch, name) for name in ALLOCATORS}
+
+    def guarding(allocate):
+        def allocate_guarded(*args, **kwargs):
+            like = allocate(*args, **kwargs)
+            g = Guarded(like, pad=max(4096, 2 * like.numel()))
+            if like.dtype.is_floating_point:
+                g.buffer[:g.pad], g.buffer[g.pad + g.n:] = OUTPUT_GUARD, OUTPUT_GUARD
+                g.guard_before, g.guard_after = g.buffer[:g.pad].clone(), g.buffer[g.pad + g.n:].clone()
+            made.append(g)
+            return g.inner
+        return allocate_guarded
+
+    for name, allocate in originals.items():
+        setattr(torch, name, guarding(allocate))
     try:
-        return fn(*args, **kwargs)
+        yield made
+    finally:
+        for name, allocate in originals.items():
+            setattr(torch, name, allocate)
+
+
+def run(fn, *args, **kwargs):
+    """Call a launcher, its outputs guarded; fails if it wrote outside a tensor it allocated. An exception
+    raised inside a kernel comes out of the interpreter wrapped in an InterpreterError: a NotImplementedError
+    is unwrapped, so that a stub reads as "not implemented yet"."""
+    try:
+        with guarded_allocations() as made:
+            result = fn(*args, **kwargs)
     except InterpreterError as e:
         if isinstance(e.__cause__, NotImplementedError):
             raise e.__cause__ from None
         raise
+    for g in made:
+        assert g.untouched(), (f"{fn.__name__} wrote outside the {tuple(g.inner.shape)} tensor it allocated (a store "
+                               f"without its mask?)")
+    return result
 
 
 def assert_in_bounds(what: str, *buffers: Guarded, outputs=()) -> None:
@@ -162,9 +201,11 @@ def test_matmul_equals_the_spec_across_tile_edges(lab):
 @exercise("7.4")
 def test_matmul_reads_transposed_operands(lab):
     """a and b as transposed views (strides (1, M) and (1, K)), default blocks (K = 40: a step of 32, one of 8)"""
-    a, b = randn(752, 40, 33), randn(753, 21, 40)  # a.t(): [33, 40]; b.t(): [40, 21]
-    out = run(lab.matmul, a.t(), b.t())
-    assert_close(out, matmul_spec(a.t(), b.t()), "matmul of a.t() [33, 40] @ b.t() [40, 21]", atol=1e-4, rtol=1e-4)
+    a, b = guarded(randn(752, 40, 33), randn(753, 21, 40), pad=4096)  # a.t(): [33, 40]; b.t(): [40, 21]
+    out = run(lab.matmul, a.inner.t(), b.inner.t())
+    what = "matmul of a.t() [33, 40] @ b.t() [40, 21]"
+    assert_close(out, matmul_spec(a.inner.t(), b.inner.t()), what, atol=1e-4, rtol=1e-4)
+    assert_in_bounds(what, a, b, outputs=[out])
 
 
 @exercise("7.4")
@@ -269,14 +310,14 @@ def test_paged_decode_writes_only_its_rows_of_out(lab):
     lens = torch.tensor(CONTEXTS, dtype=torch.int32)
     q = randn(778, 9, heads, d).half()  # the decode rows among others, in another order
     rows = torch.tensor([8, 0, 3, 7, 2, 5], dtype=torch.int32)
-    out = Guarded(torch.full_like(q, 7.0))
-    run(lab.paged_decode_attention, q, k, v, tables, lens, bs, rows=rows, out=out.inner)
+    out, gk, gv = Guarded(torch.full_like(q, 7.0)), *guarded(k, v, pad=3 * k.numel())
+    run(lab.paged_decode_attention, q, gk.inner, gv.inner, tables, lens, bs, rows=rows, out=out.inner)
     want = paged_decode_spec(q[rows.long()], k, v, tables, lens, bs)
     what = "paged_decode_attention with rows [8, 0, 3, 7, 2, 5] of a 9-row q and out (float16)"
     assert_close(out.inner[rows.long()], want, what, atol=2e-3, rtol=2e-3)
     others = [r for r in range(9) if r not in rows.tolist()]
     assert (out.inner[others] == 7).all(), f"{what}: rows {others} of out belong to no sequence, yet were written"
-    assert_in_bounds(what, out, outputs=[out.inner])
+    assert_in_bounds(what, out, gk, gv, outputs=[out.inner])
 
 
 @exercise("7.6")
