@@ -810,8 +810,8 @@ check("7.6")
 # token. `Components(paged_decode=...)` replaces that last one with yours. Below, `tiny` (8 query
 # heads over 4 kv heads: GQA ratio 2) generates greedily with your kernel in blocks of 8 tokens,
 # three prompts of different lengths at once, against the engine's default torch attention. The
-# interpreter is slow, so only a few tokens: every one of them went through your kernel in all
-# six layers.
+# interpreter is slow, so only a few tokens: each one after the first (which the prefill kernel
+# computes) went through your kernel, in all six layers.
 
 # %%
 YOURS = Components(paged_decode=paged_decode_attention, source="this notebook")
