@@ -16,7 +16,9 @@ from minillm.labkit.plug import PARTS, LabPartError, lab_components
 # The labs that build engine parts (minillm.labkit.plug.LABS), as the switch names them: the run pages'
 # sidebar offers those of labs 02-04; lab 05's (the verifier and prompt lookup) run on the Speculative
 # decoding page, which has a switch of its own.
-LAB_PARTS = {"02": "lab 02 · sampler", "03": "lab 03 · block allocator & prefix cache", "04": "lab 04 · scheduler"}
+LAB_PARTS = {"02": "lab 02 · sampler", "03": "lab 03 · block allocator & prefix cache", "04": "lab 04 · scheduler",
+             "07": "lab 07 · paged decode kernel (Triton backend)"}
+KERNELS_LAB = "07"  # its kernel runs on the Triton backend: slow in the CPU interpreter, so not chosen by default
 SPEC_LAB = "05"   # the Speculative decoding page has its own switch for lab 05
 QUANT_LAB = "06"  # and the Quantization page one for lab 06
 NOTEBOOKS = "lab[0-9][0-9]_*.ipynb"

@@ -12,7 +12,7 @@ from minillm import EngineConfig, SamplingParams
 from minillm.bench.workload import chat_workload
 from minillm.config import Components
 from minillm.tokenizer import Tokenizer
-from visualizer.learner_parts import LAB_PARTS, default_folder
+from visualizer.learner_parts import KERNELS_LAB, LAB_PARTS, default_folder
 from visualizer.run import RequestSpec
 
 DEFAULTS = {
@@ -21,7 +21,8 @@ DEFAULTS = {
     "max_tokens": 48, "temperature": 0.8, "top_p": 0.95, "n_samples": 1, "seed": 0,
     "kv_cache": "paged", "attention_backend": "torch", "block_size": 16, "kv_mib": 6.0, "prefix_caching": True,
     "scheduler": "continuous", "max_num_seqs": 16, "max_batched_tokens": 256, "chunked_prefill": True,
-    "pace_ms": 0, "mine": False, "mine_labs": list(LAB_PARTS), "mine_folder": default_folder(),
+    "pace_ms": 0, "mine": False, "mine_labs": [lab for lab in LAB_PARTS if lab != KERNELS_LAB],
+    "mine_folder": default_folder(),
 }
 
 
@@ -31,8 +32,11 @@ def engine_config(values: dict, components: Components | None = None) -> EngineC
     kv_bytes = values["kv_mib"] * 2**20
     if values["kv_cache"] == "paged" and kv_bytes < 1:
         raise ValueError(f"the KV budget must be more than 0 MiB, got {values['kv_mib']}")
+    # The learner's paged decode kernel (lab 07) is a Triton kernel: it runs on the Triton backend.
+    mine_kernel = components is not None and components.paged_decode is not None
+    backend = "triton" if mine_kernel else values["attention_backend"]
     return EngineConfig(model=values["model"], seed=int(values["seed"]), kv_cache=values["kv_cache"],
-                        attention_backend=values["attention_backend"],
+                        attention_backend=backend,
                         block_size=int(values["block_size"]), kv_cache_memory=int(kv_bytes),
                         enable_prefix_caching=bool(values["prefix_caching"]), scheduler=values["scheduler"],
                         max_num_seqs=int(values["max_num_seqs"]),

@@ -13,10 +13,12 @@ from conftest import APP, errors, run_to_end
 
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import LABS, PARTS, calls
-from visualizer.learner_parts import LAB_PARTS, QUANT_LAB, SPEC_LAB
+from visualizer.learner_parts import KERNELS_LAB, LAB_PARTS, QUANT_LAB, SPEC_LAB
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN_LABS = sorted(LAB_PARTS)  # the labs whose parts the run pages use (lab 05's run on the Speculative decoding page)
+# The labs whose parts the run pages use (lab 05's run on the Speculative decoding page, lab 06's on the Quantization
+# page); lab 07's kernel is left out of the full runs here: the Triton interpreter would take minutes.
+RUN_LABS = sorted(lab for lab in LAB_PARTS if lab != KERNELS_LAB)
 RUN_PARTS = {field: part for field, part in PARTS.items() if part[0].split(".")[0].zfill(2) in RUN_LABS}
 
 
@@ -102,6 +104,15 @@ def test_a_folder_or_choice_without_parts_gets_a_message(app, tmp_path, folder, 
     assert not app.exception
     assert any(message in e for e in errors(app)), errors(app)
     assert "run" not in app.session_state or app.session_state["run"] is None
+
+
+def test_the_learners_paged_decode_kernel_runs_on_the_triton_backend():
+    from minillm.config import Components
+    from visualizer.settings import DEFAULTS, engine_config
+    values = {**DEFAULTS, "model": "pico"}
+    config = engine_config(values, Components(paged_decode=lambda *args, **kwargs: None))
+    assert config.attention_backend == "triton"
+    assert engine_config(values).attention_backend == DEFAULTS["attention_backend"]
 
 
 def test_visualizer_imports_from_any_directory(tmp_path):
