@@ -394,7 +394,7 @@ fig.show()
 #   large matmul instead of three small ones. Look at `minillm/models/loader.py`.
 # * **Fused kernels.** vLLM, SGLang and TensorRT-LLM run RMSNorm together with the residual add,
 #   and RoPE in place on q and k, as single GPU kernels; each unfused op would read and write the
-#   whole activation again. Lab 07 (coming) writes such kernels in Triton.
+#   whole activation again. Lab 07 writes such kernels in Triton.
 # * **Attention kernels.** Nobody materialises the `[heads, q_len, kv_len]` score matrix you just
 #   built: FlashAttention and FlashInfer (used by vLLM and SGLang) compute the softmax block by
 #   block in on-chip memory. `minillm` calls PyTorch's `scaled_dot_product_attention`, which does

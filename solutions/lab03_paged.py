@@ -254,7 +254,7 @@ print(slot_mapping([5, 1, 6], 0, 10, 4).tolist())  # sequence A of the drawing a
 #
 # `k_cache` and `v_cache` are one layer's pool, `[num_slots, kv_heads, head_dim]`. A sequence's
 # keys sit in the slots its block table names: gather them in position order, and attention is the
-# same formula as in lab 02. This is the PyTorch reference of PagedAttention; a real kernel (coming in lab 07)
+# same formula as in lab 02. This is the PyTorch reference of PagedAttention; a real kernel (lab 07)
 # reads the blocks in place instead of copying them out, but computes the same numbers.
 #
 # The queries are the sequence's last `n` positions (a prefill chunk, or `n = 1` for decode), whose
