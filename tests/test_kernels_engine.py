@@ -4,6 +4,7 @@ and batching, and int4 layers on the fused dequantize-matmul. Few tokens: the CP
 import pytest
 
 from minillm import LLM, EngineConfig, QuantConfig, SamplingParams
+from minillm.config import Components
 
 # Before anything imports triton: minillm's runtime sets TRITON_INTERPRET=1 when there is no GPU.
 pytest.importorskip("minillm.kernels.runtime", reason="the Triton kernels need the triton package (Linux only): "
@@ -45,6 +46,8 @@ def test_triton_backend_runs_int4_layers_on_the_fused_kernel():
     (dict(attention_backend="cuda"), "attention_backend must be one of torch, triton, got 'cuda'"),
     (dict(attention_backend="triton", kv_cache="contiguous"), "needs kv_cache='paged', got 'contiguous'"),
     (dict(attention_backend="triton", device="cpu", dtype="bfloat16"), "no bfloat16 arithmetic"),
+    (dict(components=Components(paged_decode=lambda *args, **kwargs: None)),
+     "components.paged_decode is a Triton kernel's launcher: it runs only with attention_backend='triton'"),
 ])
 def test_attention_backend_is_validated(config, message):
     with pytest.raises(ValueError, match=message):
