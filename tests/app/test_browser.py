@@ -88,6 +88,8 @@ def run_speculative(page, tmp_path) -> None:
     run_button(page).click(timeout=30_000)
     page.get_by_text("Last run:").wait_for(timeout=60_000)
     marks = page.locator('span[style*="line-through"]')  # the legend's two, and any rejected or unreached proposal
+    # The caption is drawn before the run's tokens: wait for a third mark rather than counting at once.
+    marks.nth(2).wait_for(timeout=30_000)
     assert marks.count() > 2, "the rejected proposals are struck through"
     page.get_by_role("button", name=re.compile("Run the k sweep$")).click()
     page.get_by_text("Sweep:").wait_for(timeout=60_000)
@@ -137,7 +139,7 @@ def test_the_quantization_page_in_a_real_browser(server, tmp_path):
             page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
             page.get_by_role("button", name=re.compile("Generate$")).click()
             page.get_by_text("Last run:").wait_for(timeout=60_000)
-            page.get_by_text("Full precision (fp32)").wait_for(timeout=30_000)
+            page.get_by_text("Full precision (fp32)", exact=True).wait_for(timeout=30_000)
             page.wait_for_timeout(1000)  # the two texts are drawn just after the caption
             marked = page.locator('span[style*="background:#ffd8a8"]').count()  # the legend's, then one per text
             assert marked == 3 or page.get_by_text("agree on the first 48 of 48").count(), \
