@@ -67,7 +67,7 @@ from minillm.models.registry import BUNDLED_DIR
 from minillm.perf import PROFILES, OpCost, decode_cost, median_time, model_shape, param_count, prefill_cost
 from minillm.quant import linear_weight_bytes
 from minillm.quant.codecs import dequantize_int4, dequantize_int8
-from minillm.quant.linear import int8_linear
+from minillm.quant.linear import scaled_linear
 from minillm.quant.sensitivity import measure, sensitivity_grid
 from minillm.spec.train_heads import spread_rows
 from minillm.train import corpus_split, encode_corpus
@@ -741,7 +741,7 @@ fig.show()
 #
 # Now the real engine, with your codecs and your int4 linear layer. First: does `tiny` still
 # write the same text? Then the time of a decode step at batch 1: float32, int8 (the engine's
-# `int8_linear`, which scales after the product), and int4 with groups of 64, the engine's forward
+# `scaled_linear`, which scales after the product), and int4 with groups of 64, the engine's forward
 # and yours.
 
 # %%
@@ -796,7 +796,7 @@ codes_big, scale_big, zero_big = quantize_int4(w_big, 64)
 packed_big = pack_int4(codes_big)
 layer_ms = {
     "float32 weight (64 MB)": median_time(lambda: F.linear(x_one, w_big), repeats=5),
-    "int8 (16 MB), converted each call": median_time(lambda: int8_linear(x_one, q_big, s_big, None), repeats=5),
+    "int8 (16 MB), converted each call": median_time(lambda: scaled_linear(x_one, q_big, s_big, None), repeats=5),
     "int4-g64 (9 MB), your int4_linear": median_time(lambda: int4_linear(x_one, packed_big, scale_big, zero_big, None),
                                                      repeats=5),
 }

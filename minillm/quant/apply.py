@@ -89,12 +89,11 @@ def linear_weight_bytes(model: nn.Module) -> dict[str, int]:
     points) beside 'quantized_fp32', the same matrices in float32; 'linear' for every matmul of the
     model (the decoder layers' projections and the LM head) beside 'linear_fp32'; 'total' adds the
     rest (embedding, norms), counting a tied matrix once."""
-    stored = fp32 = quantized = 0
+    stored = fp32 = quantized = quantized_fp32 = 0
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
-            stored += module.weight_bytes()
             quantized += module.weight_bytes()
-            fp32 += module.in_features * module.out_features * 4
+            quantized_fp32 += module.in_features * module.out_features * 4
         elif isinstance(module, nn.Linear):
             stored += module.weight.numel() * module.weight.element_size()
             fp32 += module.weight.numel() * 4
@@ -103,6 +102,5 @@ def linear_weight_bytes(model: nn.Module) -> dict[str, int]:
     if tied is not None and id(tied) in other:
         other.pop(id(tied))  # counted with the LM head above
     rest = sum(p.numel() * p.element_size() for p in other.values())
-    quantized_fp32 = sum(m.in_features * m.out_features * 4 for m in model.modules() if isinstance(m, QuantizedLinear))
-    return {"quantized": quantized, "quantized_fp32": quantized_fp32, "linear": stored, "linear_fp32": fp32,
-            "total": stored + rest}
+    return {"quantized": quantized, "quantized_fp32": quantized_fp32, "linear": stored + quantized,
+            "linear_fp32": fp32 + quantized_fp32, "total": stored + quantized + rest}

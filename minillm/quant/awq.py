@@ -17,6 +17,8 @@ import torch
 
 from minillm.quant.codecs import dequantize_int4, quantize_int4
 from minillm.quant.config import QuantConfig
+from minillm.quant.eval import corpus_tokens
+from minillm.spec.train_heads import spread_rows
 from minillm.train import PackedRows
 
 GRID = 20  # alphas tried: 0, 1/GRID, ..., 1 - 1/GRID
@@ -97,7 +99,5 @@ def apply_awq(model: torch.nn.Module, config: QuantConfig, rows: torch.Tensor) -
 
 def calibration_rows(model_dir, tokens: int = 512, seq_len: int = 256) -> torch.Tensor:
     """[tokens // seq_len, seq_len] rows of the bundled corpus's train split in the model's tokens."""
-    from minillm.quant.eval import corpus_tokens
-    from minillm.spec.train_heads import spread_rows
     return spread_rows(corpus_tokens(str(model_dir), "train", texts=16), max(1, tokens // seq_len), seq_len)
 

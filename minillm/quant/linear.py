@@ -19,8 +19,8 @@ from minillm.quant import codecs
 from minillm.quant.config import SCHEMES
 
 
-def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x: [n, in]; q: int8 [out, in]; scale: [out] -> [n, out]."""
+def scaled_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """int8 or fp8 codes with one scale per row. x: [n, in]; q: [out, in]; scale: [out] -> [n, out]."""
     y = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
     return y if bias is None else y + bias
 
@@ -38,12 +38,6 @@ def int4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tenso
     and dequantized tile by tile in registers. The Triton backend's QuantOps.int4_linear."""
     from minillm.kernels.int4_matmul import int4_linear as fused  # imports triton: only when used
     return fused(x, packed, scale, zero, bias)
-
-
-def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x: [n, in]; q: float8_e4m3fn [out, in]; scale: [out] -> [n, out]."""
-    y = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
-    return y if bias is None else y + bias
 
 
 @dataclass(frozen=True)
@@ -111,9 +105,7 @@ class QuantizedLinear(nn.Module):
         """x: [n, in] -> [n, out]"""
         if self.scheme == "int4":
             return self.ops.int4_linear(x, self.qweight, self.scale, self.zero, self.bias)
-        if self.scheme == "int8":
-            return int8_linear(x, self.qweight, self.scale, self.bias)
-        return fp8_linear(x, self.qweight, self.scale, self.bias)
+        return scaled_linear(x, self.qweight, self.scale, self.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight this layer multiplies by, [out, in] float32."""
