@@ -30,12 +30,9 @@ def server(tmp_path):
         yield url
 
 
-def run_button(page):
-    """The Run button (its name may carry its icon's name first), and not "Help for Run with my lab notebook"."""
-    return page.get_by_role("button", name=re.compile(r"\bRun$"))
-
-
-def test_a_generation_streams_in_a_real_browser(server, tmp_path):
+@pytest.fixture
+def page(server):
+    """A headless Chromium page open on the app; the browser is closed at the end."""
     executable = chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as p:
@@ -43,37 +40,47 @@ def test_a_generation_streams_in_a_real_browser(server, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 2400})
             page.goto(server)
-            rate = page.get_by_label("Arrival rate (requests/s, 0 = all at once)")
-            rate.fill("3")  # requests keep arriving for ~8 s: the first screenshot catches the run mid-way
-            rate.press("Enter")
-            page.wait_for_timeout(1000)
-            run_button(page).click(timeout=60_000)
-            page.get_by_text("Streams", exact=True).wait_for(timeout=60_000)
-            try:  # hold the run mid-way for a steady picture
-                page.get_by_role("button", name="Pause").click(timeout=5_000)
-            except sync_api.TimeoutError:
-                pass  # on a busy machine the run may end before the click lands; then there is nothing to pause
-            page.get_by_text(re.compile("Run (paused|finished)")).wait_for(timeout=60_000)
-            page.wait_for_timeout(2000)
-            page.screenshot(path=tmp_path / "live_mid_run.png", full_page=True)
-            if page.get_by_text("Run paused").count():
-                page.get_by_role("button", name="Resume").click()
-            page.get_by_text("Run finished").wait_for(timeout=120_000)
-            codes = page.locator('[data-testid="stCode"]')
-            assert codes.count() > 0 and codes.first.inner_text().strip(), "tokens should be on the page"
-            page.wait_for_timeout(1000)
-            page.screenshot(path=tmp_path / "live.png", full_page=True)
-            for link, name in (("Scheduler timeline", "timeline"), ("Paged memory explorer", "memory"),
-                               ("Roofline", "roofline")):
-                page.get_by_role("link", name=link).click()
-                page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
-                page.wait_for_timeout(1500)
-                assert page.locator('[data-testid="stException"]').count() == 0, f"{name} page raised"
-                page.screenshot(path=tmp_path / f"{name}.png", full_page=True)
-            run_speculative(page, tmp_path)
-            run_with_my_notebook(page, tmp_path)
+            yield page
         finally:
             browser.close()
+
+
+def run_button(page):
+    """The Run button (its name may carry its icon's name first), and not "Help for Run with my lab notebook"."""
+    return page.get_by_role("button", name=re.compile(r"\bRun$"))
+
+
+def test_a_generation_streams_in_a_real_browser(page, tmp_path):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    rate = page.get_by_label("Arrival rate (requests/s, 0 = all at once)")
+    rate.fill("3")  # requests keep arriving for ~8 s: the first screenshot catches the run mid-way
+    rate.press("Enter")
+    page.wait_for_timeout(1000)
+    run_button(page).click(timeout=60_000)
+    page.get_by_text("Streams", exact=True).wait_for(timeout=60_000)
+    try:  # hold the run mid-way for a steady picture
+        page.get_by_role("button", name="Pause").click(timeout=5_000)
+    except PlaywrightTimeout:
+        pass  # on a busy machine the run may end before the click lands; then there is nothing to pause
+    page.get_by_text(re.compile("Run (paused|finished)")).wait_for(timeout=60_000)
+    page.wait_for_timeout(2000)
+    page.screenshot(path=tmp_path / "live_mid_run.png", full_page=True)
+    if page.get_by_text("Run paused").count():
+        page.get_by_role("button", name="Resume").click()
+    page.get_by_text("Run finished").wait_for(timeout=120_000)
+    codes = page.locator('[data-testid="stCode"]')
+    assert codes.count() > 0 and codes.first.inner_text().strip(), "tokens should be on the page"
+    page.wait_for_timeout(1000)
+    page.screenshot(path=tmp_path / "live.png", full_page=True)
+    for link, name in (("Scheduler timeline", "timeline"), ("Paged memory explorer", "memory"),
+                       ("Roofline", "roofline")):
+        page.get_by_role("link", name=link).click()
+        page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        assert page.locator('[data-testid="stException"]').count() == 0, f"{name} page raised"
+        page.screenshot(path=tmp_path / f"{name}.png", full_page=True)
+    run_speculative(page, tmp_path)
+    run_with_my_notebook(page, tmp_path)
     print(f"screenshots in {tmp_path}")
 
 
@@ -124,64 +131,46 @@ def run_with_my_notebook(page, tmp_path) -> None:
     page.locator('[data-testid="stSidebar"]').screenshot(path=tmp_path / "my_notebook_switch.png")
 
 
-def test_the_quantization_page_in_a_real_browser(server, tmp_path):
+def test_the_quantization_page_in_a_real_browser(page, tmp_path):
     """Quality, bytes and the memory budget on the first visit; Generate puts both greedy texts side by side with
     the token where they part marked; the heatmap button draws every layer and projection."""
-    executable = chromium()
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 2400})
-            page.goto(server)
-            page.get_by_role("link", name="Quantization").click(timeout=60_000)
-            page.get_by_text("Quality and size: int4-g64").wait_for(timeout=180_000)  # the held-out text, read once
-            page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
-            page.get_by_role("button", name=re.compile("Generate$")).click()
-            page.get_by_text("Last run:").wait_for(timeout=60_000)
-            page.get_by_text("Full precision (fp32)", exact=True).wait_for(timeout=30_000)
-            page.wait_for_timeout(1000)  # the two texts are drawn just after the caption
-            marked = page.locator('span[style*="background:#ffd8a8"]').count()  # the legend's, then one per text
-            assert marked == 3 or page.get_by_text("agree on the first 48 of 48").count(), \
-                f"where they part is marked ({marked} marks)"
-            page.get_by_role("button", name=re.compile(r"Measure the sensitivity \(")).click()
-            page.locator('[data-testid="stPlotlyChart"]').nth(1).wait_for(timeout=180_000)
-            page.wait_for_timeout(1500)
-            assert page.locator('[data-testid="stException"]').count() == 0, "the quantization page raised"
-            assert page.locator('[data-testid="stPlotlyChart"]').count() == 2, "the memory budget and the heatmap"
-            page.screenshot(path=tmp_path / "quantization.png", full_page=True)
-        finally:
-            browser.close()
+    page.get_by_role("link", name="Quantization").click(timeout=60_000)
+    page.get_by_text("Quality and size: int4-g64").wait_for(timeout=180_000)  # the held-out text, read once
+    page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
+    page.get_by_role("button", name=re.compile("Generate$")).click()
+    page.get_by_text("Last run:").wait_for(timeout=60_000)
+    page.get_by_text("Full precision (fp32)", exact=True).wait_for(timeout=30_000)
+    page.wait_for_timeout(1000)  # the two texts are drawn just after the caption
+    marked = page.locator('span[style*="background:#ffd8a8"]').count()  # the legend's, then one per text
+    assert marked == 3 or page.get_by_text("agree on the first 48 of 48").count(), \
+        f"where they part is marked ({marked} marks)"
+    page.get_by_role("button", name=re.compile(r"Measure the sensitivity \(")).click()
+    page.locator('[data-testid="stPlotlyChart"]').nth(1).wait_for(timeout=180_000)
+    page.wait_for_timeout(1500)
+    assert page.locator('[data-testid="stException"]').count() == 0, "the quantization page raised"
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 2, "the memory budget and the heatmap"
+    page.screenshot(path=tmp_path / "quantization.png", full_page=True)
     print(f"screenshot in {tmp_path}")
 
 
-def test_the_kernels_page_in_a_real_browser(server, tmp_path):
+def test_the_kernels_page_in_a_real_browser(page, tmp_path):
     """vector add's grid and buffers on the first visit, checked against its spec; paged decode attention draws
     how a program walks the pool, its block table and the K/V pools, without a Python exception."""
-    executable = chromium()
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 2400})
-            page.goto(server)
-            page.get_by_role("link", name="Kernels").click(timeout=60_000)
-            page.get_by_text("Outputs stored exactly once").wait_for(timeout=60_000)
-            page.locator('[data-testid="stPlotlyChart"]').nth(3).wait_for(timeout=60_000)
-            assert page.locator('[data-testid="stPlotlyChart"]').count() == 4, "the grid and vector add's 3 buffers"
-            page.get_by_text("These figures need a GPU").wait_for(timeout=10_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=tmp_path / "kernels_vector_add.png", full_page=True)
-            page.get_by_text("paged decode attention", exact=True).click()
-            page.get_by_text("walks the pool").first.wait_for(timeout=60_000)
-            page.locator('[data-testid="stSelectbox"]').filter(has_text="Follow one program").click()
-            page.get_by_role("option", name="program (1, 1)").click()
-            page.get_by_text("How program (1, 1) walks the pool").wait_for(timeout=60_000)
-            page.locator('[data-testid="stPlotlyChart"]').nth(8).wait_for(timeout=60_000)
-            page.wait_for_timeout(1500)
-            assert page.locator('[data-testid="stException"]').count() == 0, "the kernels page raised"
-            assert page.locator('[data-testid="stPlotlyChart"]').count() == 9, "grid, walk and the kernel's 7 buffers"
-            page.screenshot(path=tmp_path / "kernels_paged_decode.png", full_page=True)
-        finally:
-            browser.close()
+    page.get_by_role("link", name="Kernels").click(timeout=60_000)
+    page.get_by_text("Outputs stored exactly once").wait_for(timeout=60_000)
+    page.locator('[data-testid="stPlotlyChart"]').nth(3).wait_for(timeout=60_000)
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 4, "the grid and vector add's 3 buffers"
+    page.get_by_text("These figures need a GPU").wait_for(timeout=10_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=tmp_path / "kernels_vector_add.png", full_page=True)
+    page.get_by_text("paged decode attention", exact=True).click()
+    page.get_by_text("walks the pool").first.wait_for(timeout=60_000)
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Follow one program").click()
+    page.get_by_role("option", name="program (1, 1)").click()
+    page.get_by_text("How program (1, 1) walks the pool").wait_for(timeout=60_000)
+    page.locator('[data-testid="stPlotlyChart"]').nth(8).wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
+    assert page.locator('[data-testid="stException"]').count() == 0, "the kernels page raised"
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 9, "grid, walk and the kernel's 7 buffers"
+    page.screenshot(path=tmp_path / "kernels_paged_decode.png", full_page=True)
     print(f"screenshots in {tmp_path}")
