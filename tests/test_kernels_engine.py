@@ -42,6 +42,19 @@ def test_triton_backend_runs_int4_layers_on_the_fused_kernel():
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
 
 
+def test_triton_backend_runs_a_loaded_int4_checkpoint_on_the_fused_kernel(tmp_path):
+    from minillm.quant import save_quantized
+    from minillm.quant.linear import QuantizedLinear, int4_linear_triton
+    quant, params = QuantConfig("int4", group_size=32, layers=(0,)), SamplingParams(max_tokens=2, temperature=0)
+    source = LLM("tiny", quantization=quant)
+    out = save_quantized(source.model, source.engine.model_dir, tmp_path / "q")
+    want = [o.token_ids for o in source.generate(["class Stack:"], params, use_tqdm=False)]
+    llm = LLM(str(out), attention_backend="triton", num_kv_blocks=16)
+    layers = [m for m in llm.engine.model.modules() if isinstance(m, QuantizedLinear)]
+    assert layers and all(m.ops.int4_linear is int4_linear_triton for m in layers)
+    assert [o.token_ids for o in llm.generate(["class Stack:"], params, use_tqdm=False)] == want
+
+
 @pytest.mark.parametrize("config, message", [
     (dict(attention_backend="cuda"), "attention_backend must be one of torch, triton, got 'cuda'"),
     (dict(attention_backend="triton", kv_cache="contiguous"), "needs kv_cache='paged', got 'contiguous'"),

@@ -329,3 +329,23 @@ def test_an_awq_checkpoint_keeps_its_folded_scales(tmp_path):
 def test_bad_calibration_settings_are_refused(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_a_loaded_quantized_checkpoint_multiplies_with_the_components_int4_linear(tmp_path, tiny):
+    from minillm.engine.engine import LLMEngine
+    from minillm.quant.linear import int4_linear
+    calls = []
+
+    def spy_int4_linear(*args):
+        calls.append(1)
+        return int4_linear(*args)
+
+    out = save_quantized(LLM("tiny", quantization=QuantConfig("int4", layers=(0,))).model,
+                         resolve_model_path("tiny"), tmp_path / "q")
+    shared = LLM(str(out)).model
+    engine = LLMEngine(EngineConfig(model=str(out), components=Components(int4_linear=spy_int4_linear)), model=shared)
+    layers = [m for m in engine.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 4 and all(m.ops.int4_linear is spy_int4_linear for m in layers)
+    assert all(m.ops.int4_linear is int4_linear for m in shared.modules() if isinstance(m, QuantizedLinear))
+    engine.model(torch.tensor([5, 99]), torch.arange(2))
+    assert len(calls) == 4

@@ -24,7 +24,7 @@ from minillm.models.config import ModelConfig
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, RequestOutput, StreamChunk
-from minillm.quant import QuantConfig, QuantOps, quantize_model
+from minillm.quant import QuantizedLinear, QuantOps, quantize_model
 from minillm.quant.awq import apply_awq, calibration_rows
 from minillm.quant.linear import int4_linear_triton
 from minillm.sampling import SamplingParams, sample_requests, token_logprobs
@@ -34,22 +34,35 @@ from minillm.state import FinishReason, KVStats, ScheduledSeq, ScheduledWork, Se
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
-def quantized(model: torch.nn.Module, config: QuantConfig, components: Components, shared: bool,
-              model_dir, attention_backend: str = "torch") -> torch.nn.Module:
-    """model with its linear layers quantized as config says, by the components' codecs where a lab
-    replaces them (else int4 multiplies on the fused Triton kernel with the Triton backend); a model
-    shared with other engines is copied first, never changed under them."""
-    if getattr(model, "quant_config", None) is not None:
-        raise ValueError(f"the model is already quantized ({model.quant_config.label()}): load its "
-                         f"full-precision checkpoint to quantize it another way")
+def quant_ops(components: Components, attention_backend: str) -> QuantOps:
+    """The codecs and int4 product quantized layers use: the components' where a lab replaces them,
+    else the engine's (int4 on the fused Triton kernel with the Triton backend)."""
     parts = {f.name: getattr(components, f.name) for f in fields(QuantOps) if getattr(components, f.name)}
     if attention_backend == "triton":
         parts.setdefault("int4_linear", int4_linear_triton)
-    ops = QuantOps(**parts)
+    return QuantOps(**parts)
+
+
+def quantized(model: torch.nn.Module, config: EngineConfig, shared: bool, model_dir) -> torch.nn.Module:
+    """model with quantized layers that use config's QuantOps: quantized as config.quantization says
+    when it is set, or already quantized by its checkpoint. A model shared with other engines is
+    copied before any change, never changed under them."""
+    ops, already = quant_ops(config.components, config.attention_backend), getattr(model, "quant_config", None)
+    if config.quantization is None:
+        if already is None or ops == QuantOps():
+            return model
+        model = copy.deepcopy(model) if shared else model
+        for layer in model.modules():
+            if isinstance(layer, QuantizedLinear):
+                layer.ops = ops
+        return model
+    if already is not None:
+        raise ValueError(f"the model is already quantized ({already.label()}): load its "
+                         f"full-precision checkpoint to quantize it another way")
     model = copy.deepcopy(model) if shared else model
-    if config.calibration == "awq":
-        apply_awq(model, config, calibration_rows(model_dir))
-    return quantize_model(model, config, ops)
+    if config.quantization.calibration == "awq":
+        apply_awq(model, config.quantization, calibration_rows(model_dir))
+    return quantize_model(model, config.quantization, ops)
 
 
 class LLMEngine:
@@ -60,9 +73,7 @@ class LLMEngine:
         self.model_dir = resolve_model_path(config.model)
         self.device, self.dtype = config.torch_device, config.torch_dtype
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.device)
-        if config.quantization is not None:
-            self.model = quantized(self.model, config.quantization, config.components, model is not None,
-                                   self.model_dir, config.attention_backend)
+        self.model = quantized(self.model, config, model is not None, self.model_dir)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = Tokenizer(self.model_dir)
         limit = self.model_config.max_position_embeddings
