@@ -37,6 +37,7 @@ class Components:
     int4_linear: Callable | None = None       # quant/linear.int4_linear(x, packed, scale, zero, bias) -> y
     paged_decode: Callable | None = None      # kernels/paged_decode.paged_decode_attention(q, k_slots, v_slots,
     #                                           block_tables, context_lens, block_size, max_context, rows, out)
+    grammar_mask: Callable | None = None      # structured/mask.apply_grammar_mask(logits, bitmask) -> logits
     source: str = "minillm"                   # whose parts these are, for messages
 
     def replaced(self) -> list[str]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minillm.structured.spec import StructuredOutput
+
 MAX_LOGPROBS = 20
 
 
@@ -25,6 +27,7 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1                  # samples of the prompt; they share its KV blocks. Sample i uses seed + i
     logprobs: int | None = None  # report each output token's log-probability and the `logprobs` likeliest (0-20)
+    structured: StructuredOutput | None = None  # the output must match this JSON schema, regex or grammar
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -44,6 +47,8 @@ class SamplingParams:
             (all(isinstance(s, str) and s for s in self.stop),
              f"stop strings must be non-empty strings, got {self.stop!r}"),
             (self.seed is None or isinstance(self.seed, int), f"seed must be an integer or None, got {self.seed!r}"),
+            (self.structured is None or isinstance(self.structured, StructuredOutput),
+             f"structured must be a minillm.structured.StructuredOutput or None, got {type(self.structured).__name__}"),
         ]
         for ok, message in checks:
             if not ok:

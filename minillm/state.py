@@ -119,6 +119,7 @@ class Sequence:
         self.emitted_chars = 0  # how much of output_text has been streamed to the caller
         self.finish_reason: FinishReason | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.grammar: Any = None  # structured output: this sample's structured.grammar.GrammarState
         # Speculative decoding: this step's proposals (computed after the last token, then verified),
         # the distributions they were drawn from ([len, vocab]; None: proposed with certainty), and counts.
         self.spec_tokens: list[int] = []

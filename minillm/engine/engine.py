@@ -31,6 +31,8 @@ from minillm.sampling import SamplingParams, sample_requests, token_logprobs
 from minillm.spec.proposers import make_proposer
 from minillm.spec.speculator import Speculator
 from minillm.state import FinishReason, KVStats, ScheduledSeq, ScheduledWork, Sequence, SequenceSnapshot, StepEvent
+from minillm.structured import apply_grammar_mask
+from minillm.structured.grammar import GrammarCompiler, new_bitmask
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -91,6 +93,8 @@ class LLMEngine:
             self.speculator = Speculator(config.speculative, proposer, self.max_model_len, config.components)
             self.scheduler.on_release.append(proposer.release)
         self._sample = config.components.sample
+        self._grammar_mask = config.components.grammar_mask or apply_grammar_mask
+        self._grammars: GrammarCompiler | None = None  # built at the first structured request
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._finished: dict[str, list[Completion]] = {}  # per live request: its finished samples
         self._observers = []
@@ -117,14 +121,28 @@ class LLMEngine:
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self._finished:
             raise ValueError(f"request id {request_id!r} is already in use")
+        grammars = [self._grammar_state(params) for _ in range(params.n)]
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_rng))
         samples = [Sequence(request_id, text, ids, params, torch.Generator(device=self.device).manual_seed(seed + i),
                             IncrementalDetokenizer(self.tokenizer, ids), self.eos_token_ids, index=i)
                    for i in range(params.n)]
+        for seq, grammar in zip(samples, grammars):
+            seq.grammar = grammar
         samples[0].forks = samples[1:]  # they join after the prompt's prefill, sharing its blocks
         self.scheduler.add(samples[0])
         self._finished[request_id] = []
         return request_id
+
+    def _grammar_state(self, params: SamplingParams):
+        """A new matcher for a structured request (None for a free one); a bad spec raises ValueError."""
+        if params.structured is None:
+            return None
+        if self.speculator is not None:
+            raise ValueError("structured output is not supported with speculative decoding: the proposals "
+                             "would have to be masked too. Use an engine without `speculative`")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.model_dir, self.model_config.vocab_size, self.eos_token_ids)
+        return self._grammars.matcher(params.structured)
 
     def _prompt_ids(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -204,8 +222,8 @@ class LLMEngine:
             accepted, verified, verifications = self.speculator.verify(batch, logits, self.runner.last_hidden, offsets)
         emitting = self.scheduler.advance(batch, accepted)  # [(seq, batch index)]
         drawn = [(seq, i) for seq, i in emitting if not (i in verified and seq is batch[i].seq)]
-        tokens = sample_requests(logits[[offsets[i] for _, i in drawn]], [s.params for s, _ in drawn],
-                                 [s.generator for s, _ in drawn], self._sample)
+        rows = self._constrain(logits[[offsets[i] for _, i in drawn]], [seq for seq, _ in drawn])
+        tokens = sample_requests(rows, [s.params for s, _ in drawn], [s.generator for s, _ in drawn], self._sample)
         emitted = [(seq, [token], offsets[i]) for (seq, i), token in zip(drawn, tokens)]
         emitted += [(batch[i].seq, verified[i], offsets[i]) for i in verified]
         for seq, new, row in emitted:
@@ -223,6 +241,19 @@ class LLMEngine:
             self._emit(start, now, batch, chunks, verifications)
         self.last_step_timings["telemetry"] = time.perf_counter() - updated
         return chunks
+
+    def _constrain(self, rows: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Mask the rows of structured samples to the tokens their grammar allows next.
+        rows: [len(seqs), vocab] -> [len(seqs), vocab]"""
+        constrained = [j for j, seq in enumerate(seqs) if seq.grammar is not None]
+        if not constrained:
+            return rows
+        bitmask = new_bitmask(len(constrained), rows.shape[-1])  # [constrained, ceil(vocab / 32)]
+        for r, j in enumerate(constrained):
+            seqs[j].grammar.fill_bitmask(bitmask, r)
+        rows = rows.clone()
+        rows[constrained] = self._grammar_mask(rows[constrained], bitmask.to(rows.device))
+        return rows
 
     def _emit(self, start: float, end: float, batch: list[ScheduledSeq], chunks: list[StreamChunk],
               verifications: list) -> None:
@@ -244,8 +275,10 @@ class LLMEngine:
             seq.token_ids.append(token)
             seq.metrics.token_times.append(now)
             seq.output_text += seq.detokenizer.push(token)
+            if seq.grammar is not None:
+                seq.grammar.accept(token)
             reason = None
-            if token in seq.stop_token_ids or self._cut_at_stop_string(seq):
+            if token in seq.stop_token_ids or self._cut_at_stop_string(seq) or (seq.grammar and seq.grammar.finished):
                 reason = FinishReason.STOP
             elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
                 reason = FinishReason.LENGTH
