@@ -48,11 +48,11 @@ class GrammarCompiler:
         key = spec.key()
         if key not in self._compiled:
             try:
-                if spec.json_schema is not None:
+                if spec.json_schema is not None or spec.json_object:
+                    # json_object is OpenAI's "any JSON object" (xgrammar's built-in JSON grammar takes any value).
                     # No free whitespace: a small model could otherwise pad the JSON with it forever.
-                    grammar = self._compiler.compile_json_schema(spec.json_schema, any_whitespace=False)
-                elif spec.json_object:
-                    grammar = self._compiler.compile_builtin_json_grammar()
+                    schema = spec.json_schema if spec.json_schema is not None else {"type": "object"}
+                    grammar = self._compiler.compile_json_schema(schema, any_whitespace=False)
                 elif spec.regex is not None:
                     grammar = self._compiler.compile_regex(spec.regex)
                 else:
