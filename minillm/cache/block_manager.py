@@ -11,10 +11,15 @@
     list runs dry.
 
 Invariant: a block is evictable exactly when it is named and its only holder is the prefix cache.
+
+With a second tier attached (`tier`, an OffloadStore: cache/offload.py), a prompt's match goes on
+in the tier where the pool's ends, and those blocks are restored into fresh pool blocks; evicted
+named blocks are saved there first; and `offload` moves a prefix's evictable blocks out of the pool.
 """
 from dataclasses import dataclass, field
 
 from minillm.cache.allocator import BlockAllocator
+from minillm.cache.offload import OffloadStore
 from minillm.cache.prefix import CachedBlock, EvictableBlocks, chain_hash, match_prefix
 from minillm.config import Components
 from minillm.utils import cdiv
@@ -41,6 +46,7 @@ class BlockManager:
         self.match_prefix = components.match_prefix or match_prefix
         self.hash_fn = components.hash_fn or chain_hash
         self.query_tokens = self.hit_tokens = self.collisions = self.evictions = 0
+        self.tier: OffloadStore | None = None  # the second tier, when one is attached
 
     # -- accounting -------------------------------------------------------------------------
     @property
@@ -70,7 +76,8 @@ class BlockManager:
         revived = [e for e in hits if e.block in self.evictable.entries]  # they stop being evictable
         if needed > self.num_free - len(revived):
             return None
-        self._count_lookup(token_ids, hits)
+        restored = self._tier_hits(token_ids, hits, needed)
+        self._count_lookup(token_ids, hits + restored)
         for e in revived:
             self.evictable.reuse(e.block)
         shared = self.allocator.fork([e.block for e in hits])
@@ -79,7 +86,9 @@ class BlockManager:
         if fresh is None or len(fresh) != needed:
             raise RuntimeError(f"the block allocator gave {fresh!r} for {needed} blocks with "
                                f"{self.allocator.num_free} free")
-        return BlockTable(shared + fresh, list(hits))
+        table = BlockTable(shared + fresh, list(hits))
+        self._restore(table, restored)
+        return table
 
     def append(self, table: BlockTable, num_tokens: int) -> tuple[int, int] | None | bool:
         """Grow the table to hold num_tokens tokens, where token num_tokens - 1 is about to be
@@ -146,14 +155,61 @@ class BlockManager:
             table.named.append(entry)
             i += 1
 
+    def offload(self, token_ids: list[int]) -> int:
+        """Save the cached blocks of this prefix to the tier, then free in the pool those no sequence
+        holds, from the tail back to the first one still held. -> how many blocks were freed."""
+        # match_prefix leaves the last token's block out (a prompt always computes it); an offloaded
+        # prefix keeps every full block, so it is matched with one token more
+        chain = self.match_prefix([*token_ids, -1], self.block_size, self.cache, self.hash_fn)
+        self.tier.save([_tier_record(e) for e in chain])
+        freed = 0
+        for entry in reversed(chain):
+            if entry.block not in self.evictable.entries:
+                break
+            self.evictable.reuse(entry.block)
+            del self.cache[entry.hash], self.named[entry.block]
+            self.allocator.free([entry.block])
+            freed += 1
+        return freed
+
     # -- internals --------------------------------------------------------------------------
     def _make_free(self, n: int) -> None:
-        """Evict least recently used blocks until the free list holds n."""
+        """Evict least recently used blocks until the free list holds n (saved to the tier first, if any)."""
+        evicted = []
         while self.allocator.num_free < n:
             block = self.evictable.evict(self.cache)
-            del self.named[block]
+            evicted.append(self.named.pop(block))
             self.allocator.free([block])  # the prefix cache's reference: back to the free list
             self.evictions += 1
+        if self.tier is not None and evicted:  # their K/V are still in the pool until the caller writes
+            self.tier.save([_tier_record(e) for e in evicted])
+
+    def _tier_hits(self, token_ids: list[int], hits: list[CachedBlock], needed: int) -> list[CachedBlock]:
+        """Where the pool's match ends, the blocks that continue it in the tier, as entries without a
+        pool block yet. At most tier.capacity - needed: saving the blocks this allocation evicts
+        (at most `needed`) then cannot push them out of the tier before they are restored."""
+        if self.tier is None or not self.enable_prefix_caching:
+            return []
+        found, parent, bs = [], hits[-1] if hits else None, self.block_size
+        for i in range(len(hits), min((len(token_ids) - 1) // bs, len(hits) + self.tier.capacity - needed)):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            parent_hash = None if parent is None else parent.hash
+            name = self.hash_fn(parent_hash, tokens)
+            if name in self.cache or not self.tier.find(name, parent_hash, tokens):
+                break
+            parent = CachedBlock(-1, name, tokens, parent)
+            found.append(parent)
+        return found
+
+    def _restore(self, table: BlockTable, restored: list[CachedBlock]) -> None:
+        """Copy the tier's blocks into the table's first fresh blocks and name them, as register would."""
+        for entry, block in zip(restored, table.blocks[len(table.named):]):
+            entry.block = block
+            self.cache[entry.hash] = self.named[block] = entry
+            self.allocator.fork([block])  # the prefix cache's own reference
+            table.named.append(entry)
+        if restored:
+            self.tier.restore([e.hash for e in restored], [e.block for e in restored])
 
     def _count_lookup(self, token_ids: list[int], hits: list[CachedBlock]) -> None:
         """Hit-rate counters, and a collision when the next block's name is cached but did not match."""
@@ -163,3 +219,8 @@ class BlockManager:
         if self.enable_prefix_caching and (i + 1) * bs < len(token_ids):
             name = self.hash_fn(hits[-1].hash if hits else None, tuple(token_ids[i * bs:(i + 1) * bs]))
             self.collisions += name in self.cache
+
+
+def _tier_record(entry: CachedBlock) -> tuple[int, int, int | None, tuple[int, ...]]:
+    """What the tier keeps of a cached block: (pool block, name, parent's name, tokens)."""
+    return entry.block, entry.hash, None if entry.parent is None else entry.parent.hash, entry.tokens

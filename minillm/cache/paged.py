@@ -9,6 +9,7 @@ from functools import partial
 import torch
 
 from minillm.cache.block_manager import BlockManager, BlockTable
+from minillm.cache.offload import OffloadStore
 from minillm.config import Components
 from minillm.layers.attention import AttentionContext, causal_attention, decode_attention
 from minillm.models.config import ModelConfig
@@ -52,6 +53,17 @@ class PagedKVPool:
             index = torch.tensor(blocks, device=self.k.device)
             for pool in self._by_block:  # [layers, blocks, block_size, kv_heads, d]
                 pool.index_fill_(1, index, 0)
+
+    def read_blocks(self, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of these blocks, every layer (a copy): each [layers, len(blocks), block_size, kv_heads, d]."""
+        index = torch.tensor(blocks, device=self.k.device)
+        return self._by_block[0].index_select(1, index), self._by_block[1].index_select(1, index)
+
+    def write_blocks(self, blocks: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """The inverse of read_blocks: k, v: [layers, len(blocks), block_size, kv_heads, d]."""
+        index = torch.tensor(blocks, device=self.k.device)
+        self._by_block[0].index_copy_(1, index, k)
+        self._by_block[1].index_copy_(1, index, v)
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy-on-write: give a sequence its own copy of a shared block, in every layer."""
@@ -121,6 +133,18 @@ class PagedCacheManager:
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
+
+    def attach_offload(self, kind: str, capacity: int, directory: str | None = None) -> OffloadStore:
+        """A second tier for cached blocks (cache/offload.py): prompts restore their prefix from it
+        where the pool's match ends, and evicted cached blocks are saved to it. -> the store."""
+        self.blocks.tier = OffloadStore(self.pool, kind, capacity, directory)
+        return self.blocks.tier
+
+    def offload_prefix(self, token_ids: list[int]) -> int:
+        """Move the pool's cached blocks of this prefix to the second tier. -> blocks freed in the pool."""
+        if self.blocks.tier is None:
+            raise ValueError("this paged cache has no offload tier: call attach_offload(kind, capacity) first")
+        return self.blocks.offload(token_ids)
 
     def blocks_needed(self, prompt_len: int, total_len: int, n: int) -> int:
         """Most blocks a request can hold: its n samples share the prompt's full blocks."""

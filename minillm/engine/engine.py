@@ -163,6 +163,13 @@ class LLMEngine:
         self._finished.pop(request_id, None)
         return bool(self.scheduler.abort(request_id))
 
+    def offload_prefix(self, token_ids: list[int]) -> int:
+        """Move the pool's cached blocks of this prefix to the KV offload tier (an agent waiting on
+        a tool): its next call restores them. -> blocks freed in the pool (cache/offload.py)."""
+        if not hasattr(self.cache, "offload_prefix"):
+            raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.kv_cache.value!r}")
+        return self.cache.offload_prefix(token_ids)
+
     # -- what observers may read ------------------------------------------------------------
     def subscribe(self, observer) -> None:
         """Call observer(StepEvent) after every step."""
