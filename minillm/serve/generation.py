@@ -1,0 +1,83 @@
+"""One HTTP request's generation: its prompts queued in the engine, their chunks merged into one stream.
+
+A completions request may carry several prompts (each an engine request, with n samples each);
+they run side by side and their chunks arrive interleaved as (prompt index, chunk). Queueing is
+separate from streaming so that bad input (a prompt too long for the context, an invalid schema)
+is refused with a 400 before a streaming response has started.
+
+Whoever stops reading early (a client that disconnects, a server shutting down) closes the stream,
+and every request still running is aborted at once, so its KV blocks go back to the pool.
+"""
+import asyncio
+from collections.abc import AsyncIterator
+
+from minillm.async_llm import AsyncLLM
+from minillm.outputs import StreamChunk
+from minillm.sampling import SamplingParams
+from minillm.serve.errors import APIError
+from minillm.serve.responses import usage
+
+
+class Generation:
+    def __init__(self, llm: AsyncLLM, request_id: str, on_chunk=None) -> None:
+        """on_chunk(chunk): called for every chunk (the server's metrics)."""
+        self.llm, self.request_id, self.on_chunk = llm, request_id, on_chunk
+        self.streams: list[tuple[str, AsyncIterator[StreamChunk]]] = []
+        self.prompt_tokens = self.completion_tokens = 0  # of the requests and samples finished so far
+
+    async def start(self, prompts: list[str | list[int]], params: SamplingParams) -> "Generation":
+        """Queue every prompt; the first the engine refuses aborts those already queued -> 400."""
+        try:
+            for i, prompt in enumerate(prompts):
+                rid = f"{self.request_id}-{i}"
+                self.streams.append((rid, self.llm.start(prompt, params, rid)))
+        except ValueError as e:
+            for rid, _ in self.streams:
+                await self.llm.abort(rid)
+            where = f" (prompt {len(self.streams)})" if len(prompts) > 1 else ""
+            raise APIError(400, f"{e}{where}") from None
+        return self
+
+    async def chunks(self) -> AsyncIterator[tuple[int, StreamChunk]]:
+        """(prompt index, chunk) as the engine makes them, until every prompt's request is finished."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream: AsyncIterator[StreamChunk]) -> None:
+            try:
+                async for chunk in stream:
+                    queue.put_nowait((i, chunk))
+                queue.put_nowait((i, None))
+            except BaseException as e:  # an abort (CancelledError) must reach the reader too
+                queue.put_nowait((i, e))
+
+        tasks = [asyncio.create_task(pump(i, stream)) for i, (_, stream) in enumerate(self.streams)]
+        done: set[int] = set()
+        try:
+            while len(done) < len(tasks):
+                i, item = await queue.get()
+                if item is None:
+                    done.add(i)
+                elif isinstance(item, asyncio.CancelledError):
+                    raise APIError(503, "the request was aborted: the server is shutting down")
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    self._count(item)
+                    yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            for i, (rid, _) in enumerate(self.streams):
+                if i not in done:  # a pump never started cannot abort its own request
+                    await self.llm.abort(rid)
+
+    def usage(self) -> dict:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+    def _count(self, chunk: StreamChunk) -> None:
+        if chunk.output is not None:
+            self.completion_tokens += len(chunk.output.token_ids)
+        if chunk.request is not None:
+            self.prompt_tokens += len(chunk.request.prompt_token_ids)
+        if self.on_chunk is not None:
+            self.on_chunk(chunk)

@@ -1,0 +1,97 @@
+"""Running the app: in a background thread (tests, benchmarks, the Streamlit app) or as the
+command-line server.
+
+    with serve_in_thread("tiny") as server:          # a free loopback port
+        openai.OpenAI(base_url=server.base_url + "/v1", api_key="-").completions.create(...)
+
+`run_server` is `python -m minillm serve`: on SIGINT or SIGTERM uvicorn stops accepting
+connections and lets the in-flight requests finish for `grace_period` seconds; then it cancels
+the rest (their engine requests are aborted, their KV blocks freed) and the process exits 0.
+"""
+import asyncio
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+
+from minillm.async_llm import AsyncLLM
+from minillm.llm import LLM
+from minillm.serve.app import build_app
+
+
+def _as_async_llm(llm_or_model) -> AsyncLLM:
+    if isinstance(llm_or_model, AsyncLLM):
+        return llm_or_model
+    if isinstance(llm_or_model, LLM):
+        return AsyncLLM.from_engine(llm_or_model.engine)
+    return AsyncLLM(llm_or_model)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn starts, so port 0 (any free port) is known at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+@dataclass
+class ServerHandle:
+    """A server running in a thread of this process; `stop()` (or leaving the `with`) shuts it down."""
+    base_url: str
+    app: FastAPI
+    llm: AsyncLLM
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve_in_thread(llm_or_model="tiny", host: str = "127.0.0.1", port: int = 0, **app_options) -> ServerHandle:
+    """Start uvicorn on its own event loop in a daemon thread; return once it accepts connections.
+    llm_or_model: an AsyncLLM, an LLM (its engine is driven from now on), or a model name/folder.
+    app_options: build_app's (model_name, api_key, max_waiting, admission); model_name defaults
+    to the model's name."""
+    llm = _as_async_llm(llm_or_model)
+    app_options.setdefault("model_name", llm.config.model)
+    app = build_app(llm, **app_options)
+    sock = _bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
+                              name="minillm-server")
+    thread.start()
+    while not server.started:  # uvicorn sets it once the socket is listening
+        if not thread.is_alive():
+            raise RuntimeError("the server thread exited before it started: see its log above")
+        threading.Event().wait(0.01)
+    bound_host, bound_port = sock.getsockname()[:2]
+    display = f"[{bound_host}]" if ":" in bound_host else bound_host
+    return ServerHandle(f"http://{display}:{bound_port}", app, llm, server, thread)
+
+
+def run_server(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, grace_period: float = 10.0,
+               engine_options: dict | None = None, **app_options) -> int:
+    """Serve until SIGINT/SIGTERM, drain for grace_period seconds, abort the rest; -> exit code 0."""
+    llm = AsyncLLM(model, **(engine_options or {}))
+    app_options.setdefault("model_name", llm.config.model)
+    app = build_app(llm, **app_options)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on",
+                            timeout_graceful_shutdown=grace_period)
+    # uvicorn re-raises the signal it caught once it has shut down (so a default handler would kill
+    # the process with it); handlers that do nothing make the drained shutdown an ordinary exit 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.Server(config).run()
+    return 0
