@@ -6,7 +6,9 @@ import streamlit as st
 
 from visualizer.controls import keep_knobs, knobs
 
-st.set_page_config(page_title="minillm visualizer", page_icon=":material/memory:", layout="wide")
+# An emoji favicon: Streamlit draws it inline, whereas a :material/...: favicon is an SVG it fetches from
+# fonts.gstatic.com (the icons inside the pages come from the font it bundles), and the app stays offline.
+st.set_page_config(page_title="minillm visualizer", page_icon="\N{HIGH VOLTAGE SIGN}", layout="wide")
 
 RUN_PAGES = [
     st.Page("views/live.py", title="Live engine", icon=":material/bolt:", default=True),
