@@ -1,5 +1,6 @@
-"""The command line: `python -m minillm generate | quantize | bench | train [heads | distill]`."""
+"""The command line: `python -m minillm generate | quantize | serve | batch | bench | train [heads | distill]`."""
 import argparse
+import ipaddress
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,29 @@ def main(argv: list[str] | None = None) -> int:
                             "lm_head)")
     quant.add_argument("--out", type=Path, required=True, help="the folder to write")
 
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    serve.add_argument("--model", default=None, help="bundled model name or model directory (default: tiny)")
+    serve.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    serve.add_argument("--allow-remote", action="store_true",
+                       help="allow a non-loopback --host (needs --api-key too)")
+    serve.add_argument("--max-waiting", type=int, default=None,
+                       help="refuse requests (429 + Retry-After) while this many wait (default: never)")
+    serve.add_argument("--grace-period", type=float, default=10.0,
+                       help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    serve.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "sequential"])
+    serve.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--device", default="auto")
+    serve.add_argument("--dtype", default="auto")
+
+    batch = sub.add_parser("batch", help="run a JSONL file of requests offline (OpenAI batch format)")
+    batch.add_argument("input", type=Path)
+    batch.add_argument("output", type=Path)
+    batch.add_argument("--model", default=None, help="bundled model name or model directory (default: tiny)")
+
     sub.add_parser("bench", help="run a benchmark (same as python -m minillm.bench; --list names them)")
 
     train = sub.add_parser("train", help="train the bundled models from the Python standard library")
@@ -65,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(args)
     if args.command == "quantize":
         return _quantize(args)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "batch":
+        from minillm.serve.batch import run_batch
+        run_batch(args.input, args.output, model=args.model)
+        return 0
     if args.what == "heads":
         from minillm.spec.train_heads import train_heads
         train_heads(args.model, args.heads, args.steps, seed=args.seed, out=args.out,
@@ -117,3 +147,33 @@ def _generate(args) -> int:
           f"TTFT {m['ttft'] * 1000:.1f} ms | decode {decode} | {m['output_tokens']} tokens in "
           f"{time.perf_counter() - start:.2f} s | finish: {output.finish_reason}")
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`; any other name could resolve to a public address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _serve(args) -> int:
+    if not is_loopback(args.host) and not (args.allow_remote and args.api_key):
+        flags = (("--allow-remote", args.allow_remote), ("--api-key KEY", args.api_key))
+        missing = " and ".join(flag for flag, given in flags if not given)
+        print(f"error: refusing to bind {args.host!r}, which is not a loopback address: anyone who can reach "
+              f"this machine could use the server. Pass {missing} to serve other machines, or bind 127.0.0.1.",
+              file=sys.stderr)
+        return 2
+    from minillm.serve.server import run_server
+    engine = dict(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                  device=args.device, dtype=args.dtype)
+    try:
+        return run_server(args.model, args.host, args.port, grace_period=args.grace_period, engine_options=engine,
+                          api_key=args.api_key, max_waiting=args.max_waiting,
+                          **({"model_name": args.served_model_name} if args.served_model_name else {}))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -42,19 +42,31 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     A body that is not JSON at all comes as a single `json_invalid` error."""
     if errors and errors[0].get("type") == "json_invalid":
         return f"the request body is not valid JSON: {errors[0].get('ctx', {}).get('error', errors[0]['msg'])}", None
-    parts, first = [], None
+    by_field: dict[str, list[dict]] = {}
     for e in errors:
-        # loc is ("body", field, ...); union members add their type name ("str", "list[int]"), which
-        # names no field, so keep only the path a client wrote
-        path = [str(p) for p in e["loc"][1:] if not (isinstance(p, str) and ("[" in p or p in _TYPE_NAMES))]
-        field = ".".join(path) or "body"
-        first = first or field
-        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-        parts.append(f"{field}: {e['msg']}{got}")
-    return "; ".join(dict.fromkeys(parts)), first
+        # loc is ("body", field, ...); a union adds the member's type ("str", "list[int]") after the field
+        path = [str(p) for p in e["loc"][1:] if not _is_type_tag(p)]
+        by_field.setdefault(".".join(path[:1]) or "body", []).append(e)
+    parts = []
+    for field, errs in by_field.items():
+        tags = list(dict.fromkeys(p for e in errs for p in e["loc"][1:] if _is_type_tag(p)))
+        if len(tags) > 1:  # no member of a union took the value: list what is accepted
+            whole = next((e["input"] for e in errs if len(e["loc"]) == 3), None)
+            got = f"got {whole!r}; " if whole is not None else ""
+            parts.append(f"{field}: {got}accepted: {' | '.join(tags)}")
+            continue
+        for e in errs:
+            path = ".".join(str(p) for p in e["loc"][1:] if not _is_type_tag(p)) or field
+            got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+            parts.append(f"{path}: {e['msg']}{got}")
+    return "; ".join(dict.fromkeys(parts)), next(iter(by_field), None)
 
 
-_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "function-after", "function-wrap"}
+def _is_type_tag(part) -> bool:
+    return isinstance(part, str) and ("[" in part or part in _TYPE_NAMES or part.startswith("function-"))
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def install_error_handlers(app: FastAPI) -> None:
