@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev,lab,triton,serve]"
+	$(PY) -m pip install --quiet -e ".[dev,lab,triton,serve,sim]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,0 +1,14 @@
+"""A discrete-event cluster simulator (on SimPy), calibrated on the real engine.
+
+    profile = StepProfile.load("profiles/tiny-cpu.json")     # python -m minillm.bench profile writes it
+    result = simulate(workload, profile, replicas=64, router="prefix_aware")
+
+Each engine step costs what the profile, measured on the real engine, says a step with that many
+prefill tokens, decoding sequences and context tokens costs; the replicas batch continuously as the
+engine does. So fleets no laptop runs can be planned, and checked against a real run of one or two.
+"""
+from minillm.sim.cluster import SimRequest, simulate
+from minillm.sim.profile import StepProfile
+from minillm.sim.replica import Replica
+
+__all__ = ["Replica", "SimRequest", "StepProfile", "simulate"]

@@ -1,0 +1,145 @@
+"""Replica: one simulated engine, batching continuously as minillm's scheduler does.
+
+Each step: every running decode computes one token, then the waiting queue is admitted first come
+first served while the step's token budget, the sequence cap and the KV blocks allow; a prompt too
+long for what is left of the budget is chunked over several steps. The step lasts what the
+StepProfile says; its decodes (and the prompts it finished) get their token when it ends. A prefix
+the replica computed before (a shared system prompt, an agent session's earlier calls) is found in
+its prefix cache and not computed again.
+"""
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import simpy
+
+from minillm.sim.profile import StepProfile
+from minillm.utils import cdiv
+
+
+@dataclass
+class SimRequest:
+    """A request of the simulated workload. prefix: (name, tokens) of a prompt prefix that other
+    requests share (a system prompt, a session's history); None: nothing shared."""
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix: tuple[str, int] | None = None
+    request_id: str = ""
+    # Filled in by the simulation:
+    replica: int | None = None
+    first_scheduled: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    computed: int = 0           # prompt tokens whose K/V are computed (cached ones count)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.token_times) >= self.output_tokens
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, profile: StepProfile, index: int = 0, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 1024, kv_blocks: int = 4096, block_size: int = 16,
+                 prefix_cache_tokens: int | None = None) -> None:
+        self.env, self.profile, self.index = env, profile, index
+        self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
+        self.kv_blocks, self.block_size = kv_blocks, block_size
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.prefixes: OrderedDict[str, int] = OrderedDict()  # prefix name -> tokens cached, least recent first
+        self.routed: OrderedDict[str, int] = OrderedDict()    # prefix name -> tokens sent here (will be cached)
+        self.prefix_capacity = kv_blocks * block_size // 2 if prefix_cache_tokens is None else prefix_cache_tokens
+        self.busy_time = 0.0
+        self.steps = 0
+        self.alive = True
+        self._wake = env.event()
+        env.process(self._loop())
+
+    # -- what a router sees ----------------------------------------------------------------
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def cached_prefix(self, request: SimRequest) -> int:
+        """Prompt tokens of request this replica's prefix cache holds."""
+        if request.prefix is None:
+            return 0
+        name, tokens = request.prefix
+        return min(self.prefixes.get(name, 0), tokens)
+
+    def expected_prefix(self, request: SimRequest) -> int:
+        """Prompt tokens of request the cache will hold when it runs: held now, or sent here already and
+        computed before it (the queue is first come, first served). What a cache-aware router tracks."""
+        if request.prefix is None:
+            return 0
+        name, tokens = request.prefix
+        return min(max(self.prefixes.get(name, 0), self.routed.get(name, 0)), tokens)
+
+    def used_blocks(self) -> int:
+        return sum(self._blocks(r) for r in self.running)
+
+    # -- the engine ------------------------------------------------------------------------
+    def submit(self, request: SimRequest) -> None:
+        if self._blocks(request) > self.kv_blocks:
+            raise ValueError(f"request {request.request_id!r} needs {self._blocks(request)} KV blocks, more than the "
+                             f"replica's {self.kv_blocks}")
+        request.replica = self.index
+        if request.prefix is not None:
+            _remember(self.routed, request.prefix[0], request.prefix[1], self.prefix_capacity)
+        self.waiting.append(request)
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _blocks(self, r: SimRequest) -> int:
+        return cdiv(r.prompt_tokens + r.output_tokens, self.block_size)  # reserved for its whole life
+
+    def _schedule(self) -> tuple[int, int, int, list[SimRequest]]:
+        """-> (prefill tokens, decode seqs, context tokens, prompts this step finishes)."""
+        decodes = [r for r in self.running if r.computed >= r.prompt_tokens]
+        budget = self.budget - len(decodes)
+        context = sum(r.prompt_tokens + len(r.token_times) for r in decodes)
+        prefill, finishing = 0, []
+        free = self.kv_blocks - self.used_blocks()
+        for r in [r for r in self.running if r.computed < r.prompt_tokens]:  # chunked prompts continue first
+            take = min(r.prompt_tokens - r.computed, budget - prefill)
+            r.computed += take
+            prefill += take
+            finishing += [r] if r.computed == r.prompt_tokens else []
+        while self.waiting and len(self.running) < self.max_num_seqs and prefill < budget:
+            r = self.waiting[0]
+            if self._blocks(r) > free:
+                break
+            self.waiting.pop(0)
+            free -= self._blocks(r)
+            self.running.append(r)
+            r.first_scheduled = self.env.now
+            r.cached_tokens = r.computed = min(self.cached_prefix(r), r.prompt_tokens - 1)  # the last is computed
+            take = min(r.prompt_tokens - r.computed, budget - prefill)
+            r.computed += take
+            prefill += take
+            finishing += [r] if r.computed == r.prompt_tokens else []
+        return prefill, len(decodes), context, decodes + finishing
+
+    def _loop(self):
+        while True:
+            if not self.running and not self.waiting:
+                self._wake = self.env.event()
+                yield self._wake
+            prefill, decode_seqs, context, sampled = self._schedule()  # never empty: a lone request always fits
+            duration = self.profile.step_time(prefill, decode_seqs, context)
+            yield self.env.timeout(duration)
+            self.busy_time += duration
+            self.steps += 1
+            for r in sampled:
+                if not r.token_times and r.prefix is not None:  # its prompt is computed: the prefix is cached
+                    _remember(self.prefixes, r.prefix[0], r.prefix[1], self.prefix_capacity)
+                r.token_times.append(self.env.now)
+            for r in [r for r in self.running if r.finished]:
+                self.running.remove(r)
+
+
+def _remember(cache: OrderedDict, name: str, tokens: int, capacity: int) -> None:
+    """Mark name as most recently used with at least `tokens`; drop the least recent beyond capacity."""
+    cache[name] = max(cache.pop(name, 0), tokens)
+    while sum(cache.values()) > capacity and len(cache) > 1:
+        cache.popitem(last=False)

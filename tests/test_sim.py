@@ -1,0 +1,110 @@
+"""The cluster simulator against closed forms: an M/D/1 queue's waits (Lindley's recursion exactly,
+the Pollaczek-Khinchine mean within its sampling error), a fixed batch's makespan, chunked prefill,
+prefix hits; the routing policies on constructed cases; the step profile's fit."""
+import random
+
+import pytest
+
+from minillm.sim import SimRequest, StepProfile, simulate
+from minillm.sim.routing import LeastLoaded, PrefixAware, ReplicaView, RoundRobin, make_policy
+
+PROFILE = StepProfile(fixed=0.004, per_prefill_token=0.0005, per_decode_seq=0.002, per_context_token=1e-5)
+
+
+def poisson_requests(n: int, rate: float, seed: int, prompt: int = 10, output: int = 1) -> list[SimRequest]:
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        out.append(SimRequest(arrival=t, prompt_tokens=prompt, output_tokens=output, request_id=str(i)))
+    return out
+
+
+def test_md1_waits_follow_lindleys_recursion_and_the_pollaczek_khinchine_mean():
+    service = PROFILE.step_time(10, 0, 0)  # one prefill step that also samples the only token
+    rate = 0.7 / service                   # utilisation rho = 0.7
+    requests = poisson_requests(40_000, rate, seed=1)
+    simulate(requests, PROFILE, max_num_seqs=1)
+    waits = [r.first_scheduled - r.arrival for r in requests]
+    expected, w = [], 0.0
+    for prev, r in zip([None, *requests], requests):
+        if prev is not None:
+            w = max(0.0, w + service - (r.arrival - prev.arrival))
+        expected.append(w)
+    assert waits == pytest.approx(expected, abs=1e-9)
+    rho = rate * service
+    mean = rho * service / (2 * (1 - rho))  # M/D/1 mean wait in queue
+    assert sum(waits) / len(waits) == pytest.approx(mean, rel=0.06)
+    assert all(r.token_times == [r.first_scheduled + service] for r in requests[:100])
+
+
+@pytest.mark.parametrize("batch, prompt, output", [(1, 7, 5), (8, 33, 12), (5, 1, 2)])
+def test_a_fixed_batch_finishes_at_the_closed_form_makespan(batch, prompt, output):
+    requests = [SimRequest(0.0, prompt, output, request_id=str(i)) for i in range(batch)]
+    result = simulate(requests, PROFILE, max_num_seqs=batch, max_num_batched_tokens=batch * prompt)
+    makespan = PROFILE.step_time(batch * prompt, 0, 0) + sum(
+        PROFILE.step_time(0, batch, batch * (prompt + k)) for k in range(1, output))
+    assert result.duration == pytest.approx(makespan, rel=1e-12)
+    assert all(len(r.token_times) == output for r in requests)
+    assert result.replicas[0].steps == output
+
+
+def test_a_prompt_longer_than_the_budget_is_chunked_over_steps():
+    r = SimRequest(0.0, prompt_tokens=250, output_tokens=1)
+    simulate([r], PROFILE, max_num_batched_tokens=100)
+    assert r.token_times[0] == pytest.approx(2 * PROFILE.step_time(100, 0, 0) + PROFILE.step_time(50, 0, 0))
+
+
+def test_a_shared_prefix_is_computed_once_per_replica():
+    first = SimRequest(0.0, 100, 4, prefix=("system", 80))
+    second = SimRequest(1.0, 120, 4, prefix=("system", 80))
+    simulate([first, second], PROFILE)
+    assert (first.cached_tokens, second.cached_tokens) == (0, 80)
+    assert second.token_times[0] - second.first_scheduled == pytest.approx(PROFILE.step_time(40, 0, 0))
+
+
+def test_a_request_larger_than_the_pool_is_refused():
+    with pytest.raises(ValueError, match="needs 8 KV blocks, more than the replica's 4"):
+        simulate([SimRequest(0.0, 100, 28)], PROFILE, kv_blocks=4, block_size=16)
+
+
+def test_round_robin_takes_turns_and_skips_dead_replicas():
+    policy = RoundRobin()
+    views = [ReplicaView(0, 0), ReplicaView(9, 0, alive=False), ReplicaView(3, 0)]
+    assert [policy.choose(views, 10) for _ in range(4)] == [0, 2, 0, 2]
+
+
+def test_least_loaded_takes_the_lightest_and_breaks_ties_by_index():
+    views = [ReplicaView(3, 50), ReplicaView(1, 0), ReplicaView(1, 0), ReplicaView(0, 0, alive=False)]
+    assert LeastLoaded().choose(views, 10) == 1
+
+
+def test_prefix_aware_follows_the_cache_until_the_load_gap_exceeds_its_slack():
+    policy = PrefixAware(slack=4)
+    assert policy.choose([ReplicaView(2, 0), ReplicaView(6, 90), ReplicaView(3, 40)], 100) == 1  # gap 4: the hit
+    assert policy.choose([ReplicaView(2, 0), ReplicaView(7, 90), ReplicaView(3, 40)], 100) == 2  # gap 5: next best
+    assert policy.choose([ReplicaView(2, 0), ReplicaView(2, 0)], 100) == 0  # nothing cached: the least loaded
+    with pytest.raises(ValueError, match="must be one of round_robin, least_loaded, prefix_aware"):
+        make_policy("random")
+
+
+def test_prefix_aware_routing_raises_the_hit_rate_on_a_multi_tenant_workload():
+    """16 tenants' system prompts; each replica's prefix cache holds about 4 of them."""
+    def workload():
+        rng = random.Random(0)
+        return [SimRequest(i * 0.01, 300 + rng.randrange(40), 8, prefix=(f"tenant{rng.randrange(16)}", 256),
+                           request_id=str(i)) for i in range(400)]
+    hits = {}
+    for name in ("round_robin", "prefix_aware"):
+        requests = workload()
+        simulate(requests, PROFILE, replicas=4, router=name, prefix_cache_tokens=4 * 350)
+        hits[name] = sum(r.cached_tokens for r in requests) / sum(r.prompt_tokens for r in requests)
+    assert hits["prefix_aware"] > hits["round_robin"] + 0.1
+
+
+def test_fit_recovers_the_coefficients_of_exact_steps():
+    rng = random.Random(3)
+    steps = [(p, d, c, PROFILE.step_time(p, d, c)) for p, d, c in
+             ((rng.randrange(512), rng.randrange(64), rng.randrange(20_000)) for _ in range(50))]
+    fitted = StepProfile.fit(steps)
+    for name in ("fixed", "per_prefill_token", "per_decode_seq", "per_context_token"):
+        assert getattr(fitted, name) == pytest.approx(getattr(PROFILE, name), rel=1e-6)
