@@ -106,3 +106,70 @@ def test_workload_is_seeded_with_the_asked_lengths(source):
     tokenizer = Tokenizer(resolve_model_path("tiny"))
     lengths = [len(tokenizer.encode(w.prompt)) for w in a]
     assert all(15 <= n <= 65 for n in lengths), lengths  # 20..60 tokens asked; re-encoding may merge a few
+
+
+# -- against the live in-process server ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    from minillm.async_llm import AsyncLLM
+    from minillm.serve.server import serve_in_thread
+    with serve_in_thread(AsyncLLM("tiny", max_num_seqs=8)) as handle:
+        yield handle
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an end at t closes before a start at t opens)."""
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    best = now = 0
+    for _, step in edges:
+        now += step
+        best = max(best, now)
+    return best
+
+
+@pytest.mark.timeout(60)
+def test_fixed_concurrency_run_succeeds_with_usage_counts_and_never_exceeds_its_limit(server):
+    import asyncio
+
+    from minillm.serve.loadgen import run_load
+    items = make_workload(6, seed=0, prompt_len=24, output_len=6, range_ratio=0.5, source="synthetic")
+    per_step = []  # requests the engine computed in each step: the server's view of the concurrency
+    observer = lambda event: per_step.append(len({w.request_id for w in event.scheduled}))  # noqa: E731
+    server.llm.engine.subscribe(observer)
+    try:
+        result = asyncio.run(run_load(server.base_url, items, max_concurrency=2, ignore_eos=True, progress=False))
+    finally:
+        server.llm.engine.unsubscribe(observer)
+    tokenizer = Tokenizer(resolve_model_path("tiny"))
+    assert all(r.success for r in result.records), [r.error for r in result.records]
+    assert [r.output_tokens for r in result.records] == [w.max_tokens for w in items]  # ignore_eos: all asked
+    assert [r.prompt_tokens for r in result.records] == [len(tokenizer.encode(w.prompt)) for w in items]
+    assert all(len(r.chunk_times) <= r.output_tokens for r in result.records)
+    assert max(per_step) == 2 and max_overlap([(r.start, r.end) for r in result.records]) == 2
+    assert result.duration >= max(r.end for r in result.records) - min(r.start for r in result.records)
+
+
+@pytest.mark.timeout(60)
+def test_open_loop_run_uses_the_given_arrivals_and_parser_and_records_failures(server):
+    import asyncio
+
+    from minillm.serve.loadgen import run_load
+    items = make_workload(3, seed=1, prompt_len=16, output_len=4, source="synthetic")
+    calls = {"arrivals": [], "events": 0}
+
+    def arrivals(n, rate, seed, burstiness):
+        calls["arrivals"].append((n, rate, seed, burstiness))
+        return [0.0, 0.25, 0.5]
+
+    def parser(lines):
+        calls["events"] += 1
+        return parse_sse(lines)
+
+    result = asyncio.run(run_load(server.base_url, items, rate=4.0, seed=9, arrivals=arrivals, parse_sse=parser,
+                                  progress=False))
+    assert all(r.success for r in result.records) and calls["arrivals"] == [(3, 4.0, 9, 1.0)]
+    assert calls["events"] >= sum(len(r.chunk_times) for r in result.records) + 3  # + each stream's [DONE]
+    starts = [r.start for r in result.records]
+    assert starts[1] - starts[0] >= 0.25 - 0.01 and starts[2] - starts[0] >= 0.5 - 0.01
+    failed = asyncio.run(run_load(server.base_url, items[:1], model="no-such-model", progress=False))
+    assert not failed.records[0].success and "404" in failed.records[0].error

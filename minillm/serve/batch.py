@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
+from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput
 from minillm.serve.app import COMPLETIONS_DEFAULT_MAX_TOKENS
 from minillm.serve.chat import ChatTemplate
@@ -183,10 +184,12 @@ class BatchRun:
                         self.finish(cid)
 
 
-def run_batch(input_path, output_path, model: str = "tiny", **engine_config) -> dict:
+def run_batch(input_path, output_path, model: str | None = DEFAULT_MODEL, **engine_config) -> dict:
     """Answer every line of input_path into output_path (appending; lines already answered are
-    skipped). engine_config: any EngineConfig field. -> counts, tokens, generation seconds and
-    output tokens/s of this run."""
+    skipped). model: a bundled name or model directory (None: the default); the lines' body.model
+    must name it. engine_config: any EngineConfig field. -> counts, tokens, generation seconds
+    and output tokens/s of this run."""
+    model = model or DEFAULT_MODEL
     input_path, output_path = Path(input_path), Path(output_path)
     done_ids, done_lines = resume(output_path)
     engine = LLMEngine(EngineConfig(model=model, **engine_config))
