@@ -5,6 +5,9 @@
     llm = plug("labs/", labs=["02", "04"])   # your sampler and your step policy
     llm.generate(["def fib(n):"])
 
+    parts = lab_parts("labs/lab08_serving.ipynb", "08")   # parts of the serving stack, by name
+    run_load(url, items, parse_sse=parts["parse_sse"], arrivals=parts["arrival_times"])
+
 Each exercise below implements one part of the engine with the engine's own interface, so the
 engine can run it in place of its own (`EngineConfig.components`). Every call of a plugged part
 is guarded: an exception raised in it (or by the engine, about what it did) becomes a
@@ -12,6 +15,7 @@ LabPartError naming the exercise. A part the notebook does not define is an erro
 ever falls back to the engine's own part silently.
 """
 import functools
+import inspect
 import re
 from collections import Counter
 from pathlib import Path
@@ -36,9 +40,22 @@ PARTS = {
     "pack_int4": ("6.3", "pack_int4"),
     "int4_linear": ("6.5", "int4_linear"),
     "paged_decode": ("7.6", "paged_decode_attention"),
+    "grammar_mask": ("8.6", "apply_grammar_mask"),
 }
 CLASSES = {"block_allocator", "evictable_blocks"}  # parts the engine instantiates
 LABS = sorted({exercise.split(".")[0].zfill(2) for exercise, _ in PARTS.values()})
+
+# Parts that plug into the serving stack around the engine, by the name the notebook defines: the load
+# generator's parse_sse= and arrivals=, the server's admission=, the agent harness's breaker= (a class: the
+# harness makes one per session); the metrics run on the load generator's records.
+SERVING_PARTS = {
+    "parse_sse": "8.1",
+    "request_metrics": "8.2",
+    "goodput": "8.3",
+    "arrival_times": "8.4",
+    "admit": "8.5",
+    "LoopBreaker": "8.8",
+}
 
 
 class LabPartError(RuntimeError):
@@ -69,19 +86,43 @@ def lab_components(source, labs: list[str] | None = None) -> Components:
     for lab in wanted:
         if lab not in found:
             raise LabPartError(f"lab {lab} was asked for, but {_describe(source)} has no lab {lab} notebook")
-        namespace, problems, origin = found[lab]
+        origin = found[lab][2]
         where.append(origin)
         for field, (exercise, name) in PARTS.items():
-            if exercise.split(".")[0].zfill(2) != lab:
-                continue
-            if name not in namespace:
-                reasons = "; ".join(problems.get(exercise, []) + problems.get("setup", [])) or \
-                    "renamed or deleted? the engine looks for the name the exercise gives"
-                raise LabPartError(f"Exercise {exercise}: {origin} defines no `{name}`, so it cannot run in the "
-                                   f"engine: {reasons}")
-            guard = _guard_class if field in CLASSES else _guard
-            parts[field] = guard(namespace[name], exercise, name, origin)
+            if exercise.split(".")[0].zfill(2) == lab:
+                guard = _guard_class if field in CLASSES else _guard
+                parts[field] = guard(_defined(found[lab], exercise, name, "the engine"), exercise, name, origin)
     return Components(**parts, source=", ".join(where))
+
+
+def lab_parts(source, lab: str) -> dict:
+    """The learner's serving-stack parts of `lab` (SERVING_PARTS), by name, guarded like engine parts (a
+    class gives guarded instances). source: as for lab_components."""
+    lab = str(lab).zfill(2)
+    found = _namespaces(source)
+    if lab not in found:
+        raise LabPartError(f"lab {lab} was asked for, but {_describe(source)} has no lab {lab} notebook")
+    parts = {}
+    for name, exercise in SERVING_PARTS.items():
+        if exercise.split(".")[0].zfill(2) == lab:
+            part = _defined(found[lab], exercise, name, "the serving stack")
+            guard = _guard_class if inspect.isclass(part) else _guard
+            parts[name] = guard(part, exercise, name, found[lab][2])
+    if not parts:
+        raise ValueError(f"lab {lab} builds no serving part; the labs that do are "
+                         f"{', '.join(sorted({e.split('.')[0].zfill(2) for e in SERVING_PARTS.values()}))}")
+    return parts
+
+
+def _defined(found: tuple[dict, dict, str], exercise: str, name: str, where: str):
+    """The notebook's definition of `name`, or a LabPartError that says why there is none."""
+    namespace, problems, origin = found
+    if name not in namespace:
+        reasons = "; ".join(problems.get(exercise, []) + problems.get("setup", [])) or \
+            f"renamed or deleted? {where} looks for the name the exercise gives"
+        raise LabPartError(f"Exercise {exercise}: {origin} defines no `{name}`, so it cannot run in {where}: "
+                           f"{reasons}")
+    return namespace[name]
 
 
 def calls(components: Components) -> dict[str, int]:
@@ -138,23 +179,35 @@ def _guard(fn, exercise: str, name: str, where: str, calls: Counter | None = Non
     def guarded(*args, **kwargs):
         calls[name] += 1
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except LabPartError:
             raise  # a part it called failed: that message already names the exercise
         except Exception as e:
             raise _failure(exercise, name, where, e) from e
+        return _guard_generator(result, exercise, name, where) if inspect.isgenerator(result) else result
 
     guarded.calls = calls
     guarded.label = f"Exercise {exercise} ({name}, {where})"  # how the engine names it in its own errors
     return guarded
 
 
+def _guard_generator(generator, exercise: str, name: str, where: str):
+    """A generator's items, with an exception raised while it runs turned into a LabPartError (parse_sse)."""
+    try:
+        yield from generator
+    except LabPartError:
+        raise
+    except Exception as e:
+        raise _failure(exercise, name, where, e) from e
+
+
 def _guard_class(cls, exercise: str, name: str, where: str):
     """A factory of guarded instances of the learner's class."""
     calls = Counter()
 
-    def make(*args):
-        return _GuardedObject(_guard(cls, exercise, name, where, calls)(*args), exercise, name, where, calls)
+    def make(*args, **kwargs):
+        return _GuardedObject(_guard(cls, exercise, name, where, calls)(*args, **kwargs), exercise, name, where,
+                              calls)
 
     make.calls = calls
     return make

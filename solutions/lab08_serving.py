@@ -1,0 +1,679 @@
+# %% [markdown]
+# # Lab 08 · Serving
+#
+# **Time:** about 100 minutes. **You need:** lab 02 (TTFT and TPOT of one request), lab 04
+# (continuous batching: why one more request slows the others) and lab 00 (what a step costs).
+#
+# An engine turns prompts into tokens; a **service** turns HTTP requests from many users into
+# streamed answers, on time, at a price, without falling over when too many arrive. This lab is
+# about that layer. `minillm` has an OpenAI-compatible server (`minillm/serve/app.py`), a load
+# generator in the style of vLLM's serving benchmark (`minillm/serve/loadgen.py`), structured
+# output (`minillm/structured/`) and an agent harness (`minillm/agents/`). You write eight of
+# their parts, each with the engine's signature, and then run **your** parts inside them:
+#
+# | exercise | your part | runs inside |
+# | --- | --- | --- |
+# | 8.1 | `parse_sse`: the streaming wire format | the load generator |
+# | 8.2 | `request_metrics`: TTFT, TPOT, ITL, E2E | the load test's report |
+# | 8.3 | `percentile`, `goodput`: the figures a service promises | the load test's report |
+# | 8.4 | `arrival_times`: when users send requests | the load generator |
+# | 8.5 | `admit`: 429 and Retry-After when the queue is full | the server |
+# | 8.6 | `apply_grammar_mask`: tokens a JSON schema allows | the engine |
+# | 8.7 | `cost_per_million_tokens`: what a token costs | the cost experiment |
+# | 8.8 | `LoopBreaker`: stop an agent that loops | the agent harness |
+#
+# ## Learning objectives
+# By the end you can
+# 1. read a streamed completion off the wire (server-sent events) and time each token as it arrives;
+# 2. define TTFT, TPOT, ITL and E2E exactly, report their percentiles, and say what goodput adds;
+# 3. generate open-loop load (Poisson and bursty arrivals) and draw a latency–throughput curve;
+# 4. protect a server with admission control, and tell clients when to come back;
+# 5. constrain generation to a JSON schema with a token bitmask, inside batching;
+# 6. price a token, online and in batch;
+# 7. stop a runaway agent, and see what offloading its KV cache between calls buys.
+#
+# ## How this lab works
+# Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
+# and signatures. Run each `check(...)` cell for feedback. `make grade LAB=08` grades the notebook,
+# and like `check("8.E")` near the end it runs your parts **inside the real engine, server, load
+# generator and agent harness** and compares what they do with the reference parts.
+# The engine's versions are in `minillm/serve/sse.py`, `minillm/perf/serving.py`,
+# `minillm/serve/arrivals.py`, `minillm/serve/admission.py`, `minillm/structured/mask.py`,
+# `minillm/perf/cost.py` and `minillm/agents/breaker.py`: read them after you finish.
+
+# %% tags=["setup"]
+import json
+import math
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from minillm.agents.breaker import normalise
+from minillm.labkit import check
+from minillm.perf.serving import SLO_METRICS, RequestMetrics, RequestRecord
+
+# %%
+import asyncio
+
+import httpx
+import plotly.graph_objects as go
+
+from minillm import LLM, SamplingParams
+from minillm.agents.harness import run_sessions
+from minillm.agents.sessions import agent_workload
+from minillm.config import Components
+from minillm.serve.loadgen import run_load
+from minillm.serve.server import serve_in_thread
+from minillm.serve.workload import make_workload
+from minillm.structured import StructuredOutput
+
+torch.set_num_threads(1)  # a small model on a shared CPU: one thread avoids fighting over the cores
+
+# %% [markdown]
+# ## A request's life in a server
+#
+# A client sends `POST /v1/completions` with `"stream": true`. The server queues the prompt in the
+# engine (lab 04's scheduler takes it when there is room), and from the step that computes its
+# first token on, every step's new text goes out at once, as a **chunk**. The client sees:
+#
+# ```
+# request sent ──queue──prefill──▶ chunk 1 ──decode──▶ chunk 2 ──▶ … ──▶ chunk m ──▶ [DONE]
+#      start                          c_1                c_2              c_m        end
+# ```
+#
+# Everything a user feels is in those times: how long until something appears (**TTFT**), how
+# fast the text flows after that (**TPOT**, **ITL**), and the whole wait (**E2E**). A load test
+# records them for every request, from the client's side, because that is where the user sits.
+#
+# The chunks travel as **server-sent events** (SSE), a plain-text format over one HTTP response:
+# each event is one or more `data:` lines, and a blank line ends it. OpenAI's API, vLLM and
+# SGLang all stream this way, and end the stream with the event `data: [DONE]`. Here is a real
+# stream from the bundled `tiny` model, served in this process (the server binds 127.0.0.1 on a
+# free port):
+
+# %%
+llm = LLM("tiny", max_num_seqs=8)
+server = serve_in_thread(llm)
+
+body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0, "stream": True}
+with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as response:
+    raw = list(response.iter_lines())
+for line in raw[:6]:
+    print(repr(line))
+print("...", len(raw), "lines in all; the last:", repr(raw[-2]))
+
+# %% [markdown]
+# ## Exercise 8.1 · Parse server-sent events
+#
+# The rules you need (the WHATWG HTML standard defines the format):
+#
+# * lines end in `\n`, `\r\n` or `\r`; an item of `lines` may hold several lines, or one line
+#   without its ending (what `httpx`'s `iter_lines` gives);
+# * `data: <text>` adds a line to the event's data: the text after `data:`, without **one**
+#   leading space if there is one; an event's several data lines are joined with `"\n"`;
+# * a blank line ends the event; a line starting with `:` is a comment (servers send them to keep
+#   a connection alive); other fields (`event:`, `id:`, `retry:`) carry nothing we need: skip them;
+# * a payload is JSON, except OpenAI's end marker `[DONE]` (yield the string itself), and text
+#   that is not JSON (yield it as a string);
+# * when the lines run out while an event is still open (no blank line after it), yield it too: a
+#   stream cut short should not lose its last chunk.
+
+# %% exercise="8.1"
+def parse_sse(lines: Iterable[str]) -> Iterator[dict | str]:
+    """Decode SSE lines into the payloads of their events, in order (a generator).
+
+    lines: str items, each one line (with or without its line ending) or several lines.
+    Yields json.loads(data) for each event with data, "[DONE]" for the end marker, the raw data
+    string when it is not JSON. data = "\\n".join(the event's data lines, each minus "data:" and
+    one optional space). Events without data lines (only comments, or other fields) yield nothing.
+
+    Hints: about 20 lines. re.split(r"\\r\\n|\\r|\\n", item) splits an item into lines (drop the
+    empty string after its own final line ending); line.partition(":") splits a field from its
+    value; keep the open event's data lines in a list.
+    """
+    ### BEGIN SOLUTION
+    import re
+    data: list[str] = []
+
+    def decode(payload: str) -> dict | str:
+        if payload == "[DONE]":
+            return payload
+        try:
+            return json.loads(payload)
+        except json.JSONDecodeError:
+            return payload
+
+    for item in lines:
+        pieces = re.split(r"\r\n|\r|\n", item)
+        if len(pieces) > 1 and pieces[-1] == "":
+            pieces.pop()
+        for line in pieces:
+            if line == "":
+                if data:
+                    yield decode("\n".join(data))
+                data = []
+            elif not line.startswith(":"):
+                field, _, value = line.partition(":")
+                if field == "data":
+                    data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield decode("\n".join(data))
+    ### END SOLUTION
+
+
+# %%
+for payload in parse_sse(raw):
+    print(payload if payload == "[DONE]" else payload["choices"][0]["text"].__repr__())
+
+# %%
+check("8.1")
+
+# %% [markdown]
+# ## Exercise 8.2 · TTFT, TPOT, ITL and E2E
+#
+# A `RequestRecord` (imported from `minillm.perf.serving`) holds what the load generator saw of one
+# request: `start` (when it was sent), `chunk_times` (when each chunk with tokens arrived), `end`,
+# `output_tokens` (the server's usage count) and `success`. The definitions, as in vLLM's serving
+# benchmark, with chunks at `c_1 < … < c_m`:
+#
+# $$\text{TTFT} = c_1 - \text{start} \qquad \text{E2E} = \text{end} - \text{start} \qquad
+#   \text{ITL} = [c_2 - c_1, \dots, c_m - c_{m-1}]$$
+# $$\text{TPOT} = \frac{\text{E2E} - \text{TTFT}}{\text{output\_tokens} - 1}$$
+#
+# TPOT spreads the time after the first token over the tokens after the first: `output_tokens - 1`
+# of them. (With one token there is no such time: TPOT is `None`.) ITL has one gap per *chunk*, and
+# TPOT one per *token*; they differ when a chunk carries several tokens (speculative decoding, or a
+# token that completes a multi-byte character) and because the time from the last chunk to the end
+# is in TPOT but in no ITL gap. Neither includes the TTFT: the first token's wait is queueing and
+# prefill, a different cost with a different cure.
+
+# %% exercise="8.2"
+def request_metrics(record: RequestRecord) -> RequestMetrics:
+    """TTFT, TPOT, ITL and E2E of one successful request, in seconds.
+
+    record: start, chunk_times [m >= 1, ascending], end, output_tokens, success.
+    -> RequestMetrics(ttft, tpot, itl, e2e) with ttft = c_1 - start, e2e = end - start,
+    itl = [c_(i+1) - c_i for i in 1..m-1] (a list, empty for one chunk),
+    tpot = (e2e - ttft) / (output_tokens - 1), or None when output_tokens <= 1.
+    Raises ValueError, naming the request, when it did not succeed or has no chunk time or no end.
+
+    Hints: 6 lines. zip(times, times[1:]) pairs each chunk with the next.
+    """
+    ### BEGIN SOLUTION
+    if not record.success or not record.chunk_times or record.end is None:
+        raise ValueError(f"request {record.request_id!r} has no metrics: success={record.success}, "
+                         f"{len(record.chunk_times)} chunk times, end={record.end}")
+    ttft = record.chunk_times[0] - record.start
+    e2e = record.end - record.start
+    itl = [b - a for a, b in zip(record.chunk_times, record.chunk_times[1:])]
+    tpot = (e2e - ttft) / (record.output_tokens - 1) if record.output_tokens > 1 else None
+    return RequestMetrics(ttft, tpot, itl, e2e)
+    ### END SOLUTION
+
+
+# %%
+example = RequestRecord("r0", start=10.0, chunk_times=[10.5, 10.6, 10.75, 10.8], end=10.9, output_tokens=5,
+                        success=True)
+print(request_metrics(example))  # TTFT 0.5, TPOT (0.9 - 0.5) / 4 = 0.1, ITL [0.1, 0.15, 0.05], E2E 0.9
+
+# %%
+check("8.2")
+
+# %% [markdown]
+# ## Exercise 8.3 · Percentiles and goodput
+#
+# A service is judged on its **tail**: the p99 TTFT is what one request in a hundred is slower
+# than. `percentile(values, q)` is numpy's default: sort the n values, go to position
+# `p = q / 100 * (n - 1)` (0-based), and interpolate linearly between the values at `floor(p)` and
+# `floor(p) + 1`. (Position `q / 100 * n` is the classic off-by-one: at q = 100 it runs past the end.)
+#
+# Throughput counts every finished request, however slow. **Goodput** (DistServe, Zhong et al.
+# 2024) counts only those that met **every** service-level objective at once: requests per second
+# with TTFT ≤ its limit and TPOT ≤ its limit and E2E ≤ its limit, for those limits the `slo` dict
+# names (`{"ttft": 0.5, "tpot": 0.05}`). A value exactly at its limit meets it. A one-token
+# request (TPOT `None`) meets any TPOT limit: no token came after the first. Failed requests never
+# count. Use your `request_metrics` from 8.2.
+
+# %% exercise="8.3"
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0 <= q <= 100) of values, by linear interpolation (numpy's default).
+
+    p = q / 100 * (n - 1) in the sorted values xs; -> xs[floor(p)] + (xs[floor(p) + 1] - xs[floor(p)])
+    * (p - floor(p)), with the index floor(p) + 1 capped at n - 1. -> nan for no values.
+
+    Hints: 6 lines.
+    """
+    ### BEGIN SOLUTION
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = q / 100 * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    ### END SOLUTION
+
+
+def goodput(records: list[RequestRecord], duration: float, slo: dict[str, float]) -> float:
+    """Requests per second that succeeded and met every SLO: #good / duration.
+
+    slo: limits in seconds by metric name, any of "ttft", "tpot", "e2e" (SLO_METRICS); a request is
+    good when success and, for every (name, limit), its metric <= limit (a None TPOT meets any limit).
+    Raises ValueError for duration <= 0 (say the value) and for an unknown metric name (name it).
+
+    Hints: 8 lines. getattr(metrics, name) reads one metric of a RequestMetrics.
+    """
+    ### BEGIN SOLUTION
+    if duration <= 0:
+        raise ValueError(f"duration must be > 0 seconds, got {duration}")
+    unknown = [name for name in slo if name not in SLO_METRICS]
+    if unknown:
+        raise ValueError(f"unknown SLO {unknown[0]!r}: the SLOs are {', '.join(SLO_METRICS)}")
+    good = 0
+    for record in records:
+        if record.success:
+            metrics = request_metrics(record)
+            good += all(getattr(metrics, name) is None or getattr(metrics, name) <= limit
+                        for name, limit in slo.items())
+    return good / duration
+    ### END SOLUTION
+
+
+# %%
+print("p50, p90, p99 of 1..10:", [percentile(list(range(1, 11)), q) for q in (50, 90, 99)])
+slow = RequestRecord("r1", start=0.0, chunk_times=[2.0], end=2.2, output_tokens=3, success=True)
+print("goodput of two requests over 4 s, TTFT <= 1 s:", goodput([example, slow], 4.0, {"ttft": 1.0}), "req/s")
+
+# %%
+check("8.3")
+
+# %% [markdown]
+# ## Exercise 8.4 · When requests arrive
+#
+# A benchmark that sends the next request when the last one finishes (a **closed loop**) never
+# overloads the server: it slows down with it. Users don't. An **open-loop** load test sends
+# requests at times drawn in advance, whatever the server does. Many independent users make a
+# **Poisson process**: the gaps between requests are exponential with mean `1 / rate`. Real
+# traffic is often burstier (retries, agents fanning out, batch jobs). vLLM's benchmark models that
+# with **gamma** gaps of shape `k` (its `--burstiness`) and scale `1 / (rate · k)`: the mean gap is
+# still `1 / rate`, but the coefficient of variation is `1 / sqrt(k)`, so k < 1 gives clumps and
+# long pauses. Shape 1 is exactly the exponential.
+#
+# Use numpy's seeded generator, `np.random.default_rng(seed)`, and draw all n gaps with one
+# `.gamma(shape=..., scale=..., size=n)` call: then the same seed gives the engine's arrivals
+# exactly. The first request waits one gap too. `rate = inf` means everything at t = 0 (the
+# offline, all-at-once load).
+
+# %% exercise="8.4"
+def arrival_times(n: int, rate: float, seed: int, burstiness: float = 1.0) -> list[float]:
+    """Seconds after the start at which each of n requests is sent, ascending (a list of n floats).
+
+    gaps g_1..g_n ~ Gamma(shape=burstiness, scale=1 / (rate * burstiness)), drawn with
+    np.random.default_rng(seed).gamma(..., size=n); t_i = g_1 + ... + g_i.
+    Mean gap 1/rate; coefficient of variation 1/sqrt(burstiness). rate = inf: n zeros.
+    Raises ValueError for n not an int >= 0, rate <= 0, or burstiness not finite and > 0 (say the value).
+
+    Hints: 8 lines. np.cumsum(gaps).tolist() gives the times.
+    """
+    ### BEGIN SOLUTION
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests/s (inf: all at once), got {rate!r}")
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(f"burstiness must be a finite number > 0, got {burstiness!r}")
+    if math.isinf(rate):
+        return [0.0] * n
+    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    return np.cumsum(gaps).tolist()
+    ### END SOLUTION
+
+
+# %%
+fig = go.Figure()
+for k, name in ((1.0, "Poisson (burstiness 1)"), (0.25, "bursty (burstiness 0.25)")):
+    times = arrival_times(40, rate=4.0, seed=1, burstiness=k)
+    fig.add_trace(go.Scatter(x=times, y=[name] * len(times), mode="markers", name=name))
+fig.update_layout(title="40 requests at 4 requests/s on average", xaxis_title="seconds", height=240,
+                  showlegend=False)
+fig.show()
+
+# %%
+check("8.4")
+
+# %% [markdown]
+# ## The latency–throughput curve of this server
+#
+# Now the load generator (`minillm/serve/loadgen.py`) drives the server above with **your**
+# `parse_sse` and `arrival_times` (its `parse_sse=` and `arrivals=` parameters), at a few request
+# rates, 12 short requests each, and your `request_metrics` and `percentile` turn its records into
+# figures. As the rate grows, throughput grows with it while the server keeps up; past that,
+# requests queue, TTFT climbs steeply and throughput flattens: the knee of the curve is this
+# server's capacity. (A shared 2-core CPU is noisy: expect the shape, not the decimals.)
+
+# %%
+items = make_workload(12, seed=0, prompt_len=32, output_len=12)
+
+
+def load_test(rate: float) -> dict:
+    result = asyncio.run(run_load(server.base_url, items, rate=rate, seed=0, ignore_eos=True, progress=False,
+                                  parse_sse=parse_sse, arrivals=arrival_times))
+    done = [r for r in result.records if r.success]
+    metrics = [request_metrics(r) for r in done]
+    ttfts = [m.ttft for m in metrics]
+    return {"rate": rate, "throughput": sum(r.output_tokens for r in done) / result.duration,
+            "ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
+            "tpot_p50": percentile([m.tpot for m in metrics if m.tpot is not None], 50),
+            "failed": len(result.records) - len(done)}
+
+
+curve = [load_test(rate) for rate in (1.0, 4.0, 16.0, math.inf)]
+print(f"{'rate req/s':>10} {'tokens/s':>9} {'TTFT p50 ms':>12} {'TTFT p90 ms':>12} {'TPOT p50 ms':>12} failed")
+for row in curve:
+    print(f"{row['rate']:>10} {row['throughput']:9.1f} {row['ttft_p50'] * 1e3:12.0f} {row['ttft_p90'] * 1e3:12.0f} "
+          f"{row['tpot_p50'] * 1e3:12.1f} {row['failed']:6d}")
+fig = go.Figure(go.Scatter(x=[r["throughput"] for r in curve], y=[r["ttft_p90"] * 1e3 for r in curve],
+                           mode="markers+lines+text", text=[f"{r['rate']} req/s" for r in curve],
+                           textposition="top left"))
+fig.update_layout(title="Latency against throughput: tiny on this CPU", xaxis_title="output tokens/s",
+                  yaxis_title="TTFT p90 (ms)", height=340)
+fig.show()
+
+# %% [markdown]
+# ## Exercise 8.5 · Admission control: 429 and Retry-After
+#
+# Past the knee, a server that queues every request looks healthy while every request's TTFT
+# grows without bound. Better to refuse early: admitted requests stay fast, and a refused client
+# is told when to come back. HTTP has the words for it: status **429 Too Many Requests** with a
+# **Retry-After** header in seconds (RFC 6585, RFC 9110).
+#
+# The server (`build_app(..., max_waiting=N, admission=fn)`) calls `admit(num_waiting,
+# max_waiting, drain_rate)` for each new request: `num_waiting` requests already wait for the
+# scheduler, and the queue drains at `drain_rate` requests per second lately. Admit while
+# `num_waiting < max_waiting`. Otherwise, this request would be number `num_waiting - max_waiting
+# + 1` past the room there is; at `drain_rate` per second that many need
+# `(num_waiting - max_waiting + 1) / drain_rate` seconds to drain. Round up to whole seconds (the
+# header carries an integer), never less than 1 (a Retry-After of 0 invites an instant retry storm),
+# and with no recent drain (`drain_rate` 0) assume one request per second.
+
+# %% exercise="8.5"
+def admit(num_waiting: int, max_waiting: int, drain_rate: float) -> float | None:
+    """None to admit the request, else the seconds to wait before retrying.
+
+    Admit (None) when num_waiting < max_waiting. Else retry after
+    max(1, ceil((num_waiting - max_waiting + 1) / r)) seconds, r = drain_rate if > 0 else 1.0.
+
+    Hints: 4 lines.
+    """
+    ### BEGIN SOLUTION
+    if num_waiting < max_waiting:
+        return None
+    excess = num_waiting - max_waiting + 1
+    return float(max(1, math.ceil(excess / (drain_rate if drain_rate > 0 else 1.0))))
+    ### END SOLUTION
+
+
+# %%
+for waiting, rate in ((3, 2.0), (4, 2.0), (9, 2.0), (9, 0.0), (9, 0.5)):
+    print(f"{waiting} waiting (max 4), draining {rate} req/s: {admit(waiting, 4, rate)}")
+
+# %%
+check("8.5")
+
+# %% [markdown]
+# ## Exercise 8.6 · Structured output: the grammar mask
+#
+# Ask for `{"type": "object", "properties": {"n": {"type": "integer"}}}` and a model *usually*
+# answers with JSON. A program needs *always*. Structured output makes it so: a grammar engine
+# (here `xgrammar`, as in vLLM and SGLang) follows the tokens generated so far and, before each
+# draw, says which tokens may come next. The engine then sets every other token's logit to `-inf`,
+# so no sampler, greedy or random, can pick it.
+#
+# The allowed set comes as a **bitmask**: int32 words, 32 tokens per word, token `t` at bit `t % 32`
+# of word `t // 32` (bit 0 is the lowest). A row of logits over `vocab` tokens gets
+# `ceil(vocab / 32)` words (maybe more: ignore bits past the vocabulary). Mind bit 31: it is the
+# **sign bit** of an int32. Token 31 of a word is allowed when the word is negative, and `>>` on a
+# negative int32 shifts in ones from the left, so mask with `& 1` after shifting.
+#
+# The engine calls your function for the rows of constrained samples in every step, inside
+# batches that also hold free requests (`EngineConfig(components=Components(grammar_mask=fn))`).
+
+# %% exercise="8.6"
+def apply_grammar_mask(logits: Tensor, bitmask: Tensor) -> Tensor:
+    """Keep the logits of allowed tokens, -inf elsewhere.
+
+    logits: [rows, vocab] float; bitmask: [rows, words] int32, words >= ceil(vocab / 32); token t of
+    row r is allowed when bit (t % 32) of bitmask[r, t // 32] is 1. -> a new [rows, vocab] tensor of
+    logits' dtype: logits where allowed, -inf elsewhere (logits itself is left unchanged).
+
+    Hints: 4 lines. (bitmask[..., None] >> torch.arange(32, dtype=torch.int32)) & 1 is [rows, words, 32];
+    reshape to [rows, 32 * words], keep the first vocab columns; masked_fill.
+    """
+    ### BEGIN SOLUTION
+    vocab = logits.shape[-1]
+    bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+    ### END SOLUTION
+
+
+# %%
+words = torch.tensor([[0b1011, -2**31]], dtype=torch.int32)  # tokens 0, 1, 3 and 63 (word 1's sign bit)
+print(apply_grammar_mask(torch.zeros(1, 64), words).isfinite().nonzero()[:, 1].tolist())
+
+# %%
+check("8.6")
+
+# %% [markdown]
+# Your mask inside the engine: the same greedy requests through `tiny` with the engine's mask and
+# with yours, one asking for a schema-valid object, one free request beside it in the batch.
+
+# %%
+schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "size": {"type": "integer"}}, "required": ["name", "size"]}
+greedy = SamplingParams(max_tokens=40, temperature=0, structured=StructuredOutput(json_schema=schema))
+free = SamplingParams(max_tokens=12, temperature=0)
+prompts = ["config = ", "def main():"]
+mine = LLM("tiny", components=Components(grammar_mask=apply_grammar_mask, source="this notebook"))
+for who, engine in (("engine's mask", llm), ("your mask", mine)):
+    outs = engine.generate(prompts, [greedy, free], use_tqdm=False)
+    print(f"{who:>13}: {outs[0].text!r} | free: {outs[1].text!r}")
+
+# %% [markdown]
+# ## Exercise 8.7 · What a token costs
+#
+# A GPU is rented by the hour; users are billed by the token. The bridge is the throughput you
+# measured: at `tokens_per_second`, an hour makes `3600 · tokens_per_second` tokens, so
+#
+# $$\text{cost per million tokens} = \frac{\text{price per hour}}{3600 \cdot \text{tokens per second}}
+#   \cdot 10^6.$$
+#
+# (Providers quote prices per **million** tokens; per thousand is an older convention and a
+# thousand times smaller.) Throughput is the lever: the same GPU at 10x the tokens per second sells
+# each token for a tenth.
+
+# %% exercise="8.7"
+def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> float:
+    """Dollars per million tokens: price_per_hour / (3600 * tokens_per_second) * 1e6.
+
+    Raises ValueError for tokens_per_second <= 0 or price_per_hour < 0 (say the value).
+
+    Hints: 5 lines.
+    """
+    ### BEGIN SOLUTION
+    if not tokens_per_second > 0:
+        raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second!r}")
+    if not price_per_hour >= 0:
+        raise ValueError(f"price_per_hour must be >= 0 dollars, got {price_per_hour!r}")
+    return price_per_hour / (3600 * tokens_per_second) * 1e6
+    ### END SOLUTION
+
+
+# %%
+print(f"an H100 at $2.50/h making 2,500 tokens/s: ${cost_per_million_tokens(2.5, 2500):.3f} per million tokens")
+
+# %%
+check("8.7")
+
+# %% [markdown]
+# ## Online or batch: the price of waiting
+#
+# An online request must be answered now, so the engine runs with whatever is in the queue and
+# keeps latency low. A batch job can wait: the engine packs every prompt in at once and runs at its
+# best throughput. OpenAI's Batch API sells exactly that trade: requests submitted as a file,
+# results within 24 hours, at half the price of the same requests made synchronously (OpenAI's
+# documentation and pricing page). Below, this machine's own numbers: the lowest load of the curve
+# above (requests one by one, nearly) against all requests at once, priced at an assumed $0.10 per
+# hour for a 2-vCPU cloud machine (an assumption, not a quote).
+
+# %%
+PRICE_PER_HOUR = 0.10
+online, batch = curve[0], curve[-1]
+for name, row in (("online, 1 req/s", online), ("batch, all at once", batch)):
+    print(f"{name:>20}: {row['throughput']:6.1f} tokens/s, "
+          f"${cost_per_million_tokens(PRICE_PER_HOUR, row['throughput']):7.2f} per million tokens, "
+          f"TTFT p90 {row['ttft_p90'] * 1e3:.0f} ms")
+print(f"here a batch token costs {online['throughput'] / batch['throughput']:.2f}x an online one")
+
+# %% [markdown]
+# ## Exercise 8.8 · Stop a runaway agent
+#
+# An agent calls the model, runs the tool it asked for, and calls the model again with the result,
+# until the task is done. Sometimes it never is: the model asks for the same tool call forever, or
+# a task never converges and burns tokens. The harness (`minillm/agents/harness.py`) asks a
+# **loop breaker** after every call whether to go on. Yours stops a session on the first rule that
+# fires, checked in this order:
+#
+# 1. **repeat**: this output, normalised, occurs `max_repeats` times among the last `repeat_window`
+#    outputs (this one included). `normalise(output)` (imported above) lower-cases, replaces every
+#    number by `0` and collapses whitespace: a loop whose counter changes is still a loop;
+# 2. **tokens**: the tokens of all calls so far, summed, reach `max_tokens`;
+# 3. **calls**: `max_calls` calls have been made.
+#
+# Each rule fires *at* its boundary: on the `max_calls`-th call, not the one after. Return a
+# reason that starts with the rule's name (`"repeat: ..."`, `"tokens: ..."`, `"calls: ..."`), or
+# `None` to go on. The harness builds one breaker per session.
+
+# %% exercise="8.8"
+class LoopBreaker:
+    """A circuit breaker for one agent session: check(output, tokens) after every model call."""
+
+    def __init__(self, max_calls: int, max_tokens: int, repeat_window: int, max_repeats: int) -> None:
+        """Caps, each an int >= 1, max_repeats <= repeat_window; raise ValueError otherwise (say which).
+
+        Hints: 10 lines. A deque(maxlen=repeat_window) keeps the last outputs.
+        """
+        ### BEGIN SOLUTION
+        for name, value in (("max_calls", max_calls), ("max_tokens", max_tokens),
+                            ("repeat_window", repeat_window), ("max_repeats", max_repeats)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if max_repeats > repeat_window:
+            raise ValueError(f"max_repeats ({max_repeats}) must be <= repeat_window ({repeat_window})")
+        self.max_calls, self.max_tokens, self.max_repeats = max_calls, max_tokens, max_repeats
+        self.calls = self.tokens = 0
+        self.recent = deque(maxlen=repeat_window)
+        ### END SOLUTION
+
+    def check(self, output: str, tokens: int) -> str | None:
+        """Record one call (its output text, its tokens). -> "repeat: ..." | "tokens: ..." | "calls: ..."
+        (the first rule that fires, in that order), or None to go on.
+
+        Hints: 10 lines. Counter(self.recent)[key] counts one output among the recent ones.
+        """
+        ### BEGIN SOLUTION
+        self.calls += 1
+        self.tokens += tokens
+        self.recent.append(normalise(output))
+        repeats = Counter(self.recent)[self.recent[-1]]
+        if repeats >= self.max_repeats:
+            return f"repeat: the same output {repeats} times in the last {len(self.recent)} calls"
+        if self.tokens >= self.max_tokens:
+            return f"tokens: {self.tokens} tokens used, the cap is {self.max_tokens}"
+        if self.calls >= self.max_calls:
+            return f"calls: {self.calls} calls made, the cap is {self.max_calls}"
+        return None
+        ### END SOLUTION
+
+
+# %%
+breaker = LoopBreaker(max_calls=10, max_tokens=10_000, repeat_window=4, max_repeats=3)
+for turn in range(6):
+    output = f"call search(page={turn})" if turn > 1 else f"thinking about step {turn}"
+    print(turn, repr(output), "->", breaker.check(output, tokens=120))
+
+# %%
+check("8.8")
+
+# %% [markdown]
+# ## Agents and the KV cache: offload between calls
+#
+# Every call of an agent session starts with the whole previous call, so the prefix cache could
+# skip all of it: if the blocks are still in the pool. While the agent waits for its tool, other
+# sessions' calls fill the pool and evict them, and the next call computes its long prompt again.
+# A second tier (`engine.cache.attach_offload("host", capacity)`, `minillm/cache/offload.py`)
+# keeps those blocks in host memory: the harness moves a waiting session's blocks out
+# (`offload=True`) and the next call copies them back instead of recomputing them. Below, six
+# seeded sessions with your breaker share a deliberately small pool, once without and once with
+# the tier.
+
+# %%
+corpus = llm.tokenizer.encode(open(run_sessions.__code__.co_filename).read())
+sessions = agent_workload(corpus, num_sessions=6, seed=0, system_tokens=48, task_tokens=12, tool_tokens=12,
+                          tool_seconds=0.05, median_calls=3)
+for offload in (False, True):
+    engine = LLM("tiny", num_kv_blocks=24, block_size=8, max_num_seqs=4)
+    if offload:
+        engine.engine.cache.attach_offload("host", capacity=256)
+    run = run_sessions(engine, sessions, max_tokens=4, offload=offload,
+                       breaker=lambda: LoopBreaker(max_calls=6, max_tokens=2_000, repeat_window=3, max_repeats=3))
+    later = run.followups()
+    stops = Counter(reason.split(":")[0] for reason in run.stop_reasons.values())
+    print(f"offload {'on ' if offload else 'off'}: {len(run.calls)} calls, follow-up prompts "
+          f"{sum(c.cached_tokens for c in later) / max(1, sum(c.prompt_tokens for c in later)):.0%} cached, "
+          f"mean follow-up TTFT {sum(c.ttft for c in later) / max(1, len(later)) * 1e3:.0f} ms, "
+          f"{run.blocks_offloaded} blocks offloaded; sessions ended by {dict(stops)}")
+
+# %% [markdown]
+# ## Your parts inside the real server, load generator, engine and harness
+#
+# `check("8.E")` (also part of `make grade LAB=08`) plugs your parts in where they belong and runs
+# them for real, through `minillm.labkit.plug`:
+#
+# * your grammar mask inside the engine: greedy structured outputs equal the reference engine's,
+#   and validate against their schemas (`jsonschema`);
+# * your `parse_sse` and `arrival_times` driving the load generator against a live server: every
+#   request succeeds with the reference's token counts, sent in your arrivals' order, and your
+#   `request_metrics` and `goodput` give the reference's figures on those records;
+# * your `admit` inside the server: a flooded queue answers 429 with your Retry-After;
+# * your `LoopBreaker` inside the agent harness: it stops sessions where the reference would.
+
+# %%
+check("8.E")
+
+# %%
+server.stop()
+
+# %% [markdown]
+# ## How production engines do it
+#
+# * **vLLM** serves the OpenAI API (`vllm serve`) with completions and chat, SSE streaming with
+#   `stream_options.include_usage`, structured output through `guided_json` / `response_format`
+#   (xgrammar by default, Outlines and others selectable), and Prometheus metrics for TTFT, TPOT,
+#   queue time and KV-cache use. Its serving benchmark (`vllm bench serve`) sends open-loop
+#   Poisson or gamma arrivals (`--request-rate`, `--burstiness`) and reports TTFT, TPOT, ITL and E2E
+#   with mean, median and percentiles, and goodput under `--goodput` SLOs: this lab's definitions.
+# * **SGLang** serves the same API; its grammar backends (xgrammar, Outlines, llguidance) fill the
+#   bitmask on the CPU while the GPU runs the forward, so the mask costs almost nothing; its
+#   RadixAttention keeps agents' shared prefixes cached between calls.
+# * **xgrammar** (Dong et al. 2024) precomputes, for each grammar state, which tokens are allowed
+#   regardless of the stack (most of them), so filling a bitmask is fast; `apply_token_bitmask_inplace`
+#   is its mask kernel, the one your 8.6 is checked against.
+# * **Admission and rate limits**: hosted APIs return 429 with rate-limit headers when a client
+#   exceeds its quota; inside a cluster, routers (the Kubernetes Gateway API inference extension,
+#   vLLM's production stack) route by queue length and KV-cache use rather than refuse.
+# * **Batch APIs**: OpenAI's and Anthropic's batch APIs take a file of requests and answer within
+#   24 hours at a 50% discount: the provider fills idle capacity at full batch throughput.

@@ -1,0 +1,581 @@
+"""Grader of lab 08, serving.
+
+Oracles: the official `openai` client's SSE decoder (complete streams), numpy's percentile and
+numpy's gamma draws, the exponential and gamma distributions' closed forms (mean, coefficient of
+variation, a Kolmogorov-Smirnov statistic against the exponential CDF), xgrammar's own bitmask
+kernel, the formulas of vLLM's serving benchmark written out here, fixed cases computed by hand,
+and the engine's reference parts (minillm/agents/breaker.py for the breaker's exact rules). For
+8.E the learner's parts run inside the real engine, server, load generator and agent harness.
+"""
+import asyncio
+import contextlib
+import json
+import math
+import random
+
+import httpx
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from openai._streaming import SSEDecoder
+
+from minillm import LLM, SamplingParams
+from minillm.agents.breaker import LoopBreaker
+from minillm.agents.harness import run_sessions
+from minillm.agents.sessions import agent_workload
+from minillm.labkit import exercise
+from minillm.labkit.fixtures import assert_close
+from minillm.labkit.plug import calls, lab_components, lab_parts
+from minillm.perf.serving import RequestMetrics, RequestRecord, goodput, request_metrics
+from minillm.serve.admission import admit
+from minillm.serve.arrivals import arrival_times
+from minillm.serve.loadgen import run_load
+from minillm.serve.server import serve_in_thread
+from minillm.serve.workload import make_workload
+from minillm.structured import StructuredOutput
+
+xgr = pytest.importorskip("xgrammar")
+
+EXERCISES = {"8.1": "parse_sse", "8.2": "request_metrics", "8.3": "percentile, goodput", "8.4": "arrival_times",
+             "8.5": "admit", "8.6": "apply_grammar_mask", "8.7": "cost_per_million_tokens", "8.8": "LoopBreaker",
+             "8.E": "your parts in the real serving stack"}
+
+
+@contextlib.contextmanager
+def one_thread():
+    """A small model on a shared CPU: one torch thread is faster than several fighting for two cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# -- 8.1 parse_sse ------------------------------------------------------------------------------------
+def openai_payloads(text: str) -> list:
+    """The payloads the official openai client's SSE decoder finds in a complete stream."""
+    out = []
+    for event in SSEDecoder().iter_bytes(iter([text.encode()])):
+        if event.data == "[DONE]":
+            out.append("[DONE]")
+            continue
+        try:
+            out.append(json.loads(event.data))
+        except json.JSONDecodeError:
+            out.append(event.data)
+    return out
+
+
+def random_stream(rng: random.Random) -> tuple[str, list[str]]:
+    """A complete SSE stream (text) with comments, other fields, multi-line data, CRLF / CR / LF line
+    endings, JSON and plain payloads, and [DONE]; and the same stream cut into lines in random places."""
+    end = rng.choice(["\n", "\r\n", "\r"])
+    lines = []
+    for i in range(rng.randint(1, 6)):
+        if rng.random() < 0.3:
+            lines.append(": keep-alive")
+        if rng.random() < 0.3:
+            lines.append(f"id: {i}")
+        kind = rng.random()
+        if kind < 0.5:
+            payload = json.dumps({"choices": [{"index": 0, "text": rng.choice(["def", " x", "\n", "é", ""])}],
+                                  "n": i})
+            lines.append(("data: " if rng.random() < 0.7 else "data:") + payload)
+        elif kind < 0.8:
+            first, second = f'{{"a": {i},', '"b": [1, 2]}'
+            lines += [f"data: {first}", f"data:{second}"]
+        else:
+            lines += ["data: plain text", "data:  two spaces"]
+        lines.append("")
+    lines += ["data: [DONE]", ""]
+    text = end.join(lines) + end
+    # Feed it back in pieces: single lines without endings (like httpx's iter_lines), or several at once.
+    pieces, i = [], 0
+    while i < len(lines):
+        take = rng.randint(1, 3)
+        chunk = lines[i:i + take]
+        pieces.append(chunk[0] if take == 1 and rng.random() < 0.5 else end.join(chunk) + end)
+        i += take
+    return text, pieces
+
+
+@exercise("8.1")
+def test_parse_sse_decodes_random_streams_like_the_openai_client(lab):
+    """30 seeded streams (comments, id fields, multi-line data, LF / CRLF / CR, lines fed one by one or several
+    per item) decode to the payloads the official openai client's SSE decoder finds"""
+    rng = random.Random(801)
+    for case in range(30):
+        text, pieces = random_stream(rng)
+        want = openai_payloads(text)
+        got = list(lab.parse_sse(pieces))
+        assert got == want, f"stream {case} {text!r}, fed as {pieces!r}: got {got!r}, the openai client: {want!r}"
+        assert list(lab.parse_sse([text])) == want, f"stream {case} given as one string: differs from openai's"
+
+
+@exercise("8.1")
+def test_parse_sse_fixed_cases(lab):
+    """multi-line data joined with a newline, one space stripped, comments skipped, [DONE] as a string, a last
+    event without its blank line still yielded, an event of comments only yields nothing"""
+    cases = [
+        (["data: {\"a\":", "data: 1}", ""], [{"a": 1}]),
+        (["data:  x", ""], [" x"]),
+        ([": ping", "", "data: [DONE]", ""], ["[DONE]"]),
+        (["data: 1", "", "data: 2"], [1, 2]),
+        (["data: a\r\ndata: b\r\n\r\n"], ["a\nb"]),
+        (["event: message\nretry: 10\n\ndata: 7\n\n"], [7]),
+        (["data", ""], [""]),
+    ]
+    for lines, want in cases:
+        got = list(lab.parse_sse(lines))
+        assert got == want, f"parse_sse({lines!r}) gave {got!r}, expected {want!r}"
+
+
+# -- 8.2 request_metrics ------------------------------------------------------------------------------
+def random_record(rng: random.Random, i: int) -> RequestRecord:
+    start = rng.uniform(0, 100)
+    chunks = np.cumsum([rng.uniform(0.01, 2.0)] + [rng.uniform(0.001, 0.3) for _ in range(rng.randint(0, 12))])
+    chunk_times = (start + chunks).tolist()
+    tokens = len(chunk_times) + rng.randint(0, 5)  # a chunk may carry several tokens
+    return RequestRecord(f"r{i}", start, chunk_times, end=chunk_times[-1] + rng.uniform(0, 0.05),
+                         prompt_tokens=rng.randint(1, 50), output_tokens=tokens, success=True)
+
+
+def assert_metrics(got, record: RequestRecord, what: str) -> None:
+    times = np.array(record.chunk_times)
+    ttft, e2e = times[0] - record.start, record.end - record.start
+    assert isinstance(got, RequestMetrics), f"{what}: returns {type(got).__name__}, not a RequestMetrics"
+    assert math.isclose(got.ttft, ttft, rel_tol=1e-12, abs_tol=1e-12), f"{what}: TTFT {got.ttft}, expected {ttft}"
+    assert math.isclose(got.e2e, e2e, rel_tol=1e-12, abs_tol=1e-12), f"{what}: E2E {got.e2e}, expected {e2e}"
+    assert np.allclose(got.itl, np.diff(times), rtol=1e-12, atol=1e-12) and len(got.itl) == len(times) - 1, \
+        f"{what}: ITL {got.itl}, expected the gaps between chunks {np.diff(times).tolist()}"
+    if record.output_tokens > 1:
+        tpot = (e2e - ttft) / (record.output_tokens - 1)
+        assert got.tpot is not None and math.isclose(got.tpot, tpot, rel_tol=1e-12), \
+            f"{what}: TPOT {got.tpot}, expected (E2E - TTFT) / (output_tokens - 1) = {tpot}"
+    else:
+        assert got.tpot is None, f"{what}: TPOT {got.tpot} for a one-token request, expected None"
+
+
+@exercise("8.2")
+def test_request_metrics_match_the_formulas_on_random_records(lab):
+    """TTFT, TPOT, ITL and E2E of 40 seeded records (1 to 13 chunks, chunks carrying several tokens) match
+    the formulas"""
+    rng = random.Random(802)
+    for i in range(40):
+        record = random_record(rng, i)
+        assert_metrics(lab.request_metrics(record), record, f"record {record}")
+
+
+@exercise("8.2")
+def test_request_metrics_fixed_cases(lab):
+    """start 10, chunks at 10.5, 10.6, 10.75, 10.8, end 10.9, 5 tokens: TTFT 0.5, TPOT 0.1, ITL [0.1, 0.15, 0.05],
+    E2E 0.9; one token: TPOT None, ITL []; two tokens in one chunk: TPOT is the tail; a failed request raises"""
+    got = lab.request_metrics(RequestRecord("a", 10.0, [10.5, 10.6, 10.75, 10.8], 10.9, output_tokens=5,
+                                            success=True))
+    assert math.isclose(got.ttft, 0.5) and math.isclose(got.tpot, 0.1) and math.isclose(got.e2e, 0.9), got
+    assert np.allclose(got.itl, [0.1, 0.15, 0.05]), got
+    one = lab.request_metrics(RequestRecord("b", 0.0, [0.25], 0.25, output_tokens=1, success=True))
+    assert one.tpot is None and list(one.itl) == [] and one.ttft == 0.25, f"a one-token request: {one}"
+    both = lab.request_metrics(RequestRecord("c", 0.0, [0.5], 0.75, output_tokens=2, success=True))
+    assert math.isclose(both.tpot, 0.25) and list(both.itl) == [], f"two tokens in one chunk: {both}"
+    for bad in (RequestRecord("d", 0.0, [1.0], 2.0, output_tokens=3, success=False, error="HTTP 500"),
+                RequestRecord("e", 0.0, [], 2.0, output_tokens=3, success=True)):
+        with pytest.raises(ValueError):
+            lab.request_metrics(bad)
+
+
+# -- 8.3 percentile and goodput ------------------------------------------------------------------------
+@exercise("8.3")
+def test_percentile_equals_numpy_on_random_values(lab):
+    """percentile equals numpy.percentile (linear) for 1 to 50 seeded values of both signs, q in 0..100"""
+    rng = np.random.default_rng(803)
+    for n in (1, 2, 3, 7, 10, 50):
+        values = (rng.standard_normal(n) * 10).tolist()
+        for q in (0, 1, 25, 50, 90, 99, 99.9, 100):
+            got, want = lab.percentile(values, q), float(np.percentile(values, q))
+            assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12), \
+                f"percentile of {n} values at q={q}: {got}, numpy says {want}"
+
+
+@exercise("8.3")
+def test_percentile_fixed_cases(lab):
+    """p50 of 1..10 is 5.5, p90 is 9.1, p0 the least, p100 the largest, unsorted input, empty -> nan"""
+    values = [7, 3, 10, 1, 5, 9, 2, 8, 6, 4]
+    for q, want in ((50, 5.5), (90, 9.1), (0, 1), (100, 10), (99, 9.91)):
+        got = lab.percentile(values, q)
+        assert math.isclose(got, want), f"percentile(1..10 unsorted, {q}) = {got}, expected {want}"
+    assert math.isnan(lab.percentile([], 50)), "the percentile of no values must be nan"
+
+
+def good_by_hand(records: list[RequestRecord], duration: float, slo: dict) -> float:
+    good = 0
+    for r in records:
+        if not r.success:
+            continue
+        m = request_metrics(r)
+        good += all(getattr(m, k) is None or getattr(m, k) <= v for k, v in slo.items())
+    return good / duration
+
+
+@exercise("8.3")
+def test_goodput_counts_requests_meeting_every_slo(lab):
+    """goodput of 60 seeded records (some failed, some one-token) under 6 SLO sets, over 30 s, equals the count
+    of successful requests meeting every limit divided by the duration"""
+    rng = random.Random(8031)
+    records = [random_record(rng, i) for i in range(60)]
+    for r in records[::7]:
+        r.success, r.error = False, "HTTP 500"
+    for r in records[3::9]:
+        r.output_tokens, r.chunk_times = 1, r.chunk_times[:1]
+    for slo in ({"ttft": 1.0}, {"tpot": 0.05}, {"e2e": 2.0}, {"ttft": 1.5, "tpot": 0.1},
+                {"ttft": 0.8, "tpot": 0.08, "e2e": 2.5}, {}):
+        got, want = lab.goodput(records, 30.0, slo), good_by_hand(records, 30.0, slo)
+        assert math.isclose(got, want), f"goodput under {slo}: {got} req/s, expected {want}"
+
+
+@exercise("8.3")
+def test_goodput_fixed_cases(lab):
+    """a TTFT exactly at its limit meets it; a one-token request meets any TPOT limit; a failed request never
+    counts; duration 0 and unknown metric names raise ValueError"""
+    at_limit = RequestRecord("a", 0.0, [0.5, 0.6], 1.0, output_tokens=3, success=True)  # TTFT 0.5, TPOT 0.25
+    one = RequestRecord("b", 0.0, [0.25], 0.25, output_tokens=1, success=True)
+    failed = RequestRecord("c", 0.0, [0.1], 0.2, output_tokens=2, success=False, error="HTTP 429")
+    assert lab.goodput([at_limit, one, failed], 2.0, {"ttft": 0.5}) == 1.0, "TTFT 0.5 under a 0.5 s limit counts"
+    assert lab.goodput([at_limit, one, failed], 2.0, {"tpot": 0.1}) == 0.5, \
+        "TPOT 0.25 misses a 0.1 s limit; a one-token request (TPOT None) meets it"
+    assert lab.goodput([failed], 1.0, {}) == 0.0, "a failed request counted"
+    for duration, slo in ((0.0, {"ttft": 1}), (-1.0, {}), (1.0, {"latency": 1.0})):
+        with pytest.raises(ValueError):
+            lab.goodput([at_limit], duration, slo)
+
+
+# -- 8.4 arrival_times ----------------------------------------------------------------------------------
+def ks_exponential(gaps: np.ndarray, rate: float) -> float:
+    """The Kolmogorov-Smirnov distance between the gaps' empirical CDF and 1 - exp(-rate x)."""
+    xs = np.sort(gaps)
+    cdf = 1 - np.exp(-rate * xs)
+    n = len(xs)
+    return float(max((np.arange(1, n + 1) / n - cdf).max(), (cdf - np.arange(n) / n).max()))
+
+
+@exercise("8.4")
+def test_poisson_arrivals_have_exponential_gaps_of_mean_one_over_rate(lab):
+    """20000 arrivals at 4 req/s and at 0.5 req/s: ascending, mean gap 1/rate within 3%, KS distance to the
+    exponential CDF under 0.015 (the 1% critical value is 0.0115 for n = 20000)"""
+    for rate, seed in ((4.0, 1), (0.5, 2)):
+        times = np.array(lab.arrival_times(20000, rate, seed))
+        assert len(times) == 20000, f"{len(times)} arrival times for n = 20000"
+        gaps = np.diff(np.concatenate([[0.0], times]))
+        assert (gaps >= 0).all(), f"rate {rate}: arrival times are not ascending"
+        assert abs(gaps.mean() * rate - 1) < 0.03, f"rate {rate}: mean gap {gaps.mean():.4f} s, expected {1 / rate}"
+        ks = ks_exponential(gaps, rate)
+        assert ks < 0.015, f"rate {rate}: the gaps are not exponential (KS distance {ks:.4f})"
+
+
+@exercise("8.4")
+def test_bursty_arrivals_keep_the_mean_and_raise_the_variation(lab):
+    """gamma gaps of shape 0.25 and 4: mean 1/rate within 4%, coefficient of variation 1/sqrt(shape) within 5%"""
+    for burstiness in (0.25, 4.0):
+        times = np.array(lab.arrival_times(20000, 2.0, 7, burstiness))
+        gaps = np.diff(np.concatenate([[0.0], times]))
+        assert abs(gaps.mean() * 2.0 - 1) < 0.04, f"burstiness {burstiness}: mean gap {gaps.mean():.4f}, expected 0.5"
+        cv, want = gaps.std() / gaps.mean(), 1 / math.sqrt(burstiness)
+        assert abs(cv / want - 1) < 0.05, \
+            f"burstiness {burstiness}: coefficient of variation {cv:.3f}, expected {want:.3f}"
+
+
+@exercise("8.4")
+def test_arrivals_are_seeded_numpy_gamma_draws(lab):
+    """the same seed gives the same times, another seed others; the times are the cumulative sums of
+    np.random.default_rng(seed).gamma(burstiness, 1 / (rate * burstiness), n), the engine's arrivals"""
+    for n, rate, seed, k in ((5, 3.0, 0, 1.0), (12, 0.7, 42, 0.5), (1, 10.0, 9, 2.0)):
+        got = lab.arrival_times(n, rate, seed, k)
+        want = np.cumsum(np.random.default_rng(seed).gamma(k, 1 / (rate * k), n))
+        assert isinstance(got, list) and np.allclose(got, want, rtol=1e-12), \
+            f"arrival_times({n}, {rate}, {seed}, {k}) = {got}, expected {want.tolist()}"
+        assert got == lab.arrival_times(n, rate, seed, k), "the same seed gave different times"
+    assert lab.arrival_times(5, 3.0, 0) != lab.arrival_times(5, 3.0, 1), "seeds 0 and 1 gave the same times"
+
+
+@exercise("8.4")
+def test_arrivals_fixed_cases(lab):
+    """rate inf sends all at t = 0; n = 0 gives []; rate <= 0, burstiness <= 0 or inf, and n < 0 raise"""
+    assert lab.arrival_times(4, math.inf, 0) == [0.0] * 4, "rate = inf must send every request at t = 0"
+    assert lab.arrival_times(0, 2.0, 0) == [], "n = 0 must give no times"
+    for args in ((3, 0.0, 0, 1.0), (3, -1.0, 0, 1.0), (3, 1.0, 0, 0.0), (3, 1.0, 0, math.inf), (-1, 1.0, 0, 1.0)):
+        with pytest.raises(ValueError):
+            lab.arrival_times(*args)
+
+
+# -- 8.5 admit ------------------------------------------------------------------------------------------
+@exercise("8.5")
+def test_admit_fixed_cases(lab):
+    """max 4: 3 waiting admitted; 4 waiting at 2/s -> 1 s; 9 at 2/s -> 3 s; 9 at 0.5/s -> 12 s; 9 with no drain
+    -> 6 s; 20 at 100/s -> 1 s (never 0)"""
+    assert lab.admit(3, 4, 2.0) is None, "3 waiting under a max of 4 must be admitted (None)"
+    assert lab.admit(0, 1, 0.0) is None, "an empty queue must admit"
+    for args, want in (((4, 4, 2.0), 1), ((9, 4, 2.0), 3), ((9, 4, 0.5), 12), ((9, 4, 0.0), 6), ((20, 4, 100.0), 1),
+                       ((5, 4, 0.4), 5)):
+        got = lab.admit(*args)
+        assert got is not None and math.isclose(got, want), f"admit{args} = {got}, expected {want} s"
+
+
+@exercise("8.5")
+def test_admit_matches_the_rule_on_random_queues(lab):
+    """500 seeded (waiting, max, drain rate) cases: None below the max, else max(1, ceil(excess / rate)), at least 1"""
+    rng = random.Random(805)
+    for _ in range(500):
+        max_waiting = rng.randint(1, 20)
+        waiting = rng.randint(0, 40)
+        drain = rng.choice([0.0, rng.uniform(0.05, 50.0)])
+        got = lab.admit(waiting, max_waiting, drain)
+        if waiting < max_waiting:
+            assert got is None, f"admit({waiting}, {max_waiting}, {drain}) = {got}: below the max, admit (None)"
+            continue
+        want = max(1, math.ceil((waiting - max_waiting + 1) / (drain if drain > 0 else 1.0)))
+        assert got is not None and math.isclose(got, want), f"admit({waiting}, {max_waiting}, {drain}) = {got}, " \
+                                                            f"expected {want}"
+
+
+# -- 8.6 apply_grammar_mask ----------------------------------------------------------------------------
+@exercise("8.6")
+def test_grammar_mask_equals_xgrammars_kernel(lab):
+    """on seeded random bitmasks (every bit pattern, sign bits included, extra words past the vocabulary) the
+    mask keeps exactly the logits xgrammar's apply_token_bitmask_inplace keeps, unchanged, and -inf elsewhere"""
+    for rows, vocab, extra_words in ((1, 32, 0), (3, 4096, 0), (5, 1000, 0), (2, 33, 1), (4, 70, 2)):
+        gen = torch.Generator().manual_seed(rows * vocab + extra_words)
+        words = (vocab + 31) // 32 + extra_words
+        bitmask = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen, dtype=torch.int64).to(torch.int32)
+        bitmask[0, 0] = -1
+        bitmask[-1, -1] = -2**31
+        logits = torch.randn(rows, vocab, generator=gen) * 5
+        expected = logits.clone()
+        xgr.apply_token_bitmask_inplace(expected, bitmask[:, :(vocab + 31) // 32].contiguous())
+        before = logits.clone()
+        got = lab.apply_grammar_mask(logits, bitmask)
+        assert_close(got, expected, f"the mask of {rows} rows over {vocab} tokens", atol=0, rtol=0)
+        assert torch.equal(logits, before), "apply_grammar_mask changed the logits it was given"
+
+
+@exercise("8.6")
+def test_grammar_mask_fixed_cases(lab):
+    """word 0b1011 keeps tokens 0, 1, 3; -2**31 keeps only token 31 (the sign bit); -1 keeps all 32; 0 none;
+    float16 stays float16"""
+    cases = [(0b1011, [0, 1, 3]), (-2**31, [31]), (-1, list(range(32))), (0, []), (2**30, [30])]
+    for word, allowed in cases:
+        got = lab.apply_grammar_mask(torch.zeros(1, 32), torch.tensor([[word]], dtype=torch.int32))
+        kept = got[0].isfinite().nonzero().flatten().tolist()
+        assert kept == allowed, f"bitmask word {word}: kept tokens {kept}, expected {allowed}"
+        assert (got[0][~got[0].isfinite()] == -math.inf).all(), "forbidden tokens must be -inf"
+    half = lab.apply_grammar_mask(torch.ones(2, 40, dtype=torch.float16), torch.tensor([[1, 1], [0, 2]],
+                                                                                        dtype=torch.int32))
+    assert half.dtype == torch.float16, f"float16 logits came back as {half.dtype}"
+    assert half[0].isfinite().nonzero().flatten().tolist() == [0, 32] and \
+        half[1].isfinite().nonzero().flatten().tolist() == [33], "two words per row: token 32 is bit 0 of word 1"
+
+
+# -- 8.7 cost_per_million_tokens -------------------------------------------------------------------------
+@exercise("8.7")
+def test_cost_per_million_tokens_fixed_cases(lab):
+    """$3.60/h at 1 token/s is $1000 per million; $2.50/h at 2500 tok/s is $0.2778; $0/h is free; tokens/s <= 0 and
+    a negative price raise ValueError"""
+    for price, rate, want in ((3.6, 1.0, 1000.0), (2.5, 2500.0, 2.5 / 9e6 * 1e6), (0.0, 10.0, 0.0), (36.0, 1e4, 1.0)):
+        got = lab.cost_per_million_tokens(price, rate)
+        assert math.isclose(got, want, rel_tol=1e-12), f"cost_per_million_tokens({price}, {rate}) = {got}, " \
+                                                       f"expected {want}"
+    for args in ((1.0, 0.0), (1.0, -5.0), (-1.0, 10.0)):
+        with pytest.raises(ValueError):
+            lab.cost_per_million_tokens(*args)
+
+
+@exercise("8.7")
+def test_cost_per_million_tokens_on_random_prices(lab):
+    """200 seeded (price, throughput) pairs: price / (3600 * throughput) * 1e6, inversely proportional to throughput"""
+    rng = random.Random(807)
+    for _ in range(200):
+        price, rate = rng.uniform(0.01, 100), 10 ** rng.uniform(-1, 5)
+        got = lab.cost_per_million_tokens(price, rate)
+        assert math.isclose(got, price / (3600 * rate) * 1e6, rel_tol=1e-9), \
+            f"cost_per_million_tokens({price}, {rate}) = {got}, expected {price / (3600 * rate) * 1e6}"
+
+
+# -- 8.8 LoopBreaker ------------------------------------------------------------------------------------
+def kind(reason: str | None) -> str | None:
+    return None if reason is None else reason.split(":")[0].strip()
+
+
+@exercise("8.8")
+def test_breaker_fixed_cases(lab):
+    """each rule fires at its boundary: the 3rd call of max_calls 3, the call that brings tokens to max_tokens,
+    the 2nd copy (numbers and case normalised) within a window of 2; repeat before tokens before calls"""
+    b = lab.LoopBreaker(max_calls=3, max_tokens=1000, repeat_window=2, max_repeats=2)
+    assert [kind(b.check(t, 10)) for t in ("a", "b", "c")] == [None, None, "calls"], "max_calls 3: stop on call 3"
+    b = lab.LoopBreaker(max_calls=10, max_tokens=100, repeat_window=3, max_repeats=3)
+    assert [kind(b.check(t, 40)) for t in ("a", "b", "c")] == [None, None, "tokens"], "40 + 40 + 40 reaches 100"
+    b = lab.LoopBreaker(max_calls=10, max_tokens=100, repeat_window=3, max_repeats=3)
+    assert [kind(b.check(t, 50)) for t in ("a", "b")] == [None, "tokens"], "50 + 50 reaches 100 exactly: stop"
+    b = lab.LoopBreaker(max_calls=10, max_tokens=10_000, repeat_window=2, max_repeats=2)
+    assert kind(b.check("Call search(page=1)", 1)) is None
+    assert kind(b.check("call  SEARCH(page=2)", 1)) == "repeat", "the same call with another number is a repeat"
+    b = lab.LoopBreaker(max_calls=10, max_tokens=10_000, repeat_window=2, max_repeats=2)
+    assert [kind(b.check(t, 1)) for t in ("x", "y", "x", "y")] == [None] * 4, "repeats outside a window of 2"
+    b = lab.LoopBreaker(max_calls=2, max_tokens=5, repeat_window=2, max_repeats=2)
+    assert [kind(b.check("same", 3)) for _ in range(2)] == [None, "repeat"], "all three fire: repeat comes first"
+    b = lab.LoopBreaker(max_calls=2, max_tokens=5, repeat_window=2, max_repeats=2)
+    assert [kind(b.check(t, 3)) for t in ("p", "q")] == [None, "tokens"], "tokens and calls fire: tokens first"
+    for caps in ((0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1), (1, 1, 1, 0), (1, 1, 2, 3)):
+        with pytest.raises(ValueError):
+            lab.LoopBreaker(*caps)
+
+
+@exercise("8.8")
+def test_breaker_matches_the_reference_on_random_sessions(lab):
+    """100 seeded sessions of up to 30 calls (outputs from a small alphabet, so that repeats occur, with numbers
+    and case varied) stop on the same call, for the same rule, as the engine's LoopBreaker"""
+    rng = random.Random(808)
+    for session in range(100):
+        caps = dict(max_calls=rng.randint(1, 25), max_tokens=rng.randint(1, 3000), repeat_window=rng.randint(1, 6))
+        caps["max_repeats"] = rng.randint(1, caps["repeat_window"])
+        mine, reference = lab.LoopBreaker(**caps), LoopBreaker(**caps)
+        for call in range(30):
+            output = rng.choice(["Search(q)", "search(Q)", "read file 7", "READ  file 12", "done?", "think"])
+            tokens = rng.randint(0, 200)
+            got, want = mine.check(output, tokens), reference.check(output, tokens)
+            assert kind(got) == kind(want), (f"session {session} {caps}, call {call + 1} ({output!r}, {tokens} "
+                                             f"tokens): your breaker said {got!r}, the reference {want!r}")
+            if want is not None:
+                break
+
+
+# -- 8.E your parts in the real serving stack -------------------------------------------------------------
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "size": {"type": "integer"}},
+     "required": ["name", "size"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
+     "required": ["ok", "color"]},
+]
+
+
+@exercise("8.E", timeout=120)
+def test_your_grammar_mask_runs_the_real_engine(lab):
+    ("tiny with your grammar mask generates the reference engine's greedy tokens for two schema-constrained "
+     "requests batched with a free one, and both outputs validate against their schemas (jsonschema)")
+    components = lab_components(lab, labs=["08"])
+    prompts = ["config = ", "def main():", "settings = "]
+    params = [SamplingParams(max_tokens=40, temperature=0, structured=StructuredOutput(json_schema=SCHEMAS[0])),
+              SamplingParams(max_tokens=12, temperature=0),
+              SamplingParams(max_tokens=40, temperature=0, structured=StructuredOutput(json_schema=SCHEMAS[1]))]
+    with one_thread():
+        want = LLM("tiny").generate(prompts, params, use_tqdm=False)
+        got = LLM("tiny", components=components).generate(prompts, params, use_tqdm=False)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.token_ids == w.token_ids, (f"request {i} ({prompts[i]!r}): the engine with your mask generated "
+                                            f"{g.text!r}, the reference engine {w.text!r}")
+    for out, schema in ((got[0], SCHEMAS[0]), (got[2], SCHEMAS[1])):
+        jsonschema.validate(json.loads(out.text), schema)
+    assert calls(components)["grammar_mask"] > 0, "the engine never called your apply_grammar_mask"
+
+
+LOAD = dict(n=8, rate=20.0, seed=3, burstiness=0.5)
+SLO = {"ttft": 1.0, "tpot": 0.1}
+
+
+@exercise("8.E", timeout=180)
+def test_your_sse_parser_and_arrivals_drive_the_real_load_generator(lab):
+    ("the load generator with your parse_sse and arrival_times against a live server: your arrivals equal the "
+     "engine's, requests start in their order, every request succeeds with the token and chunk counts of a run "
+     "with the reference parts, and your request_metrics and goodput give the reference figures on its records")
+    parts = lab_parts(lab, "08")
+    n, rate, seed, k = LOAD.values()
+    times = parts["arrival_times"](n, rate, seed, k)
+    assert np.allclose(times, arrival_times(n, rate, seed, k)), \
+        f"your arrival_times{(n, rate, seed, k)} = {times}, the engine's {arrival_times(n, rate, seed, k)}"
+    items = make_workload(n, seed=1, prompt_len=16, output_len=6)
+    load = dict(rate=rate, burstiness=k, seed=seed, ignore_eos=True, progress=False)
+    with one_thread(), serve_in_thread(LLM("tiny")) as server:
+        mine = asyncio.run(run_load(server.base_url, items, parse_sse=parts["parse_sse"],
+                                    arrivals=parts["arrival_times"], **load))
+        reference = asyncio.run(run_load(server.base_url, items, **load))
+    for i, (m, r) in enumerate(zip(mine.records, reference.records)):
+        assert r.success, f"the reference run's request {i} failed: {r.error}"
+        assert m.success, f"request {i} failed with your parse_sse: {m.error}"
+        assert (m.output_tokens, len(m.chunk_times)) == (r.output_tokens, len(r.chunk_times)), \
+            (f"request {i}: {m.output_tokens} tokens in {len(m.chunk_times)} chunks with your parse_sse, "
+             f"{r.output_tokens} in {len(r.chunk_times)} with the reference")
+    started = sorted(range(n), key=lambda i: mine.records[i].start)
+    assert started == sorted(range(n), key=lambda i: times[i]), \
+        f"the requests started in the order {started}, not in the order of their arrival times {times}"
+    for i, record in enumerate(mine.records):
+        got, want = parts["request_metrics"](record), request_metrics(record)
+        assert np.allclose([got.ttft, got.e2e, got.tpot], [want.ttft, want.e2e, want.tpot]) and \
+            np.allclose(got.itl, want.itl), f"request {i}: your request_metrics {got}, the reference {want}"
+    got, want = parts["goodput"](mine.records, mine.duration, SLO), goodput(mine.records, mine.duration, SLO)
+    assert math.isclose(got, want), f"goodput under {SLO}: yours {got}, the reference {want}"
+
+
+async def flood(base_url: str, count: int) -> list[httpx.Response]:
+    body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    async with httpx.AsyncClient(timeout=120) as client:
+        return await asyncio.gather(*(client.post(base_url + "/v1/completions", json=body) for _ in range(count)))
+
+
+@exercise("8.E", timeout=120)
+def test_your_admission_answers_429_with_your_retry_after_in_the_real_server(lab):
+    ("the server with your admit (max_waiting 2, one running sequence) flooded with 8 requests: every decision "
+     "equals the reference's on the same queue, the refused requests get 429 with your Retry-After, the rest 200")
+    parts = lab_parts(lab, "08")
+    decisions = []
+
+    def recording(num_waiting: int, max_waiting: int, drain_rate: float):
+        retry = parts["admit"](num_waiting, max_waiting, drain_rate)
+        decisions.append(((num_waiting, max_waiting, drain_rate), retry))
+        return retry
+
+    with one_thread(), serve_in_thread(LLM("tiny", max_num_seqs=1), max_waiting=2, admission=recording) as server:
+        responses = asyncio.run(flood(server.base_url, 8))
+    for args, retry in decisions:
+        want = admit(*args)
+        assert (retry is None) == (want is None) and (retry is None or math.isclose(retry, want)), \
+            f"admit{args} = {retry} inside the server, the reference says {want}"
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused, f"no request was refused: the flood never filled the queue ({decisions})"
+    assert all(r.status_code in (200, 429) for r in responses), [r.text for r in responses]
+    headers = sorted(int(r.headers["Retry-After"]) for r in refused)
+    assert headers == sorted(math.ceil(retry) for _, retry in decisions if retry is not None), \
+        f"Retry-After headers {headers}, your admit returned {[retry for _, retry in decisions]}"
+
+
+class Recording:
+    """The learner's breaker, asked beside the reference on every call the harness makes."""
+
+    def __init__(self, make, caps: dict, seen: list) -> None:
+        self.mine, self.reference, self.seen = make(**caps), LoopBreaker(**caps), seen
+
+    def check(self, output: str, tokens: int) -> str | None:
+        got = self.mine.check(output, tokens)
+        self.seen.append((output, tokens, got, self.reference.check(output, tokens)))
+        return got
+
+
+@exercise("8.E", timeout=120)
+def test_your_loop_breaker_stops_the_real_agent_harness(lab):
+    ("the agent harness with your LoopBreaker (one per session) on six seeded sessions: on every call it makes, "
+     "your breaker's decision equals the reference's, and the sessions end where your breaker said")
+    parts = lab_parts(lab, "08")
+    caps = dict(max_calls=4, max_tokens=900, repeat_window=3, max_repeats=2)
+    seen = []
+    with one_thread():
+        llm = LLM("tiny", max_num_seqs=6)
+        corpus = llm.tokenizer.encode("x = 1\nprint(x)\n" * 40 + "def f(a, b):\n    return a + b\n" * 20)
+        workload = agent_workload(corpus, num_sessions=6, seed=8, system_tokens=24, task_tokens=8, tool_tokens=8,
+                                  tool_seconds=0.005, median_calls=6)
+        run = run_sessions(llm, workload, max_tokens=4, breaker=lambda: Recording(parts["LoopBreaker"], caps, seen))
+    for output, tokens, got, want in seen:
+        assert kind(got) == kind(want), (f"a call of {tokens} tokens that output {output!r}: your breaker said "
+                                         f"{got!r}, the reference {want!r}")
+    stops = [reason for reason in run.stop_reasons.values() if reason not in ("done", "context")]
+    assert stops, f"no session was stopped by the breaker: {run.stop_reasons}"
+    assert sorted(stops) == sorted(got for *_, got in seen if got is not None), \
+        f"the harness ended sessions for {sorted(stops)}, your breaker said {[g for *_, g in seen if g]}"
