@@ -108,3 +108,14 @@ def test_fit_recovers_the_coefficients_of_exact_steps():
     fitted = StepProfile.fit(steps)
     for name in ("fixed", "per_prefill_token", "per_decode_seq", "per_context_token"):
         assert getattr(fitted, name) == pytest.approx(getattr(PROFILE, name), rel=1e-6)
+
+
+def test_an_agent_session_calls_in_turn_after_each_tool_pause_and_hits_its_own_history():
+    from minillm.sim import SimSession
+    session = SimSession(start=1.0, calls=((50, 4), (20, 4), (30, 2)), tool_seconds=0.5, system=("sys", 40))
+    result = simulate([], PROFILE, sessions=[session])
+    calls = result.requests
+    assert [r.prompt_tokens for r in calls] == [90, 114, 148]
+    assert [r.cached_tokens for r in calls] == [0, 94, 118]  # everything before the newest tokens
+    for prev, nxt in zip(calls, calls[1:]):
+        assert nxt.arrival == pytest.approx(prev.token_times[-1] + 0.5)

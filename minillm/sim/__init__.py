@@ -7,8 +7,8 @@ Each engine step costs what the profile, measured on the real engine, says a ste
 prefill tokens, decoding sequences and context tokens costs; the replicas batch continuously as the
 engine does. So fleets no laptop runs can be planned, and checked against a real run of one or two.
 """
-from minillm.sim.cluster import SimRequest, simulate
+from minillm.sim.cluster import SimResult, SimSession, simulate
 from minillm.sim.profile import StepProfile
-from minillm.sim.replica import Replica
+from minillm.sim.replica import Replica, SimRequest
 
-__all__ = ["Replica", "SimRequest", "StepProfile", "simulate"]
+__all__ = ["Replica", "SimRequest", "SimResult", "SimSession", "StepProfile", "simulate"]

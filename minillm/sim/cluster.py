@@ -15,6 +15,18 @@ from minillm.sim.replica import Replica, SimRequest
 from minillm.sim.routing import ReplicaView, make_policy
 
 
+@dataclass(frozen=True)
+class SimSession:
+    """An agent session: calls one after another, each waiting for the previous one and its tool.
+    Call k's prompt is the whole history (system prompt, earlier calls, their outputs and tool results)
+    plus new_tokens; so each call shares all but its newest tokens with the last."""
+    start: float
+    calls: tuple[tuple[int, int], ...]   # (new prompt tokens, output tokens) per call
+    tool_seconds: float                  # the pause between a call's answer and the next call
+    system: tuple[str, int] = ("system", 0)  # the shared system prompt: (name, tokens)
+    name: str = "session"
+
+
 @dataclass
 class SimResult:
     requests: list[SimRequest]
@@ -24,9 +36,10 @@ class SimResult:
 
 
 def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1, router: str = "round_robin",
-             sample_every: float | None = None, **replica_options) -> SimResult:
-    """Run requests (arrival times in seconds from 0) to completion. replica_options: Replica's knobs
-    (max_num_seqs, max_num_batched_tokens, kv_blocks, block_size, prefix_cache_tokens)."""
+             sample_every: float | None = None, sessions: list[SimSession] = (), **replica_options) -> SimResult:
+    """Run requests (arrival times in seconds from 0) and agent sessions to completion; a session's calls
+    are added to the result's requests as they are made. replica_options: Replica's knobs (max_num_seqs,
+    max_num_batched_tokens, kv_blocks, block_size, prefix_cache_tokens)."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     env = simpy.Environment()
@@ -34,12 +47,29 @@ def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1
     policy = make_policy(router)
     ordered = sorted(requests, key=lambda r: r.arrival)
 
+    def route(r: SimRequest) -> None:
+        views = [ReplicaView(x.load, x.expected_prefix(r), x.alive) for x in fleet]
+        fleet[policy.choose(views, r.prompt_tokens)].submit(r)
+
     def arrivals():
-        for r in ordered:
+        for r in list(ordered):
             if r.arrival > env.now:  # requests arriving together are all placed before any replica steps
                 yield env.timeout(r.arrival - env.now)
-            views = [ReplicaView(x.load, x.expected_prefix(r), x.alive) for x in fleet]
-            fleet[policy.choose(views, r.prompt_tokens)].submit(r)
+            route(r)
+
+    def session(s: SimSession):
+        yield env.timeout(s.start)
+        history = s.system[1]
+        for k, (new, out) in enumerate(s.calls):
+            prefix = s.system if k == 0 else (s.name, history)
+            r = SimRequest(env.now, history + new, out, prefix=prefix, request_id=f"{s.name}.{k}", done=env.event(),
+                           leaves=(s.name, history + new + out))
+            ordered.append(r)
+            route(r)
+            yield r.done
+            history += new + out
+            if k + 1 < len(s.calls):
+                yield env.timeout(s.tool_seconds)
 
     samples: list[dict] = []
 
@@ -51,6 +81,8 @@ def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1
             yield env.timeout(sample_every)
 
     env.process(arrivals())
+    for s in sessions:
+        env.process(session(s))
     if sample_every:
         env.process(sampler())
     env.run()  # until no event is left: every request has finished, every replica waits

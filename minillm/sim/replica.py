@@ -31,6 +31,8 @@ class SimRequest:
     token_times: list[float] = field(default_factory=list)
     cached_tokens: int = 0
     computed: int = 0           # prompt tokens whose K/V are computed (cached ones count)
+    done: object = None         # a simpy event the replica triggers when the request finishes (agent sessions)
+    leaves: tuple[str, int] | None = None  # what it leaves cached when it finishes: a session's (name, tokens)
 
     @property
     def finished(self) -> bool:
@@ -136,6 +138,10 @@ class Replica:
                 r.token_times.append(self.env.now)
             for r in [r for r in self.running if r.finished]:
                 self.running.remove(r)
+                if r.leaves is not None:
+                    _remember(self.prefixes, *r.leaves, self.prefix_capacity)
+                if r.done is not None:
+                    r.done.succeed()
 
 
 def _remember(cache: OrderedDict, name: str, tokens: int, capacity: int) -> None:

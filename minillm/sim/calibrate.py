@@ -1,0 +1,99 @@
+"""Calibrating the simulator on the real engine, and checking it against real runs.
+
+    profile = measure_profile(engine)                        # fit StepProfile to the engine's own steps
+    real = replay(engine, requests)                          # the workload through the real engine
+    sim = simulate(copies(requests), profile, **replica_knobs(engine))
+
+`replay` drives a real LLMEngine in wall-clock time: each request is added when its arrival time has
+passed, and its timings are counted from that nominal arrival (a request that arrives during a step
+waits for it, as it would in a server). `measure_profile` replays a calibration workload of its own,
+with varied prompt lengths and loads, and fits the step costs to every step the engine reports.
+"""
+import dataclasses
+import random
+import time
+
+from minillm.engine.engine import LLMEngine
+from minillm.sampling import SamplingParams
+from minillm.sim.profile import StepProfile
+from minillm.sim.replica import SimRequest
+from minillm.state import Phase, StepEvent
+
+STEP_PHASES = ("schedule", "prepare", "model", "sample", "update")  # LLMEngine.step's timed work
+
+
+def workload(n: int, rate: float, seed: int, prompt: tuple[int, int] = (16, 200),
+             output: tuple[int, int] = (8, 64)) -> list[SimRequest]:
+    """n requests with Poisson arrivals at `rate`/s and prompt and output lengths uniform in the ranges."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate) if rate != float("inf") else 0.0
+        out.append(SimRequest(t, rng.randint(*prompt), rng.randint(*output), request_id=str(i)))
+    return out
+
+
+def copies(requests: list[SimRequest]) -> list[SimRequest]:
+    """Fresh requests with the same arrivals and lengths (a simulation fills its requests in)."""
+    return [SimRequest(r.arrival, r.prompt_tokens, r.output_tokens, r.prefix, r.request_id) for r in requests]
+
+
+def replica_knobs(engine: LLMEngine) -> dict:
+    """The simulated replica's knobs equal to the engine's."""
+    kv = engine.kv_stats()
+    return {"max_num_seqs": engine.config.max_num_seqs, "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+            "kv_blocks": kv.total_blocks, "block_size": kv.block_size}
+
+
+def replay(engine: LLMEngine, requests: list[SimRequest], seed: int = 0) -> list[SimRequest]:
+    """Run requests through the real engine at their arrival times; -> copies with first_scheduled and
+    token_times filled in, in seconds from the start (the simulator's clock)."""
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    pending = sorted(copies(requests), key=lambda r: r.arrival)
+    live: dict[str, SimRequest] = {}
+    start = time.perf_counter()
+    queue = list(pending)
+    while queue or engine.has_unfinished():
+        now = time.perf_counter() - start
+        while queue and queue[0].arrival <= now:
+            r = queue.pop(0)
+            prompt = [rng.randrange(1, vocab) for _ in range(r.prompt_tokens)]
+            engine.add_request(prompt, SamplingParams(max_tokens=r.output_tokens, temperature=0, ignore_eos=True),
+                               request_id=f"replay-{r.request_id}")
+            live[f"replay-{r.request_id}"] = r
+        if not engine.has_unfinished():
+            time.sleep(max(queue[0].arrival - now, 0.0))
+            continue
+        for chunk in engine.step():
+            r = live[chunk.request_id]
+            r.token_times += [time.perf_counter() - start] * len(chunk.token_ids)
+            if chunk.request is not None:
+                queued = chunk.request.metrics["queue_time"] or 0.0
+                r.first_scheduled = r.token_times[0] - chunk.request.metrics["ttft"] + queued
+    return pending
+
+
+def step_record(event: StepEvent) -> tuple[int, int, int, float]:
+    """(prefill tokens, decode seqs, context tokens, seconds of work) of one engine step."""
+    computed = {(s.request_id, s.index): s.num_computed_tokens for s in event.sequences}
+    prefill = sum(w.num_tokens for w in event.scheduled if w.phase == Phase.PREFILL)
+    decodes = [w for w in event.scheduled if w.phase == Phase.DECODE]
+    context = sum(computed.get((w.request_id, w.index), 0) for w in decodes)
+    return prefill, len(decodes), context, sum(event.timings.get(p, 0.0) for p in STEP_PHASES)
+
+
+def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> StepProfile:
+    """Fit a StepProfile to every step of a calibration replay: bursts and gaps, so the steps range from one
+    decode to full prefill budgets."""
+    steps: list[tuple[int, int, int, float]] = []
+    observer = lambda event: steps.append(step_record(event))
+    engine.subscribe(observer)
+    try:
+        burst = workload(requests // 2, float("inf"), seed)
+        trickle = workload(requests - requests // 2, 6.0, seed + 1)
+        calibration = burst + [dataclasses.replace(r, arrival=r.arrival + 0.5, request_id=f"b{r.request_id}")
+                               for r in trickle]
+        replay(engine, calibration, seed)
+    finally:
+        engine.unsubscribe(observer)
+    return StepProfile.fit(steps, source=f"{engine.config.model} on this machine, {len(steps)} steps")
