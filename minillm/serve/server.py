@@ -48,7 +48,7 @@ class ServerHandle:
     server: uvicorn.Server
     thread: threading.Thread
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 15.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout)
 
@@ -68,7 +68,8 @@ def serve_in_thread(llm_or_model="tiny", host: str = "127.0.0.1", port: int = 0,
     app_options.setdefault("model_name", llm.config.model)
     app = build_app(llm, **app_options)
     sock = _bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    # stop() gives open streams a few seconds, then cancels them (their requests are aborted)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
                               name="minillm-server")
     thread.start()
