@@ -72,6 +72,8 @@ class BlockManager:
         """Blocks for a sequence's tokens, reusing its cached prefix. -> None if there is no room."""
         hits = self.match_prefix(token_ids, self.block_size, self.cache, self.hash_fn) \
             if self.enable_prefix_caching else []
+        if self.tier is not None:
+            hits += self._adopt_orphans(token_ids[:-1], hits)
         needed = cdiv(len(token_ids), self.block_size) - len(hits)
         revived = [e for e in hits if e.block in self.evictable.entries]  # they stop being evictable
         if needed > self.num_free - len(revived):
@@ -161,6 +163,7 @@ class BlockManager:
         # match_prefix leaves the last token's block out (a prompt always computes it); an offloaded
         # prefix keeps every full block, so it is matched with one token more
         chain = self.match_prefix([*token_ids, -1], self.block_size, self.cache, self.hash_fn)
+        chain += self._adopt_orphans(token_ids, chain)
         self.tier.save([_tier_record(e) for e in chain])
         freed = 0
         for entry in reversed(chain):
@@ -183,6 +186,23 @@ class BlockManager:
             self.evictions += 1
         if self.tier is not None and evicted:  # their K/V are still in the pool until the caller writes
             self.tier.save([_tier_record(e) for e in evicted])
+
+    def _adopt_orphans(self, token_ids: list[int], hits: list[CachedBlock]) -> list[CachedBlock]:
+        """Cached blocks that continue the match but whose parent entry is another object: their
+        parent left the pool (to the tier, or evicted) and came back as a new entry, so the match,
+        which checks parents by identity, stops there. When the old parent chain holds the same
+        tokens all the way up, the block is the same prefix: it is relinked to the new parent.
+        -> the adopted entries, in order."""
+        adopted, parent, bs = [], hits[-1] if hits else None, self.block_size
+        for i in range(len(hits), len(token_ids) // bs):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            entry = self.cache.get(self.hash_fn(None if parent is None else parent.hash, tokens))
+            if entry is None or entry.tokens != tokens or not _same_prefix(entry.parent, parent):
+                break
+            entry.parent = parent
+            adopted.append(entry)
+            parent = entry
+        return adopted
 
     def _tier_hits(self, token_ids: list[int], hits: list[CachedBlock], needed: int) -> list[CachedBlock]:
         """Where the pool's match ends, the blocks that continue it in the tier, as entries without a
@@ -219,6 +239,15 @@ class BlockManager:
         if self.enable_prefix_caching and (i + 1) * bs < len(token_ids):
             name = self.hash_fn(hits[-1].hash if hits else None, tuple(token_ids[i * bs:(i + 1) * bs]))
             self.collisions += name in self.cache
+
+
+def _same_prefix(a: CachedBlock | None, b: CachedBlock | None) -> bool:
+    """Do the chains ending at a and b hold the same tokens block by block (down to a shared entry)?"""
+    while a is not b:
+        if a is None or b is None or a.tokens != b.tokens:
+            return False
+        a, b = a.parent, b.parent
+    return True
 
 
 def _tier_record(entry: CachedBlock) -> tuple[int, int, int | None, tuple[int, ...]]:
