@@ -10,7 +10,7 @@ real engine (`python -m minillm.bench profile`); `from_roofline` predicts them f
 real hardware from the roofline (minillm/perf), for plans on paper.
 """
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -44,7 +44,10 @@ class StepProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> "StepProfile":
-        return cls(**json.loads(Path(path).read_text()))
+        """From save()'s file, or the JSON `python -m minillm.bench profile --json PATH` writes."""
+        record = json.loads(Path(path).read_text())
+        record = record.get("profile", record)
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
     @classmethod
     def from_roofline(cls, model_config, hardware, dtype: str = "bfloat16", efficiency: float = 0.6,

@@ -1,0 +1,91 @@
+"""Scaling out, measured and simulated: the simulator checked against the real engine, routing
+policies and a capacity plan at fleet scale.
+
+1. Validation: the step profile is measured on the real engine (a calibration workload of its own),
+   then other workloads run for real and in the simulator; the errors of throughput and of TTFT and
+   TPOT p50 / p99 are reported (the aim: within 15%).
+2. Routing at scale (simulated): agent sessions of many tenants, bursty arrivals, a fleet of
+   replicas of a real model on a real GPU (roofline profile); round robin vs least loaded vs
+   prefix-aware on prefix hit rate, TTFT and throughput.
+3. A capacity plan: the fewest replicas meeting a TTFT / TPOT SLO for 99% of requests.
+Tensor parallelism and prefill/decode disaggregation are not built yet: not reported.
+"""
+from minillm.bench import print_table, progress, write_json
+from minillm.bench.conditions import check_conditions, machine_line
+from minillm.config import EngineConfig
+from minillm.engine.engine import LLMEngine
+from minillm.perf import PROFILES, model_shape
+from minillm.sim import StepProfile, simulate
+from minillm.sim.calibrate import copies, measure_profile, replay, replica_knobs, workload
+from minillm.sim.plan import replicas_needed, summary
+from minillm.sim.workloads import agent_sessions
+
+FIGURES = [("output tok/s", "output_throughput"), ("TTFT p50", "ttft_median"), ("TTFT p99", "ttft_p99"),
+           ("TPOT p50", "tpot_median"), ("TPOT p99", "tpot_p99")]
+FLEET_MODEL, FLEET_GPU = "Llama-3.1-8B", "H100 SXM"
+
+
+def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
+    """Real runs against simulated ones at a light and a heavy load (rates from the profile)."""
+    alone = profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)  # a mean request, by itself
+    rows = []
+    for seed, (name, utilisation) in enumerate((("light", 0.4), ("heavy", 1.5)), start=10):
+        requests = workload(12 if quick else 40, utilisation / alone, seed=seed)
+        real = summary(replay(engine, requests))
+        sim = summary(simulate(copies(requests), profile, **replica_knobs(engine)).requests)
+        for label, key in FIGURES:
+            rows.append({"load": name, "figure": label, "real": real[key], "simulated": sim[key],
+                         "error": f"{(sim[key] - real[key]) / real[key]:+.1%}"})
+        bar.update()
+    return rows
+
+
+def routing(profile: StepProfile, replicas: int, sessions: int, bar) -> list[dict]:
+    rows = []
+    for router in ("round_robin", "least_loaded", "prefix_aware"):
+        bar.set_description(f"cluster: {router}")
+        work = agent_sessions(sessions, rate=sessions / 60, seed=0)
+        result = simulate([], profile, replicas=replicas, router=router, sessions=work, kv_blocks=20_000)
+        s = summary(result.requests, {"ttft": 2.0, "tpot": 0.05})
+        rows.append({"router": router, "calls": s["completed"], "prefix hits": f"{s['prefix_hit_rate']:.1%}",
+                     "TTFT p50 s": s["ttft_median"], "TTFT p99 s": s["ttft_p99"],
+                     "TPOT p50 ms": s["tpot_median"] * 1e3, "output tok/s": s["output_throughput"],
+                     "goodput req/s": s["goodput"]})
+        bar.update()
+    return rows
+
+
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
+    model = model or "tiny"
+    conditions = check_conditions()
+    fleet_profile = StepProfile.from_roofline(model_shape(FLEET_MODEL), PROFILES[FLEET_GPU])
+    replicas, sessions = (8, 60) if quick else (64, 600)
+    with progress("cluster", 2 + 3 + 1, unit="part") as bar:
+        bar.set_description("cluster: calibrating on the real engine")
+        engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
+        profile = measure_profile(engine, requests=12 if quick else 48)
+        bar.set_description("cluster: real vs simulated")
+        checks = validate(engine, profile, quick, bar)
+        routes = routing(fleet_profile, replicas, sessions, bar)
+        bar.set_description("cluster: capacity plan")
+        slo = {"ttft": 1.0, "tpot": 0.05}
+        rate = 2.0 if quick else 10.0
+        needed, plan = replicas_needed(lambda: ([], agent_sessions(int(rate * 60), rate=rate, seed=1)),
+                                       fleet_profile, slo, kv_blocks=20_000, router="prefix_aware")
+        bar.update()
+    print(machine_line(conditions))
+    print(f"\nstep profile of {model} measured here: {profile}")
+    print_table(checks, "1. the simulator against real runs of the same workload (one replica)")
+    worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in checks)
+    print(f"largest error: {worst:.1%} (aim: within 15%)")
+    print_table(routes, f"2. routing {sessions} agent sessions (1-50 calls, 16 tenants, bursty) over {replicas} "
+                        f"replicas of {FLEET_MODEL} on {FLEET_GPU} (simulated; {fleet_profile.source})")
+    print(f"\n3. capacity plan: {rate:g} agent sessions/s of {FLEET_MODEL} on {FLEET_GPU} need {needed} replicas "
+          f"to meet TTFT <= {slo['ttft']} s and TPOT <= {slo['tpot'] * 1e3:.0f} ms for 99% of calls (simulated: "
+          f"attainment {plan['slo_attainment']:.1%}, TTFT p99 {plan['ttft_p99']:.2f} s)")
+    figures = {"model": model, "profile": vars(profile), "validation": checks, "validation_worst_error": worst,
+               "routing": routes, "replicas": replicas, "sessions": sessions,
+               "capacity_plan": {"sessions_per_s": rate, "slo": slo, "replicas": needed,
+                                 "attainment": plan["slo_attainment"]}}
+    write_json(json_path, "cluster", figures, conditions)
+    return figures
