@@ -13,6 +13,7 @@ this generator on the learner's own implementations.
 """
 import asyncio
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -109,16 +110,17 @@ async def run_load(base_url: str, items: list[WorkItem], *, model: str = "tiny",
                    burstiness: float = 1.0, max_concurrency: int | None = None, seed: int = 0,
                    ignore_eos: bool = False, endpoint: str = "/v1/completions",
                    parse_sse: ParseSSE = default_parse_sse, arrivals: Arrivals = arrival_times,
-                   timeout: float = 600.0, progress: bool = True) -> LoadResult:
+                   timeout: float = 600.0, progress: bool = True, desc: str = "load") -> LoadResult:
     """Send every item to base_url + endpoint at its arrival time (rate in requests/s; inf: all at
-    once), at most max_concurrency in flight (None: no limit). -> the records and the duration."""
+    once), at most max_concurrency in flight (None: no limit). desc: the progress bar's label.
+    -> the records and the duration."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1 or None (no limit), got {max_concurrency}")
     times = arrivals(len(items), rate, seed, burstiness)
     slots = asyncio.Semaphore(max_concurrency or len(items) or 1)
     url = base_url.rstrip("/") + endpoint
     limits = httpx.Limits(max_connections=max_concurrency or len(items) or 1, max_keepalive_connections=None)
-    bar = tqdm(total=len(items), desc=f"load {url}", unit="req", leave=False, disable=not progress)
+    bar = tqdm(total=len(items), desc=desc, unit="req", leave=False, disable=not progress, file=sys.stderr)
 
     async def one(i: int, item: WorkItem, client: httpx.AsyncClient, t0: float) -> RequestRecord:
         await asyncio.sleep(max(0.0, t0 + times[i] - time.perf_counter()))

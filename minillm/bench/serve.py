@@ -1,0 +1,169 @@
+"""Online serving under load: the OpenAI-compatible server driven by the load generator.
+
+In process (no --base-url), measured in one run on the same seeded workload:
+  1. offline batch: every request in one engine at once (the Batch API runner): the machine's
+     full throughput, and the capacity C (requests/s) the request rates below are multiples of;
+  2. schedulers: the same seeded Poisson arrivals at 0.75 C against servers batching
+     continuously, statically and one request at a time: goodput and p99 TTFT, and their ratios;
+  3. a sweep of request rates (the latency-throughput curve) on the continuous server;
+  4. cost: $/1M output tokens online at the highest swept load meeting the SLO vs offline batch.
+The SLO is relative to this machine: TTFT and TPOT within a few times those of a lone request.
+Against any other server (--base-url, e.g. vLLM or SGLang): the table at --rate or
+--max-concurrency, and the sweep with --sweep.
+"""
+import asyncio
+import json
+import math
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from minillm.bench import print_table, write_json
+from minillm.bench.conditions import check_conditions, machine_line
+from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, SLO_ATTAINMENT, best_load_meeting_slo, online_vs_batch
+from minillm.perf.serving import request_metrics, summarize
+from minillm.serve.loadgen import LoadResult, run_load
+from minillm.serve.workload import make_workload
+
+SCHEDULERS = ("continuous", "static", "sequential")
+SLO_FACTORS = {"ttft": 5.0, "tpot": 3.0}  # times a lone request's TTFT and TPOT on this machine
+COMPARE_LOAD = 0.75                       # the schedulers' request rate, as a fraction of the capacity
+SWEEP_LOADS = {True: (0.5, 1.0, 2.0), False: (0.25, 0.5, 1.0, 1.5, 2.0)}  # by --quick
+
+
+def sizes(quick: bool) -> dict:
+    return dict(n=16, prompt_len=32, output_len=12) if quick else dict(n=48, prompt_len=128, output_len=64)
+
+
+def load(base_url: str, items, model: str, **options) -> LoadResult:
+    return asyncio.run(run_load(base_url, items, model=model, ignore_eos=True, **options))
+
+
+def unloaded_slo(base_url: str, model: str) -> dict:
+    """The SLO from a lone request (after a warm-up one): SLO_FACTORS times its TTFT and TPOT."""
+    items = make_workload(2, seed=99, prompt_len=64, output_len=16, source="synthetic")
+    lone = request_metrics(load(base_url, items, model, max_concurrency=1, progress=False).records[-1])
+    return {name: factor * getattr(lone, name) for name, factor in SLO_FACTORS.items()}
+
+
+def in_process_server(model: str, scheduler: str):
+    from minillm.async_llm import AsyncLLM
+    from minillm.serve.server import serve_in_thread
+    return serve_in_thread(AsyncLLM(model, scheduler=scheduler))
+
+
+def offline_batch(model: str, items) -> dict:
+    """The Batch API runner on the same prompts: -> its stats (output_throughput in tokens/s)."""
+    from minillm.serve.batch import run_batch
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+        inp.write_text("".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                                           "body": {"model": model, "prompt": w.prompt, "max_tokens": w.max_tokens,
+                                                    "temperature": 0.0, "ignore_eos": True}}) + "\n"
+                               for i, w in enumerate(items)))
+        return run_batch(inp, out, model=model)
+
+
+FIGURES = [("successful requests", "completed", 1), ("failed requests", "failed", 1), ("duration s", "duration_s", 1),
+           ("request throughput req/s", "request_throughput", 1), ("output tokens/s", "output_throughput", 1),
+           ("total tokens/s", "total_token_throughput", 1),
+           *[(f"{m.upper()} {stat} ms", f"{m}_{stat}", 1e3) for m in ("ttft", "tpot", "itl", "e2e")
+             for stat in ("mean", "median", "p90", "p99")],
+           ("goodput req/s (all SLOs)", "goodput", 1), ("requests meeting the SLOs", "slo_attainment", 1)]
+
+
+def standard_table(summaries: dict[str, dict], title: str) -> None:
+    """vLLM's serving report, one column per run."""
+    print_table([{"": label, **{name: s[key] * scale if key in s else "-" for name, s in summaries.items()}}
+                 for label, key, scale in FIGURES], title)
+
+
+def rate_sweep(base_url: str, model: str, rates: list[float], slo: dict | None, shape: dict, seed: int) -> list[dict]:
+    """One load test per rate, each with its own prompts (a repeat would hit the prefix cache)."""
+    points = []
+    for i, rate in enumerate(rates):
+        items = make_workload(shape["n"], seed=seed + 1 + i, prompt_len=shape["prompt_len"],
+                              output_len=shape["output_len"], range_ratio=0.5)
+        result = load(base_url, items, model, rate=rate, seed=seed + 1 + i, desc=f"serve: {rate} req/s")
+        points.append({"rate": rate, **summarize(result.records, result.duration, slo),
+                       "records": [asdict(r) for r in result.records]})
+    print_table([{"rate req/s": p["rate"], "req/s": p["request_throughput"], "out tok/s": p["output_throughput"],
+                  "TTFT p50 ms": p["ttft_median"] * 1e3, "TTFT p99 ms": p["ttft_p99"] * 1e3,
+                  "TPOT p50 ms": p["tpot_median"] * 1e3, "TPOT p99 ms": p["tpot_p99"] * 1e3,
+                  **({"goodput req/s": p["goodput"], "met SLO": f"{p['slo_attainment']:.0%}"} if slo else {})}
+                 for p in points], "latency-throughput curve (Poisson arrivals at each rate)")
+    return points
+
+
+def remote(base_url: str, model: str, shape: dict, rate: float, max_concurrency: int | None,
+           rates: list[float] | None, seed: int) -> dict:
+    """Any OpenAI-compatible server: the table at one load, and the curve with --sweep."""
+    items = make_workload(shape["n"], seed=seed, prompt_len=shape["prompt_len"], output_len=shape["output_len"],
+                          range_ratio=0.5)
+    result = load(base_url, items, model, rate=rate, max_concurrency=max_concurrency, seed=seed, desc="serve")
+    summary = summarize(result.records, result.duration)
+    standard_table({base_url: summary}, f"{len(items)} requests at {rate} req/s, max concurrency {max_concurrency}")
+    out = {"summary": summary, "records": [asdict(r) for r in result.records]}
+    if rates:
+        out["sweep"] = rate_sweep(base_url, model, rates, None, shape, seed)
+    return out
+
+
+def compare_schedulers(model: str, items, rate: float, slo: dict, seed: int) -> dict:
+    """The same seeded arrivals against one fresh server per scheduler."""
+    out = {}
+    for scheduler in SCHEDULERS:
+        with in_process_server(model, scheduler) as server:
+            result = load(server.base_url, items, model, rate=rate, seed=seed, desc=f"serve: {scheduler}")
+        out[scheduler] = {**summarize(result.records, result.duration, slo),
+                          "records": [asdict(r) for r in result.records]}
+    return out
+
+
+def run(quick: bool = False, json_path: str | None = None, model: str | None = None, base_url: str | None = None,
+        rate: float | None = None, sweep: list[float] | None = None, max_concurrency: int | None = None,
+        price_per_hour: float = DEFAULT_PRICE_PER_HOUR, seed: int = 0) -> dict:
+    model = model or "tiny"
+    conditions = check_conditions()
+    shape = sizes(quick)
+    print(f"{machine_line(conditions)}\nmodel: {model}; {shape['n']} requests of ~{shape['prompt_len']} prompt and "
+          f"~{shape['output_len']} output tokens (held-out corpus, +-50%, ignore_eos)")
+    if base_url is not None:
+        figures = remote(base_url, model, shape, rate or math.inf, max_concurrency, sweep, seed)
+        write_json(json_path, "serve", figures, conditions)
+        return figures
+    items = make_workload(shape["n"], seed=seed, prompt_len=shape["prompt_len"], output_len=shape["output_len"],
+                          range_ratio=0.5)
+    with in_process_server(model, "continuous") as server:
+        slo = unloaded_slo(server.base_url, model)  # first, so its warm-up also warms this process for the batch
+        batch = offline_batch(model, items)
+        capacity = batch["output_throughput"] / (batch["output_tokens"] / len(items))  # requests/s, all at once
+        rates = sweep or [round(f * capacity, 2) for f in SWEEP_LOADS[quick]]
+        print(f"offline batch: {batch['output_throughput']:.1f} output tokens/s = capacity {capacity:.2f} req/s; "
+              f"SLO: TTFT <= {slo['ttft'] * 1e3:.0f} ms, TPOT <= {slo['tpot'] * 1e3:.0f} ms "
+              f"({SLO_FACTORS['ttft']:g}x and {SLO_FACTORS['tpot']:g}x a lone request's)")
+        points = rate_sweep(server.base_url, model, rates, slo, shape, seed)
+    rate = rate or round(COMPARE_LOAD * capacity, 2)
+    schedulers = compare_schedulers(model, items, rate, slo, seed)
+    standard_table(schedulers, f"the same Poisson arrivals at {rate} req/s ({rate / capacity:.2f} x capacity)")
+    cont, ratios = schedulers["continuous"], {}
+    for name in SCHEDULERS[1:]:
+        other = schedulers[name]
+        ratios[f"goodput_continuous_over_{name}"] = cont["goodput"] / other["goodput"] if other["goodput"] else math.inf
+        ratios[f"ttft_p99_{name}_over_continuous"] = other["ttft_p99"] / cont["ttft_p99"]
+        print(f"continuous vs {name}: goodput {ratios[f'goodput_continuous_over_{name}']:.1f}x higher, "
+              f"p99 TTFT {ratios[f'ttft_p99_{name}_over_continuous']:.1f}x lower")
+    best = best_load_meeting_slo(points)
+    cost = online_vs_batch(price_per_hour, best and best["output_throughput"], batch["output_throughput"])
+    print(f"\ncost at ${price_per_hour}/hour (--price-per-hour): batch {cost['batch_usd_per_1m']:.2f} $/1M output "
+          f"tokens ({cost['batch_tokens_per_s']:.1f} tok/s)")
+    if best is None:
+        print(f"online: no swept rate met the SLO for {SLO_ATTAINMENT:.0%} of its requests")
+    else:
+        print(f"online at {best['rate']} req/s (the highest swept rate with {SLO_ATTAINMENT:.0%} of requests in "
+              f"the SLO): {cost['online_usd_per_1m']:.2f} $/1M ({cost['online_tokens_per_s']:.1f} tok/s); "
+              f"batch is {cost['batch_cheaper_x']:.1f}x cheaper")
+    figures = {"model": model, "workload": shape, "slo": slo, "capacity_rps": capacity, "rate": rate,
+               "batch": batch, "schedulers": schedulers, "ratios": ratios, "sweep": points, "cost": cost}
+    write_json(json_path, "serve", figures, conditions)
+    return figures
