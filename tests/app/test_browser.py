@@ -5,11 +5,14 @@ runs the proposals, the k sweep and the comparison), runs the engine with the so
 my lab notebook", and saves screenshots under the test's temporary directory
 (the path is printed). The Quantization page has a test of its own: its figures, the side-by-side generation and
 the sensitivity heatmap; so has the Kernels page: a kernel's recorded access map, and paged decode's walk through
-the pool. Skips, saying why, where no Chromium can be had.
+the pool; so has the Serving page: a small load test against the in-process server. Every request the browser makes,
+on every page of every test, must go to the app on 127.0.0.1: the app works offline. Skips, saying why, where no
+Chromium can be had.
 """
 import os
 import re
 import sys
+from urllib.parse import urlparse
 
 import pytest
 from conftest import APP
@@ -30,19 +33,31 @@ def server(tmp_path):
         yield url
 
 
+def off_the_machine(urls: list[str]) -> list[str]:
+    """The URLs that leave this machine: any host but the loopback one (inline data: and blob: URLs stay)."""
+    return [u for u in urls if urlparse(u).scheme not in ("data", "blob")
+            and urlparse(u).hostname not in ("127.0.0.1", "localhost")]
+
+
 @pytest.fixture
 def page(server):
-    """A headless Chromium page open on the app; the browser is closed at the end."""
+    """A headless Chromium page open on the app; the browser is closed at the end. Every request and
+    websocket it opened is recorded, and the test fails if one went anywhere but 127.0.0.1."""
     executable = chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    seen = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 2400})
+            page.on("request", lambda request: seen.append(request.url))
+            page.on("websocket", lambda websocket: seen.append(websocket.url))
             page.goto(server)
             yield page
         finally:
             browser.close()
+    assert seen, "the page's requests were recorded"
+    assert not off_the_machine(seen), f"the app reached beyond localhost: {sorted(set(off_the_machine(seen)))}"
 
 
 def run_button(page):
@@ -174,3 +189,32 @@ def test_the_kernels_page_in_a_real_browser(page, tmp_path):
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 9, "grid, walk and the kernel's 7 buffers"
     page.screenshot(path=tmp_path / "kernels_paged_decode.png", full_page=True)
     print(f"screenshots in {tmp_path}")
+
+
+def test_the_serving_page_in_a_real_browser(page, tmp_path):
+    """A small load test: the server's /metrics panel counts every request, the table, the latency-throughput
+    curve, the distributions and the cost chart are drawn, without a Python exception."""
+    page.get_by_role("link", name="Serving").click(timeout=60_000)
+    page.get_by_text("the server starts on the first press").wait_for(timeout=60_000)
+    for field, value in (("Requests", "4"), ("Max tokens", "8")):
+        box = page.get_by_role("spinbutton", name=field, exact=True)
+        box.fill(value)
+        box.press("Enter")
+        page.wait_for_timeout(500)
+    page.get_by_role("button", name=re.compile(r"Run the load test \(4 requests")).click(timeout=30_000)
+    page.get_by_text("Last run:").wait_for(timeout=120_000)
+    page.locator('[data-testid="stPlotlyChart"]').nth(2).wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
+    assert page.locator('[data-testid="stException"]').count() == 0, "the serving page raised"
+    assert page.get_by_text("4 of 4", exact=True).count() == 1, "the server counted the 4 requests"
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 3, "the curve, the distributions and the cost"
+    page.screenshot(path=tmp_path / "serving.png", full_page=True)
+    print(f"screenshot in {tmp_path}")
+
+
+def test_only_loopback_urls_stay_on_the_machine():
+    """The check the page fixture applies, on the request the :material/...: favicon used to make."""
+    font = "https://fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded/memory/default/24px.svg"
+    local = ["http://127.0.0.1:8501/_stcore/health", "ws://localhost:8501/_stcore/stream",
+             "data:image/svg+xml,<svg></svg>", "blob:http://127.0.0.1:8501/0c1d"]
+    assert off_the_machine([*local, font]) == [font]

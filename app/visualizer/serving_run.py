@@ -1,0 +1,150 @@
+"""A load test for the page: the OpenAI-compatible server in this process, the load generator against it at
+one arrival rate or a small sweep of rates, and the server's own `/metrics` scraped while it runs.
+
+The server starts once per model and is shared by every session (st.cache_resource), around the weights
+the other pages load (visualizer.engines); clearing the cache stops it. Each point of a run:
+
+    items  = make_workload(n, seed, prompt_len, max_tokens)        the same prompts at every rate
+    result = run_load(base_url, items, rate, burstiness)            one RequestRecord per request
+    summary = summarize(result.records, result.duration, slo)       TTFT / TPOT / ITL / E2E, goodput
+    server  = scrape(after) - scrape(before)                        what /metrics counted meanwhile
+"""
+import asyncio
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import streamlit as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from minillm import EngineConfig
+from minillm.async_llm import AsyncLLM
+from minillm.perf.serving import RequestRecord, meets_slo, request_metrics, summarize
+from minillm.serve import ServerHandle, serve_in_thread
+from minillm.serve.loadgen import run_load
+from minillm.serve.workload import make_workload
+from visualizer.engines import build_engine
+
+SCRAPE_EVERY_S = 0.5
+SWEEP_FRACTIONS = (0.25, 0.5, 1.0)  # of the chosen rate; a last point sends everything at once (saturation)
+# What the live panel reads from /metrics: a counter or histogram is shown as its change over the run,
+# a gauge as it is now.
+COUNTERS = ("minillm_requests_total", "minillm_generation_tokens_total", "minillm_prompt_tokens_total",
+            "minillm_time_to_first_token_seconds_sum", "minillm_time_to_first_token_seconds_count",
+            "minillm_inter_token_latency_seconds_sum", "minillm_inter_token_latency_seconds_count",
+            "minillm_e2e_request_latency_seconds_count")
+GAUGES = ("minillm_num_requests_running", "minillm_num_requests_waiting", "minillm_kv_cache_usage_ratio")
+
+
+@st.cache_resource(show_spinner="Starting the OpenAI-compatible server on a loopback port (once per server)...",
+                   on_release=lambda handle: handle.stop())
+def server(model: str) -> ServerHandle:
+    """The server on 127.0.0.1 (a free port), its engine around the shared weights: paged KV cache,
+    continuous batching, the engine's default knobs."""
+    return serve_in_thread(AsyncLLM.from_engine(build_engine(EngineConfig(model=model))), model_name=model)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one point sends: `requests` prompts of about `prompt_tokens` tokens, each asking for exactly
+    `max_tokens` (ignore_eos), arriving at `rate` requests/s (inf: all at once) with gamma gaps of shape
+    `burstiness` (1: Poisson, < 1: clumps)."""
+    requests: int
+    prompt_tokens: int
+    max_tokens: int
+    burstiness: float
+    seed: int = 0
+
+
+@dataclass
+class Point:
+    rate: float                   # offered, requests/s; inf: all at once
+    records: list[RequestRecord]  # one per request, in the workload's order
+    duration: float               # seconds, first send to last response
+    summary: dict                 # perf.serving.summarize's figures, with the SLOs
+    server_figures: dict          # /metrics over the point: counters' changes, gauges at the end (change())
+    server_text: str              # the last scrape, as the server wrote it
+
+    @property
+    def good_tokens_per_s(self) -> float:
+        """Output tokens/s of the requests that met every SLO: the throughput a user would pay for."""
+        good = sum(r.output_tokens for r in self.records if r.success and meets_slo(request_metrics(r),
+                                                                                     self.summary["slo"]))
+        return good / self.duration
+
+
+def sweep_rates(rate: float, sweep: bool) -> list[float]:
+    """The offered rates of a run: the chosen one (0: all at once), or the sweep's fractions of it and then
+    all at once. Raises ValueError for a sweep without a rate to take fractions of."""
+    if not sweep:
+        return [rate or math.inf]
+    if rate <= 0:
+        raise ValueError(f"a sweep needs an arrival rate > 0 requests/s to take {', '.join(map(str, SWEEP_FRACTIONS))} "
+                         f"of (it ends with all at once anyway), got {rate}")
+    return [rate * f for f in SWEEP_FRACTIONS] + [math.inf]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name: value}, summed over label values (e.g. every endpoint and status of
+    minillm_requests_total), except that requests count only /v1/completions, the load test's endpoint."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "minillm_requests_total" and sample.labels.get("endpoint") != "/v1/completions":
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def change(before: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """The live panel's figures: counters since `before`, gauges now."""
+    return {**{n: now.get(n, 0.0) - before.get(n, 0.0) for n in COUNTERS}, **{n: now.get(n, 0.0) for n in GAUGES}}
+
+
+async def _scrape(client: httpx.AsyncClient, base_url: str) -> tuple[dict[str, float], str]:
+    response = await client.get(base_url + "/metrics")
+    response.raise_for_status()
+    return parse_metrics(response.text), response.text
+
+
+async def _point(handle: ServerHandle, model: str, load: Load, rate: float, slo: dict[str, float],
+                 on_scrape: Callable[[dict[str, float], str], None]) -> Point:
+    items = make_workload(load.requests, seed=load.seed, prompt_len=load.prompt_tokens, output_len=load.max_tokens,
+                          source="synthetic", tokenizer_model=model)
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        before, _ = await _scrape(client, handle.base_url)
+        task = asyncio.create_task(run_load(handle.base_url, items, model=model, rate=rate,
+                                            burstiness=load.burstiness, seed=load.seed, ignore_eos=True,
+                                            progress=False))
+        while True:
+            # the last scrape comes after every response has ended, so the counters are complete
+            done, _ = await asyncio.wait({task}, timeout=SCRAPE_EVERY_S)
+            now, text = await _scrape(client, handle.base_url)
+            on_scrape(change(before, now), text)
+            if done:
+                break
+    result = task.result()
+    return Point(rate, result.records, result.duration, summarize(result.records, result.duration, slo),
+                 change(before, now), text)
+
+
+def run(model: str, load: Load, rates: list[float], slo: dict[str, float],
+        on_scrape: Callable[[dict[str, float], str], None], on_point: Callable[[int, Point], None]) -> list[Point]:
+    """Every rate in turn against the model's server, with the same prompts; on_scrape gets the live
+    /metrics figures (and the raw text) every SCRAPE_EVERY_S, on_point each finished point."""
+    if load.requests < 1:
+        raise ValueError(f"requests must be >= 1, got {load.requests}")
+    handle = server(model)
+    points = []
+    for i, rate in enumerate(rates):
+        points.append(asyncio.run(_point(handle, model, load, rate, slo, on_scrape)))
+        on_point(i, points[-1])
+    return points
+
+
+def with_slo(points: list[Point], slo: dict[str, float]) -> list[Point]:
+    """The same points summarized against other SLOs (goodput and attainment change; nothing is rerun)."""
+    return [p if p.summary.get("slo") == slo else
+            dataclasses.replace(p, summary=summarize(p.records, p.duration, slo)) for p in points]
