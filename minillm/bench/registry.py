@@ -47,10 +47,18 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("quant", "weight-only quantization: perplexity, KL, top-1, weight bytes and decode tokens/s of int8, "
                        "int4 (group 32, 64, 128) and fp8 against full precision; per-layer and per-projection "
                        "sensitivity, growing sets, and a search for error cancellation beyond the noise", "tiny"),
+    Benchmark("agents", "agent sessions competing for a small KV pool: TTFT and prefix hits of each next call when "
+                        "blocks are kept in a big pool, recomputed, or offloaded to a host tier while the agent waits "
+                        "for its tool; capacity gained and bytes moved", "tiny"),
     Benchmark("kernels", "Triton kernels vs their torch references against the GPU's measured peaks (paged decode "
                          "attention, int4 matmul, ...) and end-to-end decode on each attention backend; on a CPU a "
                          "correctness smoke pass", "tiny"),
     Benchmark("serve", "online serving under load (TTFT, TPOT, ITL, E2E, goodput): continuous vs static vs "
                        "sequential batching on the same arrivals, the latency-throughput curve, and $/1M tokens "
                        "online at an SLO vs offline batch", "tiny"),
+    Benchmark("profile", "the engine's step cost by its work (prefill tokens, decoding sequences, context), fitted "
+                         "on a calibration replay: the cluster simulator's input", "tiny"),
+    Benchmark("cluster", "the cluster simulator against real runs (throughput, TTFT and TPOT errors), routing "
+                         "policies on agent sessions at fleet scale, and a capacity plan for a real model and GPU",
+              "tiny"),
 ]}
