@@ -75,9 +75,25 @@ def test_summarize_against_hand_computed_figures():
         assert s[f"{name}_p90"] == pytest.approx(np.percentile(values, 90))
         assert s[f"{name}_p99"] == pytest.approx(np.percentile(values, 99))
     assert s["goodput"] == 0.5 and s["slo_attainment"] == 0.5
+    assert s["good_output_throughput"] == 3 / 2.0  # only a (3 tokens) had its first token within 0.25 s
 
 
 def test_summarize_with_no_success_reports_nan_latencies():
     s = summarize([record("c", 0.0, [], None, out=0, success=False)], duration=1.0)
     assert s["completed"] == 0 and s["failed"] == 1 and math.isnan(s["ttft_p99"])
     assert "goodput" not in s
+
+
+def test_cost_per_million_tokens_and_the_online_point_chosen():
+    from minillm.perf.cost import best_online_load, cost_per_million_tokens, online_vs_batch
+    assert cost_per_million_tokens(3.6, 1.0) == pytest.approx(1e6 / 1000)  # $3.6/h = $0.001/s; 1 tok/s
+    assert cost_per_million_tokens(2.0, 100.0) == pytest.approx(2.0 / 360_000 * 1e6)
+    points = [{"rate": 1, "output_throughput": 10.0, "good_output_throughput": 10.0},
+              {"rate": 2, "output_throughput": 20.0, "good_output_throughput": 19.0},
+              {"rate": 4, "output_throughput": 30.0, "good_output_throughput": 12.0},  # fast, but mostly late
+              {"rate": 8, "output_throughput": 31.0, "good_output_throughput": 0.0}]
+    assert best_online_load(points)["rate"] == 2
+    assert best_online_load(points[3:]) is None
+    cost = online_vs_batch(1.0, 19.0, 38.0)
+    assert cost["batch_cheaper_x"] == pytest.approx(2.0)
+    assert online_vs_batch(1.0, None, 38.0)["online_usd_per_1m"] is None

@@ -94,7 +94,7 @@ def _stats(name: str, values: list[float]) -> dict[str, float]:
 def summarize(records: list[RequestRecord], duration: float, slo: dict[str, float] | None = None) -> dict:
     """The load test's figures: completed / failed counts, request and token throughput (per second
     of `duration`), mean / median / p90 / p99 of TTFT, TPOT, ITL and E2E (seconds), and with `slo`
-    the goodput and the share of completed requests meeting the SLOs."""
+    the goodput, the output tokens/s of the requests meeting them, and their share of the completed."""
     if duration <= 0:
         raise ValueError(f"duration must be > 0 seconds, got {duration}")
     done = [r for r in records if r.success]
@@ -111,7 +111,9 @@ def summarize(records: list[RequestRecord], duration: float, slo: dict[str, floa
     out.update(_stats("itl", [gap for m in metrics for gap in m.itl]))
     out.update(_stats("e2e", [m.e2e for m in metrics]))
     if slo is not None:
+        good = [r for r, m in zip(done, metrics) if meets_slo(m, slo)]
         out["slo"] = dict(slo)
         out["goodput"] = goodput(records, duration, slo)
-        out["slo_attainment"] = out["goodput"] * duration / len(done) if done else 0.0
+        out["good_output_throughput"] = sum(r.output_tokens for r in good) / duration  # tokens that met the SLOs
+        out["slo_attainment"] = len(good) / len(done) if done else 0.0
     return out
