@@ -8,8 +8,10 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.cache.offload import OffloadStore
+from minillm.cache.paged import PagedKVPool
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+LOGPROBS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=5)
 BS = 16
 
 
@@ -18,16 +20,20 @@ def corpus():
     return LLM("tiny", num_kv_blocks=4).tokenizer.encode(inspect.getsource(json.decoder))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def unpressured():
-    """The reference: a pool big enough for everything, no tier."""
+    """The reference: a pool big enough for everything, no tier (fresh per test: nothing cached yet)."""
     return LLM("tiny", block_size=8, num_kv_blocks=200)
+
+
+def small_pool() -> PagedKVPool:
+    """An 8-block pool shaped for tiny (6 layers, 4 KV heads of 32)."""
+    return PagedKVPool(LLM("tiny", num_kv_blocks=1).engine.model_config, 8, BS, torch.float32, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("kind", ["host", "disk"])
 def test_offloaded_blocks_come_back_bit_identical(kind, tmp_path):
-    llm = LLM("tiny", num_kv_blocks=8)
-    pool = llm.engine.cache.pool
+    pool = small_pool()
     gen = torch.Generator().manual_seed(0)
     pool.k.copy_(torch.randn(pool.k.shape, generator=gen) * 1e3)  # both signs, every exponent range
     pool.v.copy_(torch.randn(pool.v.shape, generator=gen) * 1e-3)
@@ -48,7 +54,7 @@ def test_offloaded_blocks_come_back_bit_identical(kind, tmp_path):
 
 
 def test_tier_keeps_its_capacity_and_evicts_the_least_recently_used():
-    pool = LLM("tiny", num_kv_blocks=8).engine.cache.pool
+    pool = small_pool()
     store = OffloadStore(pool, "host", 4)
     chain = [(b, 10 + b, None if b == 0 else 9 + b, (b,) * BS) for b in range(3)]  # names 10, 11, 12
     store.save(chain)
@@ -74,20 +80,13 @@ def fill_pool(llm, corpus):
         llm.generate([corpus[300 + 100 * i:380 + 100 * i]], GREEDY, use_tqdm=False)
 
 
-def prefix_kv(llm, token_ids):
-    """K and V of the pool blocks the prefix cache names for token_ids' full blocks (in order)."""
-    bm = llm.engine.cache.blocks
-    entries = bm.match_prefix([*token_ids, -1], bm.block_size, bm.cache, bm.hash_fn)
-    return len(entries), llm.engine.cache.pool.read_blocks([e.block for e in entries])
-
-
 @pytest.mark.parametrize("kind", ["host", "disk"])
 def test_next_call_restores_its_whole_prefix_after_the_pool_was_filled(kind, corpus, unpressured, tmp_path):
     first, second = session_call(corpus)
     variants = {"offload": LLM("tiny", **SMALL)}
     if kind == "host":  # once is enough to show that the pressure is real
         variants["recompute"] = LLM("tiny", **SMALL)
-    store = variants["offload"].engine.cache.attach_offload(kind, 32, tmp_path if kind == "disk" else None)
+    variants["offload"].engine.attach_offload(kind, 32, tmp_path if kind == "disk" else None)
     outs, firsts = {}, {}
     for name, llm in variants.items():
         firsts[name] = llm.generate([first], GREEDY, use_tqdm=False)[0].token_ids
@@ -95,16 +94,16 @@ def test_next_call_restores_its_whole_prefix_after_the_pool_was_filled(kind, cor
             assert llm.engine.offload_prefix(first + firsts[name]) == 5  # (40 + 4 - 1) // 8 blocks computed
             assert llm.engine.kv_stats().cached_blocks == 0
         fill_pool(llm, corpus)
-        outs[name] = llm.generate([second(firsts[name])], GREEDY, use_tqdm=False)[0]
+        outs[name] = llm.generate([second(firsts[name])], LOGPROBS, use_tqdm=False)[0]
         assert llm.engine.kv_stats().used_blocks == 0
     unpressured.generate([first], GREEDY, use_tqdm=False)  # computes the prefix blocks as the first call did
-    reference = unpressured.generate([second(firsts["offload"])], GREEDY, use_tqdm=False)[0]
-    assert outs["offload"].metrics["cached_prompt_tokens"] == 5 * 8
-    prefix = first + firsts["offload"]
-    (n, restored), (m, computed) = prefix_kv(variants["offload"], prefix), prefix_kv(unpressured, prefix)
-    assert n == m == 5 and torch.equal(restored[0], computed[0]) and torch.equal(restored[1], computed[1])
+    reference = unpressured.generate([second(firsts["offload"])], LOGPROBS, use_tqdm=False)[0]
+    assert outs["offload"].metrics["cached_prompt_tokens"] == reference.metrics["cached_prompt_tokens"] == 5 * 8
+    # the same 40 cached tokens, the same 20 computed on top: restored K/V equal to the computed ones
+    # give the same logits to the last bit (a wrong block order or slot would not)
     assert outs["offload"].token_ids == reference.token_ids
-    assert store.stats()["restores"] == 5
+    assert outs["offload"].outputs[0].logprobs == reference.outputs[0].logprobs
+    assert variants["offload"].engine.offload_stats()["restores"] == 5
     if "recompute" in outs:
         assert outs["recompute"].metrics["cached_prompt_tokens"] == 0
         assert outs["recompute"].token_ids == reference.token_ids
@@ -115,22 +114,24 @@ def test_evicted_blocks_are_saved_and_a_tier_smaller_than_the_prefix_restores_it
     part of the 5-block prefix, and what comes back must still give the right output."""
     first, second = session_call(corpus)
     llm = LLM("tiny", **SMALL)
-    store = llm.engine.cache.attach_offload("host", 3)
+    llm.engine.attach_offload("host", 3)
     out = llm.generate([first], GREEDY, use_tqdm=False)[0]
     fill_pool(llm, corpus)
-    assert store.stats()["offloads"] >= 5 and len(store) == 3
+    assert llm.engine.offload_stats()["offloads"] >= 5 and llm.engine.offload_stats()["blocks"] == 3
     again = llm.generate([second(out.token_ids)], GREEDY, use_tqdm=False)[0]
     reference = unpressured.generate([second(out.token_ids)], GREEDY, use_tqdm=False)[0]
     assert again.token_ids == reference.token_ids
     assert again.metrics["cached_prompt_tokens"] % 8 == 0 and again.metrics["cached_prompt_tokens"] <= 3 * 8
-    assert llm.engine.kv_stats().used_blocks == 0 and len(store) <= 3
+    assert llm.engine.kv_stats().used_blocks == 0 and llm.engine.offload_stats()["blocks"] == 3
 
 
 def test_offload_without_a_tier_is_refused_by_name():
     llm = LLM("tiny", num_kv_blocks=8)
     with pytest.raises(ValueError, match="attach_offload"):
         llm.engine.offload_prefix([1, 2, 3])
+    with pytest.raises(ValueError, match="KV offload needs kv_cache='paged', got 'contiguous'"):
+        LLM("tiny", kv_cache="contiguous").engine.attach_offload("host", 4)
     with pytest.raises(ValueError, match="kind must be one of host, disk, got 'ssd'"):
-        llm.engine.cache.attach_offload("ssd", 4)
+        llm.engine.attach_offload("ssd", 4)
     with pytest.raises(ValueError, match="capacity must be a positive number of blocks, got 0"):
-        llm.engine.cache.attach_offload("host", 0)
+        llm.engine.attach_offload("host", 0)

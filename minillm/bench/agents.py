@@ -35,15 +35,17 @@ def percentile(values: list[float], q: float) -> float:
 
 def measure(llm: LLM, workload, max_tokens: int, offload_blocks: int | None, bar) -> dict:
     llm.generate([list(range(1, 9))], SamplingParams(max_tokens=2), use_tqdm=False)  # warm up (no full block)
-    store = llm.engine.cache.attach_offload("host", offload_blocks) if offload_blocks else None
-    run = run_sessions(llm, workload, max_tokens=max_tokens, offload=store is not None, on_call=lambda _: bar.update())
+    if offload_blocks:
+        llm.engine.attach_offload("host", offload_blocks)
+    run = run_sessions(llm, workload, max_tokens=max_tokens, offload=bool(offload_blocks),
+                       on_call=lambda _: bar.update())
     follow = run.followups()
     ttfts = [c.ttft * 1e3 for c in follow]
     footprint = {}  # session -> its longest prompt, in blocks: what it holds while it waits
     for c in run.calls:
         footprint[c.session_id] = max(footprint.get(c.session_id, 0), c.prompt_tokens // BLOCK_SIZE)
     whole = [c.cached_tokens >= (c.previous_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE for c in follow]
-    tier = store.stats() if store else {"bytes_moved": 0, "seconds_moving": 0.0, "blocks": 0}
+    tier = llm.engine.offload_stats() or {"bytes_moved": 0, "seconds_moving": 0.0, "blocks": 0}
     return {"calls": len(run.calls), "ttft_median_ms": statistics.median(ttfts), "ttft_p90_ms": percentile(ttfts, 0.9),
             "hit_rate": sum(c.cached_tokens for c in follow) / sum(c.prompt_tokens for c in follow),
             "whole_prefix_share": sum(whole) / len(whole), "bytes_moved": tier["bytes_moved"],

@@ -134,17 +134,19 @@ class PagedCacheManager:
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
 
-    def attach_offload(self, kind: str, capacity: int, directory: str | None = None) -> OffloadStore:
+    def attach_offload(self, kind: str, capacity: int, directory: str | None = None) -> None:
         """A second tier for cached blocks (cache/offload.py): prompts restore their prefix from it
-        where the pool's match ends, and evicted cached blocks are saved to it. -> the store."""
+        where the pool's match ends, and evicted cached blocks are saved to it."""
         self.blocks.tier = OffloadStore(self.pool, kind, capacity, directory)
-        return self.blocks.tier
 
     def offload_prefix(self, token_ids: list[int]) -> int:
         """Move the pool's cached blocks of this prefix to the second tier. -> blocks freed in the pool."""
         if self.blocks.tier is None:
             raise ValueError("this paged cache has no offload tier: call attach_offload(kind, capacity) first")
         return self.blocks.offload(token_ids)
+
+    def offload_stats(self) -> dict | None:
+        return None if self.blocks.tier is None else self.blocks.tier.stats()
 
     def blocks_needed(self, prompt_len: int, total_len: int, n: int) -> int:
         """Most blocks a request can hold: its n samples share the prompt's full blocks."""

@@ -163,12 +163,25 @@ class LLMEngine:
         self._finished.pop(request_id, None)
         return bool(self.scheduler.abort(request_id))
 
+    # -- KV offload (cache/offload.py): a second tier for the blocks of agents waiting on tools --
+    def attach_offload(self, kind: str, capacity: int, directory: str | None = None) -> None:
+        """Give the pool a second tier of `capacity` blocks, "host" (CPU memory) or "disk" (a file
+        in `directory`): prompts restore their prefix from it, evicted cached blocks go to it."""
+        self._offload_cache().attach_offload(kind, capacity, directory)
+
     def offload_prefix(self, token_ids: list[int]) -> int:
-        """Move the pool's cached blocks of this prefix to the KV offload tier (an agent waiting on
-        a tool): its next call restores them. -> blocks freed in the pool (cache/offload.py)."""
+        """Move the pool's cached blocks of this prefix to the tier (an agent waiting on a tool):
+        its next call restores them. -> blocks freed in the pool."""
+        return self._offload_cache().offload_prefix(token_ids)
+
+    def offload_stats(self) -> dict | None:
+        """The tier's blocks, bytes, offloads, restores, misses and seconds moving; None without one."""
+        return self._offload_cache().offload_stats()
+
+    def _offload_cache(self):
         if not hasattr(self.cache, "offload_prefix"):
             raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.kv_cache.value!r}")
-        return self.cache.offload_prefix(token_ids)
+        return self.cache
 
     # -- what observers may read ------------------------------------------------------------
     def subscribe(self, observer) -> None:
