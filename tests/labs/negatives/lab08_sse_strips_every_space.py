@@ -1,0 +1,31 @@
+"""Strips all whitespace around a data value (value.strip()), not just one leading space."""
+EXERCISE = "8.1"
+
+
+def parse_sse(lines):
+    import re
+    data = []
+
+    def decode(payload):
+        if payload == "[DONE]":
+            return payload
+        try:
+            return json.loads(payload)
+        except json.JSONDecodeError:
+            return payload
+
+    for item in lines:
+        pieces = re.split(r"\r\n|\r|\n", item)
+        if len(pieces) > 1 and pieces[-1] == "":
+            pieces.pop()
+        for line in pieces:
+            if line == "":
+                if data:
+                    yield decode("\n".join(data))
+                data = []
+            elif not line.startswith(":"):
+                field, _, value = line.partition(":")
+                if field == "data":
+                    data.append(value.strip())
+    if data:
+        yield decode("\n".join(data))
