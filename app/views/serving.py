@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, SLO_ATTAINMENT, best_load_meeting_slo
+from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, best_online_load
 from visualizer.engines import model_choices
 from visualizer.serving_charts import cost_chart, costs, distributions, dollars, latency_throughput, rate_label
 from visualizer.serving_run import SWEEP_FRACTIONS, Load, Point, run, sweep_rates, with_slo
@@ -150,12 +150,12 @@ st.plotly_chart(distributions(shown, slo), key="serve_distributions")
 
 st.subheader("What a million tokens cost")
 rows = costs(points, price)
-online = best_load_meeting_slo([p.summary for p in points])
+online = best_online_load([p.summary for p in points])
 chosen = next((i for i, p in enumerate(points) if p.summary is online), None)
 st.plotly_chart(cost_chart(rows, price, chosen), key="serve_cost")
-verdict = (f"A service runs at the highest load where at least {SLO_ATTAINMENT:.0%} of the requests meet the SLOs: "
-           f"here {rows[chosen]['rate']}, {online['output_throughput']:.1f} tokens/s, "
-           f"{dollars(rows[chosen]['throughput'])} per million tokens." if chosen is not None else
-           f"No load had {SLO_ATTAINMENT:.0%} of its requests meeting the SLOs: loosen them, or lower the rate.")
+verdict = (f"Online, only tokens that arrive within the SLOs are worth selling, so a service runs where they come "
+           f"fastest: here {rows[chosen]['rate']}, {online['good_output_throughput']:.1f} good tokens/s, "
+           f"{dollars(rows[chosen]['goodput'])} per million." if chosen is not None else
+           "No request met the SLOs at any rate: loosen them, or lower the rate.")
 st.caption(f"Cost per million output tokens = price per hour / (3600 × tokens per second) × 10⁶, at ${price:g} an "
            f"hour. {verdict}")

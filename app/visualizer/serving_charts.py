@@ -83,7 +83,7 @@ def costs(points: list[Point], price_per_hour: float) -> list[dict]:
     (only requests meeting every SLO count; inf when none did)."""
     rows = []
     for p in points:
-        good = p.good_tokens_per_s
+        good = p.summary["good_output_throughput"]
         rows.append({"rate": rate_label(p.rate),
                      "throughput": cost_per_million_tokens(price_per_hour, p.summary["output_throughput"]),
                      "goodput": cost_per_million_tokens(price_per_hour, good) if good > 0 else math.inf})
@@ -97,7 +97,7 @@ def dollars(value: float) -> str:
 def cost_chart(rows: list[dict], price_per_hour: float, online: int | None) -> go.Figure:
     """Grouped bars per offered rate: $ per million output tokens counting every token, and counting only
     the tokens of requests that met the SLOs (no bar: none did). `online`: the index of the point a
-    service would run at (perf.cost.best_load_meeting_slo), marked."""
+    service would run at (perf.cost.best_online_load: the most good tokens/s), marked."""
     fig = go.Figure()
     names = [r["rate"] for r in rows]
     for key, name, color in (("throughput", "all output tokens", THROUGHPUT),
@@ -109,7 +109,7 @@ def cost_chart(rows: list[dict], price_per_hour: float, online: int | None) -> g
     if online is not None:
         top = max(v for v in (rows[online]["throughput"], rows[online]["goodput"]) if math.isfinite(v))
         fig.add_annotation(x=names[online], y=top, yanchor="bottom", yshift=24, showarrow=False,
-                           text="<b>online: the highest load meeting the SLOs</b>", font_color=GOODPUT)
+                           text="<b>online: the most tokens/s meeting the SLOs</b>", font_color=GOODPUT)
     fig.update_layout(barmode="group", title=f"Cost per million output tokens at ${price_per_hour:g}/hour",
                       height=340, margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.25),
                       yaxis=dict(title="$ per million tokens", rangemode="tozero"))

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minillm import EngineConfig
 from minillm.async_llm import AsyncLLM
-from minillm.perf.serving import RequestRecord, meets_slo, request_metrics, summarize
+from minillm.perf.serving import RequestRecord, summarize
 from minillm.serve import ServerHandle, serve_in_thread
 from minillm.serve.loadgen import run_load
 from minillm.serve.workload import make_workload
@@ -66,13 +66,6 @@ class Point:
     summary: dict                 # perf.serving.summarize's figures, with the SLOs
     server_figures: dict          # /metrics over the point: counters' changes, gauges at the end (change())
     server_text: str              # the last scrape, as the server wrote it
-
-    @property
-    def good_tokens_per_s(self) -> float:
-        """Output tokens/s of the requests that met every SLO: the throughput a user would pay for."""
-        good = sum(r.output_tokens for r in self.records if r.success and meets_slo(request_metrics(r),
-                                                                                     self.summary["slo"]))
-        return good / self.duration
 
 
 def sweep_rates(rate: float, sweep: bool) -> list[float]:
