@@ -47,6 +47,7 @@ class Components:
 
 SPEC_METHODS = ("ngram", "draft", "heads")
 ATTENTION_BACKENDS = ("torch", "triton")
+OFFLOAD_KINDS = ("host", "disk")  # cache/offload.py's tiers
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class EngineConfig:
     kv_cache_memory: int | None = None   # pool size in bytes; None: 256 MiB on CPU, half the free GPU memory
     enable_prefix_caching: bool = True   # reuse the K/V of prompt prefixes seen before (paged)
     attention_backend: str = "torch"     # torch | triton: the Triton kernels of minillm/kernels (paged; int4 too)
+    kv_offload: str | None = None        # a second KV tier (paged): "host" (CPU memory) or "disk" (a file); None: none
+    kv_offload_blocks: int = 1024        # its capacity in blocks (least recently used ones leave first)
+    kv_offload_dir: str | None = None    # disk: the folder of its file (None: a temporary one)
     scheduler: SchedulerPolicy = SchedulerPolicy.CONTINUOUS  # continuous | static | sequential (engine/policy.py)
     max_num_seqs: int = 64               # sequences running at once
     max_num_batched_tokens: int = 1024   # tokens computed per step (the step's token budget)
@@ -108,6 +112,7 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.kv_cache = _choice("kv_cache", self.kv_cache, CacheKind)
+        self._check_offload()
         self.scheduler = _choice("scheduler", self.scheduler, SchedulerPolicy)
         self._check_attention_backend()
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
@@ -121,6 +126,17 @@ class EngineConfig:
         if self.components.paged_decode is not None and self.attention_backend != "triton":
             raise ValueError("components.paged_decode is a Triton kernel's launcher: it runs only with "
                              f"attention_backend='triton', got {self.attention_backend!r}")
+
+    def _check_offload(self) -> None:
+        if self.kv_offload is None:
+            return
+        if self.kv_offload not in OFFLOAD_KINDS:
+            raise ValueError(f"kv_offload must be None or one of {', '.join(OFFLOAD_KINDS)}, got {self.kv_offload!r}")
+        if self.kv_cache != CacheKind.PAGED or not self.enable_prefix_caching:
+            raise ValueError("kv_offload keeps prefix-cache blocks in a second tier: it needs kv_cache='paged' and "
+                             "enable_prefix_caching=True")
+        if not isinstance(self.kv_offload_blocks, int) or self.kv_offload_blocks < 1:
+            raise ValueError(f"kv_offload_blocks must be a positive integer, got {self.kv_offload_blocks!r}")
 
     def _check_attention_backend(self) -> None:
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -9,14 +9,22 @@ import sys
 import pytest
 
 from minillm.bench import conditions
-from minillm.bench.__main__ import main
+from minillm.bench.__main__ import EXTRA_OPTIONS, main
 from minillm.bench.registry import BENCHMARKS
 
 
 @pytest.mark.parametrize("name", list(BENCHMARKS))
 def test_every_benchmark_has_the_uniform_run_signature(name):
-    params = inspect.signature(BENCHMARKS[name].module().run).parameters
-    assert [(p.name, p.default) for p in params.values()] == [("quick", False), ("json_path", None), ("model", None)]
+    """quick, json_path, model first; anything after has a default (the command line passes an extra
+    option, bench/__main__.EXTRA_OPTIONS, only to the benchmarks whose run() names it)."""
+    params = list(inspect.signature(BENCHMARKS[name].module().run).parameters.values())
+    assert [(p.name, p.default) for p in params[:3]] == [("quick", False), ("json_path", None), ("model", None)]
+    assert all(p.default is not inspect.Parameter.empty for p in params[3:]), params[3:]
+
+
+def test_every_extra_option_reaches_some_benchmark():
+    taken = {p for b in BENCHMARKS.values() for p in inspect.signature(b.module().run).parameters}
+    assert set(EXTRA_OPTIONS) <= taken
 
 
 def test_list_prints_the_registry_one_name_a_line(capsys):

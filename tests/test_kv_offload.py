@@ -135,3 +135,15 @@ def test_offload_without_a_tier_is_refused_by_name():
         llm.engine.attach_offload("ssd", 4)
     with pytest.raises(ValueError, match="capacity must be a positive number of blocks, got 0"):
         llm.engine.attach_offload("host", 0)
+
+
+def test_engine_config_attaches_the_tier_and_refuses_what_cannot_hold_one():
+    from minillm.config import EngineConfig
+    llm = LLM("tiny", kv_offload="host", kv_offload_blocks=7)
+    assert llm.engine.offload_stats()["capacity_blocks"] == 7
+    with pytest.raises(ValueError, match="kv_offload must be None or one of host, disk, got 'ssd'"):
+        EngineConfig(kv_offload="ssd")
+    with pytest.raises(ValueError, match="needs kv_cache='paged' and enable_prefix_caching=True"):
+        EngineConfig(kv_offload="disk", enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="kv_offload_blocks must be a positive integer, got 0"):
+        EngineConfig(kv_offload="host", kv_offload_blocks=0)

@@ -27,5 +27,8 @@ def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtyp
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory of {memory:,} bytes holds no block: one block of "
                              f"{config.block_size} tokens takes {per_block:,} bytes for this model")
-    return PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching,
-                             config.components, config.attention_backend)
+    manager = PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching,
+                                config.components, config.attention_backend)
+    if config.kv_offload is not None:
+        manager.attach_offload(config.kv_offload, config.kv_offload_blocks, config.kv_offload_dir)
+    return manager

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-OFFLOAD_KINDS = ("host", "disk")
+from minillm.config import OFFLOAD_KINDS
 
 
 @dataclass
