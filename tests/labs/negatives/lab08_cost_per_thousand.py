@@ -5,6 +5,4 @@ EXERCISE = "8.7"
 def cost_per_million_tokens(price_per_hour, tokens_per_second):
     if not tokens_per_second > 0:
         raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second!r}")
-    if not price_per_hour >= 0:
-        raise ValueError(f"price_per_hour must be >= 0, got {price_per_hour!r}")
     return price_per_hour / (3600 * tokens_per_second) * 1e3

@@ -1,4 +1,4 @@
-"""Computes the formula without refusing a throughput of 0 or below, or a negative price."""
+"""Computes the formula without refusing a throughput of 0 or below: infinite or negative prices."""
 EXERCISE = "8.7"
 
 
