@@ -119,3 +119,45 @@ def test_an_agent_session_calls_in_turn_after_each_tool_pause_and_hits_its_own_h
     assert [r.cached_tokens for r in calls] == [0, 94, 118]  # everything before the newest tokens
     for prev, nxt in zip(calls, calls[1:]):
         assert nxt.arrival == pytest.approx(prev.token_times[-1] + 0.5)
+
+
+def test_disaggregated_request_prefills_transfers_then_decodes_at_the_closed_form_times():
+    r = SimRequest(0.0, prompt_tokens=64, output_tokens=3)
+    simulate([r], PROFILE, replicas=1, prefill_replicas=1, transfer_seconds_per_token=1e-4)
+    first = PROFILE.step_time(64, 0, 0)
+    second = first + 64e-4 + PROFILE.step_time(0, 1, 65)
+    assert r.token_times == pytest.approx([first, second, second + PROFILE.step_time(0, 1, 66)], rel=1e-12)
+
+
+def test_disaggregation_keeps_decodes_from_waiting_behind_long_prompts():
+    def mixed():
+        rng = random.Random(4)
+        decodes = [SimRequest(0.0, 32, 64, request_id=f"d{i}") for i in range(6)]
+        prompts = [SimRequest(0.05 + 0.1 * i, 900 + rng.randrange(100), 2, request_id=f"p{i}") for i in range(6)]
+        return decodes, decodes + prompts
+    worst = {}
+    for name, options in (("colocated", {"replicas": 2}), ("disaggregated", {"replicas": 1, "prefill_replicas": 1})):
+        decodes, everything = mixed()
+        simulate(everything, PROFILE, max_num_batched_tokens=1024, **options)
+        worst[name] = max(b - a for r in decodes for a, b in zip(r.token_times[1:], r.token_times[2:]))
+    assert worst["disaggregated"] < worst["colocated"] / 3
+
+
+def test_a_fixed_fleet_costs_its_size_times_the_run():
+    result = simulate(poisson_requests(200, 20.0, seed=2), PROFILE, replicas=3)
+    assert result.replica_seconds == pytest.approx(3 * result.duration, rel=1e-12)
+
+
+def test_autoscaling_adds_replicas_only_after_their_startup_and_drains_them_when_idle():
+    from minillm.sim.autoscale import Autoscaler, queue_rule
+    burst = poisson_requests(600, 200.0, seed=3, prompt=40, output=8)
+    autoscaler = Autoscaler(rule=queue_rule(per_replica=16), interval=0.5, startup_seconds=2.0, max_replicas=8)
+    result = simulate(burst, PROFILE, replicas=1, autoscaler=autoscaler, max_num_seqs=16)
+    late = [r for r in result.requests if r.replica != 0]
+    assert len(result.replicas) > 1 and late, "the queue grew, so replicas were added"
+    assert min(r.first_scheduled for r in late) >= 0.5 + 2.0  # the first decision, then the startup
+    fixed = simulate(poisson_requests(600, 200.0, seed=3, prompt=40, output=8), PROFILE, replicas=1,
+                     max_num_seqs=16)
+    assert result.duration < fixed.duration
+    with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
+        Autoscaler(rule=queue_rule(), min_replicas=4, max_replicas=2)

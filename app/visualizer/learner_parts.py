@@ -21,6 +21,7 @@ LAB_PARTS = {"02": "lab 02 · sampler", "03": "lab 03 · block allocator & prefi
 KERNELS_LAB = "07"  # its kernel runs on the Triton backend: slow in the CPU interpreter, so not chosen by default
 SPEC_LAB = "05"   # the Speculative decoding page has its own switch for lab 05
 QUANT_LAB = "06"  # and the Quantization page one for lab 06
+SERVING_LAB = "08"  # and the Serving page one for lab 08 (the grammar mask in its engine, the serving parts around it)
 NOTEBOOKS = "lab[0-9][0-9]_*.ipynb"
 
 

@@ -33,6 +33,7 @@ class SimRequest:
     computed: int = 0           # prompt tokens whose K/V are computed (cached ones count)
     done: object = None         # a simpy event the replica triggers when the request finishes (agent sessions)
     leaves: tuple[str, int] | None = None  # what it leaves cached when it finishes: a session's (name, tokens)
+    prefilled: bool = False     # disaggregated: its prompt's K/V arrived from a prefill replica
 
     @property
     def finished(self) -> bool:
@@ -42,7 +43,13 @@ class SimRequest:
 class Replica:
     def __init__(self, env: simpy.Environment, profile: StepProfile, index: int = 0, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 1024, kv_blocks: int = 4096, block_size: int = 16,
-                 prefix_cache_tokens: int | None = None) -> None:
+                 prefix_cache_tokens: int | None = None, role: str = "mixed", handoff=None) -> None:
+        """role: "mixed" (prefill and decode, the colocated engine), "prefill" (computes prompts and their first
+        token, then hands each request to `handoff(request)`), or "decode" (receives prefilled requests)."""
+        if role not in ("mixed", "prefill", "decode"):
+            raise ValueError(f"role must be mixed, prefill or decode, got {role!r}")
+        if role == "prefill" and handoff is None:
+            raise ValueError("a prefill replica needs a handoff(request) for its finished prompts")
         self.env, self.profile, self.index = env, profile, index
         self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
         self.kv_blocks, self.block_size = kv_blocks, block_size
@@ -51,9 +58,11 @@ class Replica:
         self.prefixes: OrderedDict[str, int] = OrderedDict()  # prefix name -> tokens cached, least recent first
         self.routed: OrderedDict[str, int] = OrderedDict()    # prefix name -> tokens sent here (will be cached)
         self.prefix_capacity = kv_blocks * block_size // 2 if prefix_cache_tokens is None else prefix_cache_tokens
+        self.role, self.handoff = role, handoff
         self.busy_time = 0.0
         self.steps = 0
-        self.alive = True
+        self.alive = True       # False: draining (autoscaled away) or dead; the router sends it nothing
+        self.started = env.now
         self._wake = env.event()
         env.process(self._loop())
 
@@ -114,6 +123,11 @@ class Replica:
             self.waiting.pop(0)
             free -= self._blocks(r)
             self.running.append(r)
+            if r.prefilled:  # its K/V came from a prefill replica: it decodes at once
+                budget -= 1
+                context += r.prompt_tokens + len(r.token_times)
+                decodes.append(r)
+                continue
             r.first_scheduled = self.env.now
             r.cached_tokens = r.computed = min(self.cached_prefix(r), r.prompt_tokens - 1)  # the last is computed
             take = min(r.prompt_tokens - r.computed, budget - prefill)
@@ -136,6 +150,10 @@ class Replica:
                 if not r.token_times and r.prefix is not None:  # its prompt is computed: the prefix is cached
                     _remember(self.prefixes, r.prefix[0], r.prefix[1], self.prefix_capacity)
                 r.token_times.append(self.env.now)
+            if self.role == "prefill":  # its prompts leave with their first token
+                for r in [r for r in sampled if len(r.token_times) == 1 and not r.finished]:
+                    self.running.remove(r)
+                    self.handoff(r)
             for r in [r for r in self.running if r.finished]:
                 self.running.remove(r)
                 if r.leaves is not None:

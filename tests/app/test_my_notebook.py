@@ -13,7 +13,7 @@ from conftest import APP, errors, run_to_end
 
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import LABS, PARTS, calls
-from visualizer.learner_parts import KERNELS_LAB, LAB_PARTS, QUANT_LAB, SPEC_LAB
+from visualizer.learner_parts import KERNELS_LAB, LAB_PARTS, QUANT_LAB, SERVING_LAB, SPEC_LAB
 
 ROOT = Path(__file__).resolve().parents[2]
 # The labs whose parts the run pages use (lab 05's run on the Speculative decoding page, lab 06's on the Quantization
@@ -44,7 +44,7 @@ def stubs(tmp_path):
 
 
 def test_the_switch_offers_every_lab_that_builds_an_engine_part():
-    assert sorted([*LAB_PARTS, SPEC_LAB, QUANT_LAB]) == LABS
+    assert sorted([*LAB_PARTS, SPEC_LAB, QUANT_LAB, SERVING_LAB]) == LABS
 
 
 def test_the_solutions_parts_run_the_engine_and_the_page_names_them(app):
