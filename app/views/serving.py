@@ -127,9 +127,9 @@ table = pd.DataFrame([{
     "output tok/s": p.summary["output_throughput"], "TTFT p50 (ms)": MS * p.summary["ttft_median"],
     "TTFT p90 (ms)": MS * p.summary["ttft_p90"], "TPOT p50 (ms)": MS * p.summary["tpot_median"],
     "ITL p99 (ms)": MS * p.summary["itl_p99"], "goodput (req/s)": p.summary["goodput"],
-    "meeting the SLOs": p.summary["slo_attainment"]} for p in points])
+    "in SLO": p.summary["slo_attainment"]} for p in points])
 st.dataframe(table, hide_index=True, column_config={
-    "meeting the SLOs": st.column_config.NumberColumn(format="percent"),
+    "in SLO": st.column_config.NumberColumn(format="percent", help="Completed requests meeting both SLOs."),
     **{c: st.column_config.NumberColumn(format="%.2f") for c in ("duration (s)", "requests/s", "output tok/s",
                                                                    "goodput (req/s)")},
     **{c: st.column_config.NumberColumn(format="%.0f") for c in table.columns if c.endswith("(ms)")}})
