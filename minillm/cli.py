@@ -1,4 +1,5 @@
-"""The command line: `python -m minillm generate | quantize | serve | batch | bench | train [heads | distill]`."""
+"""The command line:
+`python -m minillm generate | quantize | serve | route | batch | bench | train [heads | distill]`."""
 import argparse
 import ipaddress
 import sys
@@ -54,6 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--device", default="auto")
     serve.add_argument("--dtype", default="auto")
 
+    route = sub.add_parser("route", help="a cache-aware router in front of N replica servers (launched, or --upstream)")
+    route.add_argument("--replicas", type=int, default=2, help="replica servers to launch (python -m minillm serve)")
+    route.add_argument("--upstream", nargs="+", default=None, metavar="URL",
+                       help="route to servers already running at these base URLs instead of launching replicas")
+    route.add_argument("--policy", default="prefix_aware", choices=["prefix_aware", "least_loaded", "round_robin"])
+    route.add_argument("--port", type=int, default=8000, help="the router's port (on 127.0.0.1)")
+    route.add_argument("--model", default=None, help="the replicas' model: its tokenizer feeds the prefix index "
+                                                     "(default: tiny)")
+
     batch = sub.add_parser("batch", help="run a JSONL file of requests offline (OpenAI batch format)")
     batch.add_argument("input", type=Path)
     batch.add_argument("output", type=Path)
@@ -91,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return _quantize(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "route":
+        return _route(args)
     if args.command == "batch":
         from minillm.serve.batch import run_batch
         run_batch(args.input, args.output, model=args.model)
@@ -177,3 +189,29 @@ def _serve(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _route(args) -> int:
+    """Route until SIGINT/SIGTERM, then stop the router and the replicas it launched."""
+    import signal
+    import threading
+
+    from minillm.serve.fleet import Fleet, route_in_thread
+    try:
+        if args.upstream:
+            fleet, router = None, route_in_thread(args.upstream, port=args.port, policy=args.policy,
+                                                  model=args.model or "tiny")
+        else:
+            fleet = Fleet.start(args.replicas, args.model, args.policy, port=args.port)
+            router = fleet.router
+    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    urls = ", ".join(r.url for r in router.state.replicas)
+    print(f"routing {router.base_url} -> {urls} ({args.policy}); Ctrl-C stops", flush=True)
+    done.wait()
+    (fleet or router).stop()
+    return 0
