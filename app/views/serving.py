@@ -6,10 +6,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from minillm.labkit.plug import SERVING_PARTS, LabPartError
 from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, best_online_load
 from visualizer.engines import model_choices
+from visualizer.learner_parts import default_folder
 from visualizer.serving_charts import cost_chart, costs, distributions, dollars, latency_throughput, rate_label
-from visualizer.serving_run import SWEEP_FRACTIONS, Load, Point, run, sweep_rates, with_slo
+from visualizer.serving_run import MINE, SWEEP_FRACTIONS, Load, Point, run, sweep_rates, with_slo
 
 MS = 1000.0
 DEFAULTS = {"rate": 4.0, "requests": 8, "burstiness": 1.0, "prompt_tokens": 32, "max_tokens": 16, "sweep": False,
@@ -60,6 +62,16 @@ try:
 except ValueError as exc:
     st.error(f"Cannot sweep: {exc}", icon=":material/error:")
     st.stop()
+m = st.columns([1.4, 3])
+mine = m[0].toggle("Run with my lab 08 notebook", key="k_serve_mine",
+                   help="The next run uses your parts: the load generator parses the stream with your parse_sse "
+                        "(8.1) and sends at your arrival_times (8.4); the server admits with your admit (8.5) and "
+                        "its engine masks structured output with your apply_grammar_mask (8.6).")
+folder = m[1].text_input("Notebook folder (or a lab 08 notebook)", default_folder(), key="k_serve_folder",
+                         disabled=not mine)
+if mine:
+    named = ", ".join(f"{SERVING_PARTS[n]} `{n}`" for n in MINE)
+    st.caption(f"Your parts: {named}, 8.6 `apply_grammar_mask`, from `{folder}`.")
 load = Load(requests, prompt_tokens, max_tokens, burstiness)
 pressed = st.button(f"Run the load test ({len(rates) * requests} requests: {', '.join(map(rate_label, rates))})",
                key="serve_b_run", type="primary", icon=":material/play_arrow:")
@@ -102,9 +114,14 @@ if pressed:
         status.caption(f"Point {i + 1} of {len(rates)} done ({rate_label(point.rate)}): "
                        f"{point.summary['completed']} of {requests} requests in {point.duration:.1f} s.")
 
-    with st.spinner(f"Sending {len(rates) * requests} requests to {model}'s server..."):
-        points = run(model, load, rates, slo, lambda fig, text: metrics_panel(fig, text, requested), on_point)
-    st.session_state["serve_result"] = {"model": model, "load": load, "points": points}
+    try:
+        with st.spinner(f"Sending {len(rates) * requests} requests to {model}'s server..."):
+            points = run(model, load, rates, slo, lambda fig, text: metrics_panel(fig, text, requested), on_point,
+                         folder if mine else None)
+    except LabPartError as exc:
+        st.error(f"Your lab 08 parts could not run: {exc}", icon=":material/error:")
+        st.stop()
+    st.session_state["serve_result"] = {"model": model, "load": load, "points": points, "mine": mine}
     status.empty()
 result = st.session_state.get("serve_result")
 if result is None:
@@ -116,9 +133,11 @@ points = with_slo(result["points"], slo)
 last, loaded = points[-1], result["load"]
 if not pressed:
     metrics_panel(last.server_figures, last.server_text, loaded.requests)
-st.caption(f"Last run: {result['model']}, {loaded.requests} requests per rate, prompts of {loaded.prompt_tokens} "
-           f"tokens, {loaded.max_tokens} tokens each, burstiness {loaded.burstiness:g}. The panel shows the last "
-           f"point ({rate_label(last.rate)}): counters as changes over it, gauges as last scraped.")
+whose = " with your lab 08 parts" if result.get("mine") else ""
+st.caption(f"Last run: {result['model']}{whose}, {loaded.requests} requests per rate, prompts of "
+           f"{loaded.prompt_tokens} tokens, {loaded.max_tokens} tokens each, burstiness {loaded.burstiness:g}. The "
+           f"panel shows the last point ({rate_label(last.rate)}): counters as changes over it, gauges as last "
+           f"scraped.")
 
 st.subheader("What the clients saw")
 table = pd.DataFrame([{

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import streamlit as st
@@ -21,9 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minillm import EngineConfig
 from minillm.async_llm import AsyncLLM
+from minillm.labkit.plug import lab_components, lab_parts
 from minillm.perf.serving import RequestRecord, summarize
 from minillm.serve import ServerHandle, serve_in_thread
+from minillm.serve.arrivals import arrival_times
 from minillm.serve.loadgen import run_load
+from minillm.serve.sse import parse_sse
 from minillm.serve.workload import make_workload
 from visualizer.engines import build_engine
 
@@ -38,12 +42,36 @@ COUNTERS = ("minillm_requests_total", "minillm_generation_tokens_total", "minill
 GAUGES = ("minillm_num_requests_running", "minillm_num_requests_waiting", "minillm_kv_cache_usage_ratio")
 
 
+MAX_WAITING = 256  # the admission limit of the page's servers: requests queued beyond it get 429 + Retry-After
+MINE = ("parse_sse", "arrival_times", "admit")  # the learner's lab 08 parts around the server (8.1, 8.4, 8.5)
+
+
 @st.cache_resource(show_spinner="Starting the OpenAI-compatible server on a loopback port (once per server)...",
                    on_release=lambda handle: handle.stop())
-def server(model: str) -> ServerHandle:
+def server(model: str, notebooks: str | None = None, edited: float = 0.0) -> ServerHandle:
     """The server on 127.0.0.1 (a free port), its engine around the shared weights: paged KV cache,
-    continuous batching, the engine's default knobs."""
-    return serve_in_thread(AsyncLLM.from_engine(build_engine(EngineConfig(model=model))), model_name=model)
+    continuous batching, the engine's default knobs. With `notebooks` (a folder or a lab 08 notebook), a
+    server of its own whose engine masks structured output with the learner's grammar mask (8.6) and whose
+    admission is the learner's `admit` (8.5); `edited` (the notebook's mtime) starts a new one after an edit."""
+    if notebooks is None:
+        return serve_in_thread(AsyncLLM.from_engine(build_engine(EngineConfig(model=model))), model_name=model,
+                               max_waiting=MAX_WAITING)
+    engine = build_engine(EngineConfig(model=model, components=lab_components(notebooks, ["08"])))
+    return serve_in_thread(AsyncLLM.from_engine(engine), model_name=model, max_waiting=MAX_WAITING,
+                           admission=lab_parts(notebooks, "08")["admit"])
+
+
+def learner_client(notebooks: str | None) -> dict:
+    """The load generator's SSE parser and arrival times: the learner's (8.1, 8.4) or the engine's. The
+    learner's parts are tried once on a small input first, so an unfinished exercise stops the run with a
+    LabPartError that names it, instead of failing every request."""
+    if notebooks is None:
+        return {"parse_sse": parse_sse, "arrivals": arrival_times}
+    parts = lab_parts(notebooks, "08")
+    list(parts["parse_sse"](["data: {}", ""]))
+    parts["arrival_times"](2, 1.0, 0)
+    parts["admit"](0, 1, 1.0)
+    return {"parse_sse": parts["parse_sse"], "arrivals": parts["arrival_times"]}
 
 
 @dataclass(frozen=True)
@@ -103,14 +131,14 @@ async def _scrape(client: httpx.AsyncClient, base_url: str) -> tuple[dict[str, f
 
 
 async def _point(handle: ServerHandle, model: str, load: Load, rate: float, slo: dict[str, float],
-                 on_scrape: Callable[[dict[str, float], str], None]) -> Point:
+                 on_scrape: Callable[[dict[str, float], str], None], client_parts: dict) -> Point:
     items = make_workload(load.requests, seed=load.seed, prompt_len=load.prompt_tokens, output_len=load.max_tokens,
                           source="synthetic", tokenizer_model=model)
     async with httpx.AsyncClient(timeout=10.0) as client:
         before, _ = await _scrape(client, handle.base_url)
         task = asyncio.create_task(run_load(handle.base_url, items, model=model, rate=rate,
                                             burstiness=load.burstiness, seed=load.seed, ignore_eos=True,
-                                            progress=False))
+                                            progress=False, **client_parts))
         while True:
             # the last scrape comes after every response has ended, so the counters are complete
             done, _ = await asyncio.wait({task}, timeout=SCRAPE_EVERY_S)
@@ -124,17 +152,28 @@ async def _point(handle: ServerHandle, model: str, load: Load, rate: float, slo:
 
 
 def run(model: str, load: Load, rates: list[float], slo: dict[str, float],
-        on_scrape: Callable[[dict[str, float], str], None], on_point: Callable[[int, Point], None]) -> list[Point]:
+        on_scrape: Callable[[dict[str, float], str], None], on_point: Callable[[int, Point], None],
+        notebooks: str | None = None) -> list[Point]:
     """Every rate in turn against the model's server, with the same prompts; on_scrape gets the live
-    /metrics figures (and the raw text) every SCRAPE_EVERY_S, on_point each finished point."""
+    /metrics figures (and the raw text) every SCRAPE_EVERY_S, on_point each finished point. notebooks: run
+    the learner's lab 08 parts (a LabPartError names the exercise when one is missing or fails)."""
     if load.requests < 1:
         raise ValueError(f"requests must be >= 1, got {load.requests}")
-    handle = server(model)
+    edited = max((p.stat().st_mtime for p in _lab08(notebooks)), default=0.0)
+    client_parts = learner_client(notebooks)
+    handle = server(model, notebooks, edited)
     points = []
     for i, rate in enumerate(rates):
-        points.append(asyncio.run(_point(handle, model, load, rate, slo, on_scrape)))
+        points.append(asyncio.run(_point(handle, model, load, rate, slo, on_scrape, client_parts)))
         on_point(i, points[-1])
     return points
+
+
+def _lab08(notebooks: str | None) -> list:
+    if notebooks is None:
+        return []
+    path = Path(notebooks)
+    return [path] if path.is_file() else sorted(path.glob("lab08_*.ipynb"))
 
 
 def with_slo(points: list[Point], slo: dict[str, float]) -> list[Point]:

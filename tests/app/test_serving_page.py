@@ -127,3 +127,26 @@ def test_parse_metrics_sums_labels_and_counts_only_completions():
     parsed = parse_metrics(generate_latest(registry).decode())
     assert parsed["minillm_requests_total"] == 7
     assert parsed["minillm_generation_tokens_total"] == 17 and parsed["minillm_num_requests_waiting"] == 3
+
+
+def test_my_lab_08_notebook_runs_the_load_test_with_the_learners_parts():
+    solutions = str(APP.parents[1] / "solutions")
+    at = page({**SMALL, "k_serve_mine": True, "k_serve_folder": solutions})
+    assert any("Your parts: 8.1 `parse_sse`, 8.4 `arrival_times`, 8.5 `admit`" in c.value for c in at.caption)
+    [point] = run_load(at)
+    assert point.summary["completed"] == 3
+    assert any("with your lab 08 parts" in c.value for c in at.caption)
+    handle = server("tiny", solutions, max(p.stat().st_mtime for p in (APP.parents[1] / "solutions").glob(
+        "lab08_*.ipynb")))
+    assert handle.llm.engine.config.components.replaced() == ["grammar_mask"]
+    handle.stop()
+
+
+def test_an_unfinished_lab_08_notebook_stops_the_run_with_the_exercise_named(tmp_path):
+    from minillm.labkit.notebook import learner_copy, read_source, to_json
+    source = next((APP.parents[1] / "solutions").glob("lab08_*.py"))
+    (tmp_path / f"{source.stem}.ipynb").write_text(to_json(learner_copy(read_source(source), source.stem)))
+    at = page({**SMALL, "k_serve_mine": True, "k_serve_folder": str(tmp_path)})
+    at.button(key="serve_b_run").click().run()
+    assert any("Your lab 08 parts could not run" in e.value and "Exercise 8." in e.value for e in at.error)
+    assert "serve_result" not in at.session_state
