@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         return _route(args)
     if args.command == "batch":
         from minillm.serve.batch import run_batch
-        run_batch(args.input, args.output, model=args.model)
+        done = run_batch(args.input, args.output, model=args.model)
+        print(f"{args.output}: {done['succeeded']} succeeded, {done['failed']} failed, {done['skipped']} already "
+              f"answered (skipped); {done['output_tokens']:,} output tokens in {done['seconds']:.1f} s "
+              f"({done['output_throughput']:.1f} tokens/s)")
         return 0
     if args.what == "heads":
         from minillm.spec.train_heads import train_heads
@@ -210,7 +213,7 @@ def _route(args) -> int:
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    urls = ", ".join(r.url for r in router.state.replicas)
+    urls = ", ".join(r.url for r in router.app.state.router.state.replicas)
     print(f"routing {router.base_url} -> {urls} ({args.policy}); Ctrl-C stops", flush=True)
     done.wait()
     (fleet or router).stop()
