@@ -21,7 +21,8 @@ page = st.navigation({"The engine, live": RUN_PAGES,
                                      st.Page("views/quantization.py", title="Quantization",
                                              icon=":material/compress:"),
                                      st.Page("views/kernels.py", title="Kernels", icon=":material/grid_on:")],
-                      "In production": [st.Page("views/serving.py", title="Serving", icon=":material/dns:")],
+                      "In production": [st.Page("views/serving.py", title="Serving", icon=":material/dns:"),
+                                        st.Page("views/cluster.py", title="Cluster", icon=":material/hub:")],
                       "Models of performance": [st.Page("views/roofline.py", title="Roofline",
                                                         icon=":material/show_chart:")]})
 keep_knobs()
