@@ -6,7 +6,8 @@
 
 Each replica is `python -m minillm serve --port P` on a free loopback port; `stop()` sends SIGTERM
 (the server drains and exits 0), then SIGKILL to any replica still there after a few seconds, so no
-process outlives the fleet. `route_in_thread` alone puts a router in front of servers already running.
+process outlives the fleet. `route_in_thread` alone puts a router in front of servers already running;
+`app_in_thread` serves any ASGI app (the router, a test's fake replica) in a thread.
 """
 import asyncio
 import os
@@ -22,47 +23,46 @@ import uvicorn
 from fastapi import FastAPI
 
 from minillm.serve.router import build_router
+from minillm.serve.router_state import RouterState
 from minillm.serve.server import _bind
 
 
 @dataclass
-class RouterHandle:
-    """A router running in a thread of this process; `stop()` (or leaving the `with`) shuts it down."""
+class ThreadedApp:
+    """An ASGI app served by uvicorn in a thread of this process; `stop()` (or leaving the `with`) shuts it down."""
     base_url: str
     app: FastAPI
     server: uvicorn.Server
     thread: threading.Thread
 
-    @property
-    def state(self):
-        """The RouterState: per replica alive, in_flight, routed, failures, index."""
-        return self.app.state.router.state
-
     def stop(self, timeout: float = 10.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout)
 
-    def __enter__(self) -> "RouterHandle":
+    def __enter__(self) -> "ThreadedApp":
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def route_in_thread(urls: list[str], host: str = "127.0.0.1", port: int = 0, **router_options) -> RouterHandle:
-    """Start build_router(urls, **router_options) under uvicorn in a daemon thread; return once it listens."""
-    app = build_router(urls, **router_options)
+def app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, name: str = "minillm-app") -> ThreadedApp:
+    """Serve app in a daemon thread on its own event loop; return once it listens (port 0: a free one)."""
     sock = _bind(host, port)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
-                              name="minillm-router")
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True, name=name)
     thread.start()
     while not server.started:
         if not thread.is_alive():
-            raise RuntimeError("the router thread exited before it started: see its log above")
+            raise RuntimeError(f"the {name} thread exited before it started: see its log above")
         time.sleep(0.01)
     bound_host, bound_port = sock.getsockname()[:2]
-    return RouterHandle(f"http://{bound_host}:{bound_port}", app, server, thread)
+    return ThreadedApp(f"http://{bound_host}:{bound_port}", app, server, thread)
+
+
+def route_in_thread(urls: list[str], host: str = "127.0.0.1", port: int = 0, **router_options) -> ThreadedApp:
+    """build_router(urls, **router_options) in a thread; its RouterState is `.app.state.router.state`."""
+    return app_in_thread(build_router(urls, **router_options), host, port, name="minillm-router")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -75,7 +75,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Fleet:
     processes: list[subprocess.Popen]
     urls: list[str]
-    router: RouterHandle | None = None
+    router: ThreadedApp | None = None
     logs: list[str] = field(default_factory=list)  # each replica's log file
 
     @classmethod
@@ -110,6 +110,11 @@ class Fleet:
     @property
     def base_url(self) -> str:
         return self.router.base_url
+
+    @property
+    def state(self) -> RouterState:
+        """The router's view of the replicas: per replica alive, in_flight, routed, failures, index."""
+        return self.router.app.state.router.state
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

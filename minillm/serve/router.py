@@ -98,6 +98,8 @@ class Router:
                 continue
             return StreamingResponse(self._relay(replica, upstream, first, events), upstream.status_code,
                                      _returned(upstream.headers))
+        if not any(r.alive for r in self.state.replicas):
+            raise APIError(503, f"no replica is alive to serve {path}" + "".join(errors), code="no_replica_available")
         raise APIError(503, f"{path} failed on two replicas" + "".join(errors), code="replicas_failed")
 
     async def _relay(self, replica: Replica, upstream: httpx.Response, first: bytes, events):
