@@ -12,7 +12,9 @@ visualizer, benchmarks) read the engine through its StepEvents and the public me
 import copy
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import fields
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,10 +32,21 @@ from minillm.quant.linear import int4_linear_triton
 from minillm.sampling import SamplingParams, sample_requests, token_logprobs
 from minillm.spec.proposers import make_proposer
 from minillm.spec.speculator import Speculator
-from minillm.state import FinishReason, KVStats, ScheduledSeq, ScheduledWork, Sequence, SequenceSnapshot, StepEvent
+from minillm.state import (
+    CacheKind,
+    FinishReason,
+    KVStats,
+    Phase,
+    ScheduledSeq,
+    ScheduledWork,
+    Sequence,
+    SequenceSnapshot,
+    StepEvent,
+)
 from minillm.structured import apply_grammar_mask
 from minillm.structured.grammar import GrammarCompiler, new_bitmask
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
+from minillm.utils import cdiv
 
 
 def quant_ops(components: Components, attention_backend: str) -> QuantOps:
@@ -65,6 +78,17 @@ def quantized(model: torch.nn.Module, config: EngineConfig, shared: bool, model_
     if config.quantization.calibration == "awq":
         apply_awq(model, config.quantization, calibration_rows(model_dir))
     return quantize_model(model, config.quantization, ops)
+
+
+class PrefilledPrompt(NamedTuple):
+    """A request whose prompt one engine computed, on its way to another that decodes it
+    (LLMEngine.hand_off -> LLMEngine.add_prefilled; dist/disagg.py moves it between processes)."""
+    prompt_ids: list[int]
+    first_tokens: list[int]                        # per sample: the token sampled after the prompt
+    kv: Any                                        # the prompt's K/V, as the caller's pack returned them
+    generator_states: list[torch.Tensor | None]    # per sample: its generator after that draw (None: it stopped)
+    arrival_time: float                            # time.perf_counter() (one clock for every process of a host)
+    first_scheduled_time: float | None
 
 
 class LLMEngine:
@@ -182,6 +206,66 @@ class LLMEngine:
         if not hasattr(self.cache, "offload_prefix"):
             raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.kv_cache.value!r}")
         return self.cache
+
+    # -- disaggregated serving (dist/disagg.py): one engine prefills, another decodes ----------
+    def hand_off(self, request_id: str, pack: Callable) -> PrefilledPrompt:
+        """Give away a request whose prompt was computed in the latest step (its samples have
+        their first tokens) so that another engine decodes it: pack(pool, blocks, num_prompt_tokens)
+        copies its prompt's K/V out of this pool, then the request leaves this engine (its blocks
+        go back; with prefix caching, its full ones stay cached for later prompts)."""
+        samples = [s for s in self.scheduler.running if s.request_id == request_id]
+        if not samples or any(len(s.token_ids) != s.num_prompt_tokens + 1 or not s.is_decoding for s in samples):
+            raise ValueError(f"request {request_id!r} is not a prompt just computed, with its first token and "
+                             f"nothing else: {samples or 'it is not running'}")
+        if self.config.kv_cache != CacheKind.PAGED or self.speculator is not None or samples[0].logprobs is not None:
+            raise ValueError("hand_off moves paged blocks and tokens only: it needs kv_cache='paged', no speculative "
+                             "decoding and no logprobs")
+        head, done = samples[0], {c.index: c for c in self._finished[request_id]}  # done: stopped at their first token
+        by_index = {s.index: s for s in samples}
+        kv = pack(self.cache.pool, self.cache.block_table(head), head.num_prompt_tokens)
+        prefilled = PrefilledPrompt(
+            head.prompt_token_ids, [by_index[i].token_ids[-1] if i in by_index else done[i].token_ids[0]
+                                    for i in range(head.params.n)], kv,
+            [by_index[i].generator.get_state() if i in by_index else None for i in range(head.params.n)],
+            head.metrics.arrival_time, head.metrics.first_scheduled_time)
+        self.abort(request_id)
+        return prefilled
+
+    def add_prefilled(self, prefilled: PrefilledPrompt, params: SamplingParams, request_id: str, unpack: Callable,
+                      prompt: str | None = None) -> list[StreamChunk] | None:
+        """Admit a request whose prompt another engine computed (hand_off there): fresh blocks that
+        unpack(kv, pool, blocks) fills with the prompt's K/V (kv: [2, layers, prompt tokens, kv_heads,
+        head_dim]), the prompt counted as computed, then each sample appends its first token as if it
+        had sampled it here (its generator continues from the state the other engine left).
+        -> the first tokens' chunks; None when it cannot start now (max_num_seqs reached, sequences
+        waiting ahead of it, or no free blocks): nothing changed, offer it again later."""
+        if self.config.kv_cache != CacheKind.PAGED or self.speculator is not None or params.logprobs is not None:
+            raise ValueError("add_prefilled takes paged blocks and tokens only: it needs kv_cache='paged', no "
+                             "speculative decoding and no logprobs")
+        if len(prefilled.first_tokens) != params.n:
+            raise ValueError(f"got {len(prefilled.first_tokens)} first tokens for n = {params.n} samples")
+        if self.scheduler.waiting or len(self.scheduler.running) >= self.scheduler.max_num_seqs:
+            return None
+        self.add_request(prefilled.prompt_ids, params, request_id)
+        head = self.scheduler.waiting[-1]
+        if not self.scheduler.admit(head):
+            self.abort(request_id)
+            return None
+        cached, bs = head.num_computed_tokens, self.cache.block_size  # prefix-cache hits hold their K/V already
+        unpack(prefilled.kv[:, :, cached:], self.cache.pool,
+               self.cache.block_table(head)[cached // bs:cdiv(len(prefilled.prompt_ids), bs)])
+        for seq in [head, *head.forks]:
+            seq.prompt = prompt
+            seq.metrics.arrival_time = prefilled.arrival_time
+            seq.metrics.first_scheduled_time = prefilled.first_scheduled_time
+        computed = ScheduledSeq(head, len(prefilled.prompt_ids) - cached, Phase.PREFILL, samples=True)
+        emitting = self.scheduler.advance([computed])  # the sample and its forks, in index order
+        now, chunks = time.perf_counter(), []
+        for (seq, _), token, state in zip(emitting, prefilled.first_tokens, prefilled.generator_states):
+            if state is not None:
+                seq.generator.set_state(state)
+            chunks.append(self._append(seq, [token], now))
+        return chunks
 
     # -- what observers may read ------------------------------------------------------------
     def subscribe(self, observer) -> None:
