@@ -6,6 +6,7 @@
     llm.generate(["def fib(n):"])
 
     parts = lab_parts("labs/lab08_serving.ipynb", "08")   # parts of the serving stack, by name
+    parts = lab_parts("labs/lab09_scaling.ipynb", "09")   # parts of the scaling pieces (router, simulator, ...)
     run_load(url, items, parse_sse=parts["parse_sse"], arrivals=parts["arrival_times"])
 
 Each exercise below implements one part of the engine with the engine's own interface, so the
@@ -56,6 +57,19 @@ SERVING_PARTS = {
     "admit": "8.5",
     "LoopBreaker": "8.8",
 }
+# Parts of lab 09 plugged into the scaling pieces: the tensor-parallel layers' weight cuts (dist/parallel_linear.py)
+# and an MLP over simulated ranks, the KV transfer between two engines' pools, a routing policy (a class: the
+# simulator and the router make their own), the simulator's autoscaling rule.
+SCALING_PARTS = {
+    "shard_columns": "9.1",
+    "shard_rows": "9.1",
+    "tp_mlp_forward": "9.2",
+    "pack_kv": "9.3",
+    "unpack_kv": "9.3",
+    "PrefixAware": "9.4",
+    "autoscale_rule": "9.5",
+}
+STACK_PARTS = {**SERVING_PARTS, **SCALING_PARTS}  # every part plugged outside engine Components, by name
 
 
 class LabPartError(RuntimeError):
@@ -96,21 +110,21 @@ def lab_components(source, labs: list[str] | None = None) -> Components:
 
 
 def lab_parts(source, lab: str) -> dict:
-    """The learner's serving-stack parts of `lab` (SERVING_PARTS), by name, guarded like engine parts (a
-    class gives guarded instances). source: as for lab_components."""
+    """The learner's parts of `lab` plugged outside the engine (STACK_PARTS), by name, guarded like engine
+    parts (a class gives guarded instances). source: as for lab_components."""
     lab = str(lab).zfill(2)
     found = _namespaces(source)
     if lab not in found:
         raise LabPartError(f"lab {lab} was asked for, but {_describe(source)} has no lab {lab} notebook")
     parts = {}
-    for name, exercise in SERVING_PARTS.items():
+    for name, exercise in STACK_PARTS.items():
         if exercise.split(".")[0].zfill(2) == lab:
             part = _defined(found[lab], exercise, name, "the serving stack")
             guard = _guard_class if inspect.isclass(part) else _guard
             parts[name] = guard(part, exercise, name, found[lab][2])
     if not parts:
-        raise ValueError(f"lab {lab} builds no serving part; the labs that do are "
-                         f"{', '.join(sorted({e.split('.')[0].zfill(2) for e in SERVING_PARTS.values()}))}")
+        raise ValueError(f"lab {lab} builds no part plugged outside the engine; the labs that do are "
+                         f"{', '.join(sorted({e.split('.')[0].zfill(2) for e in STACK_PARTS.values()}))}")
     return parts
 
 

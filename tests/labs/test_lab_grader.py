@@ -92,14 +92,14 @@ def test_wrong_implementation_is_caught(negative):
 def test_every_graded_test_catches_some_wrong_implementation(lab):
     """A test that no plausible wrong implementation fails proves nothing: each graded test must
     fail for at least one negative of its exercise (the end-to-end test: of a part it plugs in)."""
-    from minillm.labkit.plug import PARTS, SERVING_PARTS
+    from minillm.labkit.plug import PARTS, STACK_PARTS
     mine = [n for n in NEGATIVES if n.stem[3:5] == lab]
     if not CAUGHT.get(lab):  # the per-negative tests did not run in this session (a -k selection)
         for negative in mine:
             run_negative(negative)
     module = grader_module(lab)
     end_to_end = [fn for fn in graded_tests(module) if fn.exercise.endswith(".E")]
-    plugged = {exercise for exercise in [e for e, _ in PARTS.values()] + list(SERVING_PARTS.values())
+    plugged = {exercise for exercise in [e for e, _ in PARTS.values()] + list(STACK_PARTS.values())
                if exercise.split(".")[0].zfill(2) == lab}
     for fn in end_to_end:
         for negative in (n for n in mine if re.search(r'^EXERCISE = "(.+)"', n.read_text(), re.M).group(1)

@@ -1,0 +1,645 @@
+# %% [markdown]
+# # Lab 09 · Scaling out
+#
+# **Time:** about 100 minutes. **You need:** lab 00 (the roofline: what a step costs), lab 03
+# (paged KV blocks and the prefix cache) and lab 08 (TTFT, TPOT, ITL, goodput and SLOs).
+#
+# One engine on one GPU serves one model up to a point. Past it there are two ways out: split the
+# **model** over several GPUs (tensor parallelism), or run many **copies** of the engine behind a
+# router, and maybe split the two phases of a request over different machines (disaggregated
+# prefill and decode). Each way trades something: bytes on a link, cache hits, idle machines.
+# This lab builds the small parts that decide those trades, each with the interface of the piece
+# it plugs into, and measures the trades in `minillm`'s cluster simulator (`minillm/sim/`), which is
+# calibrated on the real engine.
+#
+# | exercise | your part | runs inside |
+# | --- | --- | --- |
+# | 9.1 | `shard_columns`, `shard_rows`: one rank's slice of a weight | a 2-rank gloo run |
+# | 9.2 | `tp_mlp_forward`: where the all-reduce goes | a 2-rank gloo run |
+# | 9.3 | `pack_kv`, `unpack_kv`: KV blocks on the wire | two engines' KV pools |
+# | 9.4 | `PrefixAware`: a cache-aware routing policy | the simulator and the real router |
+# | 9.5 | `autoscale_rule`: how many replicas to run | the simulator's autoscaler |
+# | 9.6 | `allreduce_bytes_per_token`: what TP costs on the link | the capacity plan |
+#
+# ## Learning objectives
+# By the end you can
+# 1. shard a linear layer by columns or by rows, and say which needs an all-reduce and why;
+# 2. run a tensor-parallel MLP with exactly one all-reduce, and compute the bytes it moves;
+# 3. move a sequence's KV cache from one engine to another without sending a single empty slot;
+# 4. route requests to the replica that holds their prefix, without overloading it;
+# 5. scale a fleet up and down without flapping, and price the result in replica-seconds;
+# 6. plan how many GPUs a given traffic needs at a given SLO, and read the plan critically.
+#
+# ## How this lab works
+# Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
+# and signatures. Run each `check(...)` cell for feedback. `make grade LAB=09` grades the notebook,
+# and like `check("9.E")` near the end it runs your parts **inside the real pieces**: two ranks
+# talking over `torch.distributed` (gloo), two engines' KV pools, the cluster simulator, the
+# router's replica picker. The engine's versions are in `minillm/sim/routing.py` and
+# `minillm/sim/autoscale.py` (and `minillm/dist/`): read them after you finish.
+
+# %% tags=["setup"]
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minillm.labkit import check
+from minillm.sim.autoscale import FleetState
+from minillm.sim.routing import ReplicaView
+
+# %%
+import plotly.graph_objects as go
+
+from minillm.perf import PROFILES, model_shape
+from minillm.sim import SimRequest, StepProfile, simulate
+from minillm.sim.autoscale import Autoscaler, fixed_rule, queue_rule
+from minillm.sim.plan import replicas_needed, summary
+from minillm.sim.routing import POLICIES
+from minillm.sim.workloads import agent_sessions
+
+torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fighting over the cores
+
+# %% [markdown]
+# ## Tensor parallelism: one layer over several GPUs
+#
+# A linear layer computes `y = x Wᵀ`, with `W` stored as PyTorch stores it: `[out_features,
+# in_features]`. Split it over `world` GPUs (ranks) in one of two ways (Megatron-LM, Shoeybi et
+# al. 2019):
+#
+# * **column-parallel**: rank `r` keeps a block of **output features**, rows `r·out/world …
+#   (r+1)·out/world` of `W`. Every rank needs the whole input `x` and computes its own slice of
+#   `y`: `y_r = x W_rᵀ`. No communication: the slices sit side by side.
+# * **row-parallel**: rank `r` keeps a block of **input features**, columns `r·in/world …` of `W`,
+#   and sees only the matching slice of `x`. Each rank computes a *partial sum* of the whole `y`:
+#   `y = Σ_r x_r W_rᵀ`. The ranks must add their partials: an **all-reduce** (every rank ends with
+#   the sum).
+#
+# (The names come from the math convention `y = x A` with `A = Wᵀ`: a column-parallel layer splits
+# the columns of `A`, i.e. the rows of our `W`.)
+
+# %% [markdown]
+# ## Exercise 9.1 · Shard a weight
+#
+# Split evenly: each rank gets `size / world` consecutive features, rank 0 the first ones. Refuse
+# a `world` that does not divide the size, and a rank outside `0 … world-1`, with a `ValueError`
+# that says the values. Return a contiguous copy: a real rank keeps only its shard in memory, and
+# a view would keep the whole weight alive.
+
+# %% exercise="9.1"
+def shard_columns(weight: Tensor, rank: int, world: int) -> Tensor:
+    """Rank `rank`'s shard of a column-parallel linear layer: a block of output features.
+
+    weight: [out_features, in_features] -> [out_features / world, in_features], rows
+    rank * out/world ... (rank + 1) * out/world - 1, contiguous.
+    Raises ValueError when world < 1, rank not in 0..world-1, or world does not divide out_features.
+
+    Hints: 6 lines. weight.shape[0] // world rows per rank; .contiguous() (or .clone()).
+    """
+    ### BEGIN SOLUTION
+    out_features = weight.shape[0]
+    if world < 1 or out_features % world:
+        raise ValueError(f"world must be >= 1 and divide the {out_features} features, got world={world}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in 0..{world - 1}, got {rank}")
+    part = out_features // world
+    return weight[rank * part:(rank + 1) * part].contiguous()
+    ### END SOLUTION
+
+
+def shard_rows(weight: Tensor, rank: int, world: int) -> Tensor:
+    """Rank `rank`'s shard of a row-parallel linear layer: a block of input features.
+
+    weight: [out_features, in_features] -> [out_features, in_features / world], columns
+    rank * in/world ... (rank + 1) * in/world - 1, contiguous.
+    Raises ValueError as shard_columns does, for in_features.
+
+    Hints: 1 line: the columns of weight are the rows of weight.T.
+    """
+    ### BEGIN SOLUTION
+    return shard_columns(weight.T, rank, world).T.contiguous()
+    ### END SOLUTION
+
+
+# %%
+w = torch.arange(24.0).reshape(4, 6)  # 4 output features, 6 input features
+print("column shard of rank 1 of 2:\n", shard_columns(w, 1, 2))
+print("row shard of rank 1 of 3:\n", shard_rows(w, 1, 3))
+
+# %%
+check("9.1")
+
+# %% [markdown]
+# ## Exercise 9.2 · Where the all-reduce goes
+#
+# The MLP of a Llama layer (`minillm/layers/mlp.py`) is `down(silu(gate(x)) · up(x))`, with
+# `gate` and `up` fused into one weight `gate_up: [2·I, H]` (the gate's I rows, then the up's I
+# rows) and `down: [H, I]`. Megatron's recipe needs **one** all-reduce for the whole MLP:
+#
+# 1. `gate` and `up` are column-parallel: rank `r` keeps features `r·I/world …` of **each** of
+#    them, so it holds matching slices of the gate and of the up. (Shard the fused weight as one
+#    `[2I, H]` matrix and rank 0 gets the whole gate and no up.)
+# 2. `silu(gate_r) · up_r` is element-wise: each rank computes its slice of the activation with no
+#    communication at all. This is why the column split comes first.
+# 3. `down` is row-parallel over the same features: rank `r` has exactly the slice of the
+#    activation its shard of `down` needs, and produces a partial `[tokens, H]`.
+# 4. **One all-reduce** of the partials gives every rank the full output.
+#
+# An all-reduce earlier, on the gate/up slices, would add slices of *different* features (wrong);
+# one after each layer would send twice the bytes for nothing. Here the ranks are simulated: your
+# function computes every rank's part in turn and calls `all_reduce(partials)` (given), which
+# returns, for each rank, the sum of all ranks' tensors, as `torch.distributed.all_reduce` does.
+# The check counts the calls and looks at what you pass.
+
+# %% exercise="9.2"
+def tp_mlp_forward(x: Tensor, gate_up: Tensor, down: Tensor, world: int,
+                   all_reduce: Callable[[list[Tensor]], list[Tensor]]) -> Tensor:
+    """The SwiGLU MLP, tensor-parallel over `world` simulated ranks, with one all-reduce.
+
+    x: [tokens, H]; gate_up: [2 * I, H] (gate rows, then up rows); down: [H, I].
+    Rank r: gate_r = x @ shard_columns(gate, r, world).T, up_r likewise   [tokens, I / world]
+            partial_r = (silu(gate_r) * up_r) @ shard_rows(down, r, world).T   [tokens, H]
+    Then all_reduce([partial_0, ..., partial_(world-1)]) once; -> rank 0's result [tokens, H]
+    (equal to down(silu(gate(x)) * up(x)), the unsharded MLP).
+
+    Hints: 7 lines. gate_up.chunk(2) gives the gate and the up weights; use your 9.1 functions.
+    """
+    ### BEGIN SOLUTION
+    gate, up = gate_up.chunk(2)
+    partials = []
+    for rank in range(world):
+        g = x @ shard_columns(gate, rank, world).T   # [tokens, I / world]
+        u = x @ shard_columns(up, rank, world).T     # [tokens, I / world]
+        partials.append((F.silu(g) * u) @ shard_rows(down, rank, world).T)  # [tokens, H], a partial sum
+    return all_reduce(partials)[0]
+    ### END SOLUTION
+
+
+# %%
+def simulated_all_reduce(tensors: list[Tensor]) -> list[Tensor]:
+    """Every rank gets the sum of every rank's tensor (what torch.distributed.all_reduce does, in place)."""
+    total = torch.stack(tensors).sum(0)
+    return [total.clone() for _ in tensors]
+
+
+gen = torch.Generator().manual_seed(0)
+x, gate_up, down = (torch.randn(*s, generator=gen) for s in ((5, 16), (2 * 24, 16), (16, 24)))
+g, u = (x @ gate_up.T).chunk(2, dim=-1)
+reference = (F.silu(g) * u) @ down.T
+for world in (1, 2, 4):
+    got = tp_mlp_forward(x, gate_up, down, world, simulated_all_reduce)
+    print(f"world {world}: largest difference from the unsharded MLP {(got - reference).abs().max():.2e}")
+
+# %%
+check("9.2")
+
+# %% [markdown]
+# ## Disaggregation: prefill here, decode there
+#
+# A long prompt's prefill is compute-bound and takes a whole step's budget; decodes are
+# memory-bound and want short, regular steps. Sharing one engine, every long prefill stalls the
+# decodes batched with it: a user reading a stream sees a hiccup (a long ITL). **Disaggregated**
+# serving (DistServe, Zhong et al. 2024; Splitwise; Mooncake, Qin et al. 2024) runs prefill on one
+# pool of GPUs and decode on another, and sends each request's KV cache from the first to the
+# second. Below, the simulator with a profile of Llama-3.1-8B on an H100 (from the roofline,
+# `StepProfile.from_roofline`): the same bursty mix of long and short prompts on 4 colocated
+# replicas, then on 1 prefill + 3 decode replicas.
+
+# %%
+llama8b = model_shape("Llama-3.1-8B")
+fleet_profile = StepProfile.from_roofline(llama8b, PROFILES["H100 SXM"])
+
+
+def mixed_prompts(n: int, rate: float, seed: int) -> list[SimRequest]:
+    """n requests at `rate` per second (Poisson), one in four a long prompt (4000-8000 tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    gaps = torch.empty(n).exponential_(rate, generator=gen)
+    out = []
+    for i, t in enumerate(gaps.cumsum(0).tolist()):
+        long = torch.rand(1, generator=gen).item() < 0.25
+        prompt = int(torch.randint(4000, 8000, (1,), generator=gen)) if long else int(torch.randint(100, 600, (1,),
+                                                                                                    generator=gen))
+        out.append(SimRequest(t, prompt, int(torch.randint(100, 300, (1,), generator=gen)), request_id=f"r{i}"))
+    return out
+
+
+rows = {}
+for name, options in (("colocated, 4 replicas", dict(replicas=4)),
+                      ("disaggregated, 1 prefill + 3 decode", dict(replicas=3, prefill_replicas=1,
+                                                                  transfer_seconds_per_token=2e-6))):
+    result = simulate(mixed_prompts(400, 8.0, seed=0), fleet_profile, router="least_loaded",
+                      max_num_batched_tokens=8192, kv_blocks=20_000, **options)
+    rows[name] = summary(result.requests)
+    print(f"{name:>36}: ITL p50 {rows[name]['itl_median'] * 1e3:5.1f} ms, p99 {rows[name]['itl_p99'] * 1e3:6.1f} ms; "
+          f"TTFT p50 {rows[name]['ttft_median'] * 1e3:6.0f} ms, p99 {rows[name]['ttft_p99'] * 1e3:6.0f} ms")
+fig = go.Figure([go.Bar(name=stat, x=list(rows), y=[rows[k][key] * 1e3 for k in rows])
+                 for stat, key in (("ITL p50", "itl_median"), ("ITL p99", "itl_p99"))])
+fig.update_layout(title="Inter-token latency, Llama-3.1-8B on H100s (simulated)", yaxis_title="ms", height=320)
+fig.show()
+
+# %% [markdown]
+# The decode pool's steps never hold a prefill, so its p99 ITL falls to about its median. The price
+# is on the other side: one prefill replica serves every prompt, and the KV cache must travel
+# (`transfer_seconds_per_token`: here 2 µs a token, about 128 KiB a token of Llama-3.1-8B's K/V over
+# a 64 GB/s link). Try `prefill_replicas=2`, or a slower link.
+#
+# ## Exercise 9.3 · KV blocks on the wire
+#
+# The decode engine receives the prompt's K/V and writes it into **its own** blocks: block ids
+# mean nothing across machines. So the prefill side **packs** a sequence's K/V into one contiguous
+# buffer (one transfer, not one per block), and the decode side **unpacks** it into the blocks it
+# allocated. The pool is laid out as in `minillm/cache/paged.py`: per layer, blocks of
+# `block_size` slots, token `t` of the sequence at slot `t % block_size` of block
+# `block_table[t // block_size]`.
+#
+# Send only what is there: the last block is usually partial, and its empty slots are waste on the
+# wire (with 16-token blocks and short prompts, up to half the bytes). The buffer holds exactly
+# `num_tokens` tokens, in order, K then V.
+
+# %% exercise="9.3"
+def pack_kv(k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int], num_tokens: int) -> Tensor:
+    """One sequence's K and V, gathered from its blocks into one contiguous buffer.
+
+    k_blocks, v_blocks: [layers, num_blocks, block_size, kv_heads, head_dim] (a pool, by block);
+    block_table: the sequence's block ids, in order, len == ceil(num_tokens / block_size).
+    -> [2, layers, num_tokens, kv_heads, head_dim]: buffer[0] the keys, buffer[1] the values, token t
+    from slot t % block_size of block block_table[t // block_size]; nothing from the empty slots.
+    Raises ValueError when len(block_table) != ceil(num_tokens / block_size) (say both).
+
+    Hints: 6 lines. k_blocks[:, table] is [layers, len(table), block_size, ...]; flatten dims 1-2 and keep
+    the first num_tokens.
+    """
+    ### BEGIN SOLUTION
+    block_size = k_blocks.shape[2]
+    if len(block_table) != -(-num_tokens // block_size):
+        raise ValueError(f"{num_tokens} tokens in blocks of {block_size} need {-(-num_tokens // block_size)} "
+                         f"blocks, the block table has {len(block_table)}")
+    table = torch.as_tensor(list(block_table), dtype=torch.long, device=k_blocks.device)
+    k = k_blocks[:, table].flatten(1, 2)[:, :num_tokens]  # [layers, num_tokens, kv_heads, head_dim]
+    v = v_blocks[:, table].flatten(1, 2)[:, :num_tokens]
+    return torch.stack([k, v]).contiguous()
+    ### END SOLUTION
+
+
+def unpack_kv(buffer: Tensor, k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int]) -> None:
+    """The inverse of pack_kv: write a packed sequence into these blocks of a pool, in place.
+
+    buffer: [2, layers, num_tokens, kv_heads, head_dim]; k_blocks, v_blocks: a pool, by block;
+    block_table: the receiving sequence's block ids, len == ceil(num_tokens / block_size).
+    Writes token t to slot t % block_size of block block_table[t // block_size], K and V; touches no
+    other slot (the rest of the last block, other sequences' blocks). Raises ValueError as pack_kv does.
+
+    Hints: 6 lines. Per block i, the tokens i * block_size ... min((i + 1) * block_size, num_tokens).
+    """
+    ### BEGIN SOLUTION
+    num_tokens, block_size = buffer.shape[2], k_blocks.shape[2]
+    if len(block_table) != -(-num_tokens // block_size):
+        raise ValueError(f"{num_tokens} tokens in blocks of {block_size} need {-(-num_tokens // block_size)} "
+                         f"blocks, the block table has {len(block_table)}")
+    for i, block in enumerate(block_table):
+        start = i * block_size
+        n = min(block_size, num_tokens - start)
+        k_blocks[:, block, :n] = buffer[0, :, start:start + n]
+        v_blocks[:, block, :n] = buffer[1, :, start:start + n]
+    ### END SOLUTION
+
+
+# %%
+layers, blocks, block_size, heads, dim = 2, 8, 4, 2, 3
+pool_k, pool_v = torch.randn(layers, blocks, block_size, heads, dim), torch.randn(layers, blocks, block_size, heads,
+                                                                                   dim)
+buffer = pack_kv(pool_k, pool_v, [5, 2, 7], num_tokens=10)  # blocks 5 and 2 full, block 7 holds 2 tokens
+print("packed:", tuple(buffer.shape), "-", buffer.numel() * 4, "bytes instead of", 2 * layers * 3 * block_size
+      * heads * dim * 4, "for three whole blocks")
+other_k, other_v = torch.zeros_like(pool_k), torch.zeros_like(pool_v)
+unpack_kv(buffer, other_k, other_v, [0, 1, 3])
+print("the same keys in the other pool's blocks 0, 1, 3:",
+      torch.equal(pack_kv(other_k, other_v, [0, 1, 3], 10), buffer))
+
+# %%
+check("9.3")
+
+# %% [markdown]
+# ## Routing: which replica serves a request
+#
+# A router in front of many replicas sees, for each replica, its **load** (requests in flight)
+# and, from the prompts it sent there, how many of this request's prompt tokens that replica's
+# **prefix cache** likely holds (`minillm/serve/prefix_index.py` keeps the same block-hash chains as
+# the engine; SGLang's router keeps a radix tree). Agents make this matter: every call of a session
+# repeats the whole conversation so far. Send it back to the replica that has it and the prefill is
+# a few hundred tokens; send it anywhere else and it is thousands.
+#
+# Round robin and least-loaded routing are blind to the cache. Pure cache affinity is blind to load:
+# a popular tenant's system prompt would pile every request onto one replica. **Cache-aware** routing
+# takes the best hit among the replicas whose load is close enough to the lightest one.
+
+# %% [markdown]
+# ## Exercise 9.4 · A prefix-aware routing policy
+#
+# The interface of `minillm/sim/routing.py`, shared by the simulator and the real router:
+# `choose(replicas, prompt_tokens) -> index`, where `replicas[i]` is a `ReplicaView(load,
+# cached_tokens, alive)`. The rule:
+#
+# 1. only **alive** replicas may be chosen (a dead or draining one gets nothing); none alive:
+#    raise `RuntimeError`;
+# 2. `lightest` = the smallest load among alive replicas; the **candidates** are the alive replicas
+#    with `load <= lightest + slack`;
+# 3. among the candidates, the most `cached_tokens`; ties go to the lower load, then the lower index.
+#
+# (`slack` = 0 is least-loaded with the cache as a tie-breaker; a huge `slack` is pure affinity.)
+
+# %% exercise="9.4"
+class PrefixAware:
+    """Route to the replica holding the most of the prompt, among those within `slack` requests of the
+    least loaded."""
+
+    def __init__(self, slack: int = 4) -> None:
+        """slack: how many more requests than the lightest replica a cache hit may cost (>= 0)."""
+        ### BEGIN SOLUTION
+        self.slack = slack
+        ### END SOLUTION
+
+    def choose(self, replicas: Sequence[ReplicaView], prompt_tokens: int) -> int:
+        """-> the index of the chosen replica in `replicas`.
+
+        candidates = alive i with replicas[i].load <= min(alive loads) + slack; -> the candidate with the
+        most cached_tokens, ties: lower load, then lower index. RuntimeError when none is alive.
+
+        Hints: 6 lines. max(..., key=lambda i: (cached, -load, -i)).
+        """
+        ### BEGIN SOLUTION
+        alive = [i for i, r in enumerate(replicas) if r.alive]
+        if not alive:
+            raise RuntimeError("no replica is alive")
+        lightest = min(replicas[i].load for i in alive)
+        candidates = [i for i in alive if replicas[i].load <= lightest + self.slack]
+        return max(candidates, key=lambda i: (replicas[i].cached_tokens, -replicas[i].load, -i))
+        ### END SOLUTION
+
+
+# %%
+views = [ReplicaView(load=9, cached_tokens=2000), ReplicaView(load=3, cached_tokens=1500),
+         ReplicaView(load=2, cached_tokens=0), ReplicaView(load=0, cached_tokens=4000, alive=False)]
+print("slack 4 picks", PrefixAware(4).choose(views, 2100), "- slack 0 picks", PrefixAware(0).choose(views, 2100),
+      "- slack 100 picks", PrefixAware(100).choose(views, 2100))
+
+# %%
+check("9.4")
+
+# %% [markdown]
+# ## Routing agent sessions at fleet scale
+#
+# Your policy in the simulator, against round robin and least-loaded: agent sessions of 16 tenants
+# (each with its own 500-2000 token system prompt), 1-50 calls each, bursty arrivals, on 16 and
+# then 64 replicas of Llama-3.1-8B on H100s.
+
+# %%
+POLICIES["yours"] = lambda: PrefixAware(slack=4)  # simulate() takes a policy by name: lend it yours
+
+routing_rows = []
+for replicas, sessions in ((16, 120), (64, 400)):
+    for name in ("round_robin", "least_loaded", "yours"):
+        result = simulate([], fleet_profile, replicas=replicas, router=name,
+                          sessions=agent_sessions(sessions, rate=sessions / 60, seed=0), kv_blocks=20_000)
+        s = summary(result.requests, {"ttft": 1.0, "tpot": 0.05})
+        routing_rows.append(dict(replicas=replicas, router=name, hits=s["prefix_hit_rate"], ttft_p99=s["ttft_p99"],
+                                 attainment=s["slo_attainment"]))
+        print(f"{replicas:3d} replicas, {name:>12}: prefix hits {s['prefix_hit_rate']:6.1%}, TTFT p50 "
+              f"{s['ttft_median'] * 1e3:5.0f} ms, p99 {s['ttft_p99'] * 1e3:6.0f} ms, SLO met {s['slo_attainment']:.1%}")
+fig = go.Figure([go.Bar(name=f"{n} replicas", x=[r["router"] for r in routing_rows if r["replicas"] == n],
+                        y=[r["hits"] for r in routing_rows if r["replicas"] == n]) for n in (16, 64)])
+fig.update_layout(title="Prefix-cache hit rate of agent sessions by routing policy (simulated)",
+                  yaxis_tickformat=".0%", height=320)
+fig.show()
+
+# %% [markdown]
+# The more replicas, the worse blind routing does: a session's next call lands on the replica
+# holding its history one time in N. Cache-aware routing keeps the hit rate whatever N is.
+#
+# ## Exercise 9.5 · An autoscaling rule
+#
+# Traffic comes in waves; a replica costs money every second it runs, and a new one serves only
+# after a **startup** delay (loading tens of GB of weights, warming up): 20-120 s in practice. The
+# simulator's `Autoscaler` (`minillm/sim/autoscale.py`) reads the fleet every `interval` seconds as a
+# `FleetState(now, replicas, starting, waiting, running)` and asks a rule how many replicas it
+# wants (it clamps the answer to `min_replicas … max_replicas`, starts replicas, or drains the
+# newest ones).
+#
+# The obvious rule, "enough replicas for the queue right now" (`queue_rule`), **flaps**: it scales
+# down the moment the queue shrinks, and when the next wave comes the replicas it needs are 20 s
+# away. Yours follows the queue up at once, and comes down slowly:
+#
+# 1. `want = ceil((waiting + running) / per_replica)`; `have = replicas + starting` (the ones
+#    starting are on their way: do not ask for them twice);
+# 2. `want >= have`: return `want` (scale up, or stay);
+# 3. replicas are still starting: return `have` (never shrink while the fleet is growing);
+# 4. `want <= keep · replicas` (the fleet is at most `keep` used): shrink to
+#    `max(1, floor(keep · replicas))`, a fraction at a time;
+# 5. otherwise stay at `replicas`.
+
+# %% exercise="9.5"
+def autoscale_rule(state: FleetState, per_replica: float = 16.0, keep: float = 0.7) -> int:
+    """The replicas wanted, given the fleet now (the Autoscaler calls it every interval).
+
+    want = ceil((waiting + running) / per_replica), have = replicas + starting.
+    -> want if want >= have; else have if starting > 0; else max(1, floor(keep * replicas)) if
+    want <= keep * replicas; else replicas.
+
+    Hints: 8 lines.
+    """
+    ### BEGIN SOLUTION
+    want = math.ceil((state.waiting + state.running) / per_replica)
+    have = state.replicas + state.starting
+    if want >= have:
+        return want
+    if state.starting:
+        return have
+    if want <= keep * state.replicas:
+        return max(1, math.floor(keep * state.replicas))
+    return state.replicas
+    ### END SOLUTION
+
+
+# %%
+for state in (FleetState(0, replicas=2, starting=0, waiting=40, running=20),
+              FleetState(5, replicas=2, starting=2, waiting=10, running=30),
+              FleetState(60, replicas=10, starting=0, waiting=0, running=50),
+              FleetState(65, replicas=10, starting=0, waiting=0, running=120)):
+    print(state, "->", autoscale_rule(state))
+
+# %%
+check("9.5")
+
+# %% [markdown]
+# Your rule in the simulator against the queue rule and a fixed fleet, on traffic that swings
+# between 1 and 12 requests per second every 30 s (Llama-3.1-8B on H100s, startup 20 s, SLO:
+# TTFT ≤ 1 s and TPOT ≤ 50 ms). The cost is **replica-seconds**: every replica held, serving,
+# starting or draining, times the seconds it was held.
+
+# %%
+def waves(seed: int = 0, period: float = 60.0, low: float = 1.0, high: float = 12.0,
+          total: float = 240.0) -> list[SimRequest]:
+    """Poisson arrivals whose rate alternates between low and high every period / 2 seconds."""
+    gen = torch.Generator().manual_seed(seed)
+    t, out = 0.0, []
+    while t < total:
+        t += torch.empty(1).exponential_(high if (t // (period / 2)) % 2 else low, generator=gen).item()
+        out.append(SimRequest(t, int(torch.randint(200, 1500, (1,), generator=gen)),
+                              int(torch.randint(50, 400, (1,), generator=gen)), request_id=f"r{len(out)}"))
+    return out
+
+
+scaling = {}
+for name, rule in (("queue rule", queue_rule(16)), ("your rule", autoscale_rule), ("fixed 6", fixed_rule(6))):
+    scaler = Autoscaler(rule, interval=5, startup_seconds=20, max_replicas=32)
+    result = simulate(waves(), fleet_profile, replicas=2, router="least_loaded", autoscaler=scaler, kv_blocks=20_000,
+                      max_num_seqs=32, sample_every=5)
+    s = summary(result.requests, {"ttft": 1.0, "tpot": 0.05})
+    scaling[name] = result
+    print(f"{name:>10}: SLO met by {s['slo_attainment']:6.1%} of requests, {result.replica_seconds:5.0f} "
+          f"replica-seconds, TTFT p99 {s['ttft_p99']:.2f} s")
+fig = go.Figure([go.Scatter(x=[p["time"] for p in r.samples], y=[sum(p["alive"]) for p in r.samples], name=name,
+                            mode="lines", line_shape="hv") for name, r in scaling.items()])
+fig.update_layout(title="Serving replicas over time", xaxis_title="simulated seconds", yaxis_title="replicas",
+                  height=320)
+fig.show()
+
+# %% [markdown]
+# ## Same weights, different performance
+#
+# One model, one GPU type, one workload: what you get still depends on how you serve it. The same
+# Llama-3.1-8B traffic (agent sessions, 8 replicas) under a few engine configurations:
+# the token budget per step (how much prefill a step may hold), the sequences per batch, the
+# routing policy.
+
+# %%
+configs = [("budget 512, 64 seqs, least loaded", dict(max_num_batched_tokens=512, max_num_seqs=64), "least_loaded"),
+           ("budget 4096, 64 seqs, least loaded", dict(max_num_batched_tokens=4096, max_num_seqs=64), "least_loaded"),
+           ("budget 4096, 16 seqs, least loaded", dict(max_num_batched_tokens=4096, max_num_seqs=16), "least_loaded"),
+           ("budget 4096, 64 seqs, prefix aware", dict(max_num_batched_tokens=4096, max_num_seqs=64), "prefix_aware")]
+same = []
+for name, knobs, router in configs:
+    result = simulate([], fleet_profile, replicas=8, router=router, sessions=agent_sessions(80, rate=80 / 40, seed=2),
+                      kv_blocks=20_000, **knobs)
+    s = summary(result.requests, {"ttft": 1.0, "tpot": 0.05})
+    same.append((name, s))
+    print(f"{name:>36}: {s['output_throughput']:7.0f} tok/s, TTFT p99 {s['ttft_p99'] * 1e3:6.0f} ms, "
+          f"TPOT p99 {s['tpot_p99'] * 1e3:5.1f} ms, goodput {s['goodput']:.2f} req/s")
+fig = go.Figure(go.Scatter(x=[s["ttft_p99"] for _, s in same], y=[s["tpot_p99"] * 1e3 for _, s in same],
+                           mode="markers+text", text=[n for n, _ in same], textposition="top center"))
+fig.update_layout(title="Same weights, same GPUs: tail latency by configuration (simulated)",
+                  xaxis_title="TTFT p99 (s)", yaxis_title="TPOT p99 (ms)", height=360)
+fig.show()
+
+# %% [markdown]
+# ## Exercise 9.6 · What tensor parallelism costs on the link
+#
+# A Llama layer needs two all-reduces per forward pass with Megatron's recipe: one after the
+# attention's row-parallel output projection, one after the MLP's `down`. Each reduces a
+# `[tokens, H]` activation. The usual algorithm, **ring all-reduce** (a reduce-scatter, then an
+# all-gather), has every rank send `2 (world - 1) / world` times the tensor's bytes, however many
+# ranks there are: the figure NCCL's own tests report as "bus bandwidth". So, per token:
+#
+# $$\text{bytes sent per rank} = \text{layers} \cdot 2 \cdot \frac{2(\text{world} - 1)}{\text{world}}
+#   \cdot H \cdot \text{dtype bytes}.$$
+#
+# One rank (world = 1) sends nothing.
+
+# %% exercise="9.6"
+def allreduce_bytes_per_token(hidden_size: int, num_layers: int, world: int, dtype_bytes: int = 2) -> float:
+    """Bytes each rank sends per token in a tensor-parallel forward pass with ring all-reduces.
+
+    -> num_layers * 2 * 2 * (world - 1) / world * hidden_size * dtype_bytes (0 for world 1).
+    Raises ValueError when world < 1 (say the value).
+
+    Hints: 3 lines.
+    """
+    ### BEGIN SOLUTION
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    return num_layers * 2 * 2 * (world - 1) / world * hidden_size * dtype_bytes
+    ### END SOLUTION
+
+
+# %%
+for world in (1, 2, 4, 8):
+    per_token = allreduce_bytes_per_token(llama8b.hidden_size, llama8b.num_hidden_layers, world)
+    print(f"Llama-3.1-8B at TP={world}: {per_token / 1e6:.2f} MB per token per rank; a prefill of 4096 tokens "
+          f"moves {per_token * 4096 / 1e9:.2f} GB per rank: {per_token * 4096 / 450e9 * 1e3:.1f} ms over "
+          f"NVLink (450 GB/s one way), {per_token * 4096 / 25e9 * 1e3:.0f} ms over 200 Gb/s Ethernet")
+
+# %%
+check("9.6")
+
+# %% [markdown]
+# Those figures are why tensor parallelism stays inside one machine (NVLink), and across machines
+# one uses pipeline parallelism or more replicas instead: the per-token traffic does not shrink as
+# the ranks grow, while the compute per rank does.
+
+# %% [markdown]
+# ## A capacity plan
+#
+# How many H100s does a product need? Say 8 agent sessions start per second (each 1-50 calls, 16
+# tenants), and every call must meet TTFT ≤ 1 s and TPOT ≤ 50 ms for 99% of calls. `replicas_needed`
+# (`minillm/sim/plan.py`) simulates the traffic on 1, 2, 4, … replicas, then bisects to the fewest
+# that meet the SLO. One replica here is Llama-3.1-8B on one H100; with TP=2 a replica is two GPUs
+# whose steps are (roughly) twice as fast, and your 9.6 says what they pay on the link.
+
+# %%
+slo = {"ttft": 1.0, "tpot": 0.05}
+plan = {}
+halved = StepProfile(fleet_profile.fixed / 2, fleet_profile.per_prefill_token / 2, fleet_profile.per_decode_seq / 2,
+                     fleet_profile.per_context_token / 2, "TP=2, an ideal 2x")
+for name, profile, gpus_per_replica in (("TP=1", fleet_profile, 1), ("TP=2", halved, 2)):
+    needed, s = replicas_needed(lambda: ([], agent_sessions(240, rate=8.0, seed=1)), profile, slo, kv_blocks=20_000,
+                                router="prefix_aware")
+    plan[name] = needed * gpus_per_replica
+    print(f"{name}: {needed} replicas = {needed * gpus_per_replica} H100s (SLO met by {s['slo_attainment']:.1%} "
+          f"of calls, TTFT p99 {s['ttft_p99']:.2f} s)")
+link = allreduce_bytes_per_token(llama8b.hidden_size, llama8b.num_hidden_layers, 2)
+print(f"TP=2 moves {link / 1e3:.0f} kB per token per GPU over NVLink, which the ideal TP=2 profile ignores")
+
+# %% [markdown]
+# Read the plan critically: the profile is a roofline at 60% of peak, not a measurement on an H100;
+# the workload is a model of agents, not your traffic; the TP=2 profile assumes a perfect 2x. What
+# the plan is good for is the *shape*: which SLO binds, how the answer moves with the traffic, and
+# where a measurement (`python -m minillm.bench profile` on the real GPU) would change it most.
+
+# %% [markdown]
+# ## Your parts inside the real pieces
+#
+# `check("9.E")` (also part of `make grade LAB=09`) plugs your parts in where they belong
+# (`minillm.labkit.plug.lab_parts`):
+#
+# * your `shard_columns` / `shard_rows` build the MLP shards of two ranks talking over
+#   `torch.distributed` (gloo, two processes), with your `tp_mlp_forward`'s placement of the
+#   all-reduce: the output equals the unsharded MLP of the bundled model's first layer;
+# * your `pack_kv` / `unpack_kv` move a prompt's K/V from one real engine's pool into another's;
+# * your `PrefixAware` routes in the simulator and in the real router's replica picker as the
+#   engine's policy does, and reaches its hit rate on a multi-tenant workload;
+# * your `autoscale_rule` runs the simulator's autoscaler to the reference's SLO and cost.
+
+# %%
+check("9.E")
+
+# %% [markdown]
+# ## How production engines do it
+#
+# * **vLLM** shards models with Megatron-style `ColumnParallelLinear` / `RowParallelLinear` layers
+#   (`--tensor-parallel-size`), and fuses gate and up into a `MergedColumnParallelLinear` that
+#   shards each half separately, as in 9.2; it all-reduces with NCCL (or a custom all-reduce kernel
+#   for small tensors inside one NVLink machine).
+# * **SGLang** uses the same layer scheme; its **router** (`sglang-router`) routes by cache
+#   affinity, keeping an approximate radix tree of what each worker holds, and falls back to the
+#   shortest queue when the load is imbalanced past a threshold: 9.4's rule with a different
+#   balance test.
+# * **DistServe** (Zhong et al. 2024) places prefill and decode on different GPUs to meet TTFT and
+#   TPOT SLOs at once; **Mooncake** (Moonshot AI's serving platform for Kimi) disaggregates too,
+#   with a KV-cache store spread over the cluster's CPU memory and SSDs, moved over RDMA. vLLM
+#   has experimental disaggregated prefill with KV connectors (e.g. NIXL, LMCache).
+# * **Autoscaling** in Kubernetes (the Horizontal Pod Autoscaler) has a scale-down stabilization
+#   window (5 minutes by default) for exactly the flapping 9.5 avoids; KServe and the
+#   Kubernetes Gateway API inference extension scale and route LLM servers on queue length and
+#   KV-cache use.
