@@ -21,6 +21,7 @@ from minillm import LLM, SamplingParams
 from minillm.serve.fleet import Fleet, app_in_thread, route_in_thread
 from minillm.serve.prefix_index import PrefixIndex
 from minillm.serve.responses import sse
+from minillm.serve.router_measure import tenant_sessions
 
 # ~70 tokens of code: prompts built on it share whole 16-token blocks
 SHARED = "def handler(value, limit=3):\n    if value > limit:\n        return value - 1\n    return value * 2\n\n" * 3
@@ -75,6 +76,7 @@ class FakeReplica:
 
     def __init__(self, name: str) -> None:
         self.name, self.prompts, self.release, self.mode = name, [], threading.Event(), None
+        self.closed = threading.Event()
         self.app, self.server = FastAPI(), None
         self.app.post("/v1/completions")(self.completions)
         self.app.get("/health")(lambda: {"status": "ok"})
@@ -97,6 +99,12 @@ class FakeReplica:
         if self.mode == "mute":
             raise RuntimeError("the fake replica dies before its first event")
         yield sse(self.chunk(self.name, None))
+        try:
+            while self.mode == "slow":
+                await asyncio.sleep(0.02)
+                yield sse(self.chunk(".", None))
+        finally:
+            self.closed.set()
         if self.mode == "break":
             raise RuntimeError("the fake replica dies mid-stream")
         yield sse(self.chunk("", "stop"))
@@ -210,6 +218,19 @@ def test_stream_cut_mid_way_ends_with_an_error_event_the_client_raises(fakes):
         assert router.app.state.router.state.replicas[1].failures == 1
 
 
+def test_client_leaving_mid_stream_closes_the_replicas_stream_and_frees_its_slot(fakes):
+    fakes[0].mode = "slow"
+    with router_over(fakes, "round_robin") as router:
+        state = router.app.state.router.state
+        with httpx.stream("POST", router.base_url + "/v1/completions", timeout=10,
+                          json={"model": "tiny", "prompt": "x", "stream": True}) as response:
+            next(response.iter_lines())
+            assert state.replicas[0].in_flight == 1
+        assert fakes[0].closed.wait(5), "the replica's stream outlived the client"
+        assert wait_until(lambda: state.replicas[0].in_flight == 0, 5)
+        assert state.replicas[0].failures == 0 and state.replicas[0].alive
+
+
 def test_no_replica_alive_is_a_503_in_openai_error_shape(fakes):
     with router_over(fakes, "prefix_aware") as router:
         for f in fakes:
@@ -233,6 +254,17 @@ def test_replica_back_after_a_restart_returns_to_rotation_through_the_health_che
         fakes[0] = FakeReplica("r0").start(port)
         assert wait_until(lambda: state.replicas[0].alive, 5), "the health check missed a replica back"
         assert {complete(router.base_url, f"x = {i}") for i in range(2)} == {"r0", "r1"}
+
+
+def test_tenant_sessions_share_system_prompts_and_grow_turn_by_turn():
+    sessions = tenant_sessions(tenants=2, sessions=4, turns=3, system_tokens=40, turn_tokens=12, output_tokens=5)
+    assert [len(s) for s in sessions] == [3] * 4
+    for s in sessions:
+        assert all(a.prompt and b.prompt.startswith(a.prompt) and len(b.prompt) > len(a.prompt)
+                   for a, b in zip(s, s[1:]))
+        assert all(c.max_tokens == 5 for c in s)
+    first = [s[0].prompt.split("\n# next step\n")[0] for s in sessions]
+    assert first[0] == first[2] != first[1] == first[3]   # session s belongs to tenant s % 2
 
 
 # -- a real fleet ----------------------------------------------------------------------------------
