@@ -507,6 +507,14 @@ fig.update_layout(title="Serving replicas over time", xaxis_title="simulated sec
 fig.show()
 
 # %% [markdown]
+# Read the three lines together. The queue rule is the cheapest and fails most requests: every wave
+# finds it shrunk, and the replicas it then asks for arrive 20 s late. Your rule holds its replicas
+# between waves and meets the SLO far more often, for more replica-seconds. A fleet fixed at the
+# peak's size meets it always, at the highest cost: autoscaling pays when the quiet periods are long
+# compared with the startup delay (nights, weekends), and here they are not. Try `period=600` in
+# `waves`, or `startup_seconds=120`.
+
+# %% [markdown]
 # ## Same weights, different performance
 #
 # One model, one GPU type, one workload: what you get still depends on how you serve it. The same
