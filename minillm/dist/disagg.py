@@ -58,7 +58,7 @@ class DisaggregatedLLM:
         self.transfers: dict[str, dict] = {}  # request id -> its handoff's record (bytes, seconds, digests)
         self._numbers = itertools.count()
         self._live: set[str] = set()  # requests not finished nor aborted
-        threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
         store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=START_TIMEOUT),
                               wait_for_workers=False)
         self._conns, self._procs = {}, {}
@@ -68,7 +68,7 @@ class DisaggregatedLLM:
                                                   str(theirs.fileno())], pass_fds=[theirs.fileno()])
             theirs.close()
             self._conns[rank] = ours
-            send(ours, ("start", rank, store.port, config_fields(self.config), threads, check_kv))
+            send(ours, ("start", rank, store.port, config_fields(self.config), self.threads, check_kv))
         self._store = store
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._conns)
         try:
