@@ -1,5 +1,7 @@
 """Cluster: a fleet of replicas behind a router, simulated on the engine's step costs, animated over time;
 and the simulator checked against one replica of the real engine."""
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -23,6 +25,7 @@ from visualizer.cluster_run import (
 )
 from visualizer.engines import model_choices
 
+LAB = sorted(Path(__file__).resolve().parents[2].glob("labs/lab09_*.ipynb"))
 WINDOWS = 24  # latency windows over the arrivals
 ROUTERS = {"round_robin": "round robin", "least_loaded": "least loaded", "prefix_aware": "prefix-aware"}
 DEFAULTS = {"replicas": 4, "router": "least_loaded", "split": "off", "autoscale": False, "per_replica": 8.0,
@@ -35,9 +38,11 @@ st.markdown("One engine serves one GPU's worth of requests; a service runs many 
             "queues. This page simulates a fleet serving agent sessions (many tenants, bursty, calls that grow "
             "the history), each replica stepping as the engine's measured or roofline step costs say, and plays "
             "the queues and KV use of every replica back over time.")
-st.caption("The simulator is `minillm/sim/` (a discrete-event model on SimPy: `cluster.py`, `replica.py`, "
-           "`routing.py`, `autoscale.py`, `workloads.py`); `python -m minillm bench cluster` prints the same "
-           "comparisons. The routers are the ones the real router uses.")
+st.caption(":material/menu_book: " + (f"Taught in **lab 09**: `labs/{LAB[0].name}` (open the labs with `make lab`). "
+                                      if LAB else "")
+           + "The simulator is `minillm/sim/` (a discrete-event model on SimPy: `cluster.py`, `replica.py`, "
+             "`routing.py`, `autoscale.py`, `workloads.py`); `python -m minillm bench cluster` prints the same "
+             "comparisons. The routers are the ones the real router uses.")
 
 for name, value in DEFAULTS.items():
     st.session_state.setdefault(f"k_cluster_{name}", value)
@@ -93,18 +98,20 @@ except ValueError as exc:
 
 s = run.summary
 st.subheader(f"{replicas} replica{'s' * (replicas > 1)} of {model} on {hardware}, {ROUTERS[router]}")
-m = st.columns(7)
+m = st.columns(4)
 m[0].metric("Requests completed", f"{s['completed']:,} of {run.calls_made:,}",
             help="Every call of every session is one request; the simulation runs until the last one finishes.")
 m[1].metric("Output tokens/s", f"{s['output_throughput']:,.0f}")
-m[2].metric("TTFT p50 / p99", f"{1000 * s['ttft_median']:.0f} / {1000 * s['ttft_p99']:.0f} ms")
-m[3].metric("TPOT p50 / p99", f"{1000 * s['tpot_median']:.1f} / {1000 * s['tpot_p99']:.1f} ms")
-m[4].metric("Prefix hit rate", f"{s['prefix_hit_rate']:.1%}",
+m[2].metric("Prefix hit rate", f"{s['prefix_hit_rate']:.1%}",
             help="The share of prompt tokens found in the serving replica's prefix cache, not computed again.")
-m[5].metric("In SLO", f"{s['slo_attainment']:.1%}",
-            help=f"Requests with TTFT <= {SLO['ttft']:g} s and TPOT <= {1000 * SLO['tpot']:g} ms.")
-m[6].metric("Replica-hours", f"{run.replica_seconds / 3600:.2f}",
+m[3].metric("Replica-hours", f"{run.replica_seconds / 3600:.2f}",
             help="Replicas held (serving, starting or draining) times the time: what the fleet costs.")
+m = st.columns(5)
+for col, (label, key, digits) in zip(m, (("TTFT p50", "ttft_median", 0), ("TTFT p99", "ttft_p99", 0),
+                                         ("TPOT p50", "tpot_median", 1), ("TPOT p99", "tpot_p99", 1))):
+    col.metric(label, f"{1000 * s[key]:.{digits}f} ms")
+m[4].metric("In SLO", f"{s['slo_attainment']:.1%}",
+            help=f"Requests with TTFT <= {SLO['ttft']:g} s and TPOT <= {1000 * SLO['tpot']:g} ms.")
 st.caption(f"Simulated {run.duration:.0f} s of {sessions} sessions ({run.calls_made} calls). Step costs: "
            f"{profile.source}: {1000 * profile.fixed:.2f} ms a step, {1e6 * profile.per_prefill_token:.1f} µs a "
            f"prompt token, {1e6 * profile.per_decode_seq:.2f} µs a decoding sequence, "

@@ -1,6 +1,8 @@
 """The cluster page's pictures: queues per replica (animated in the browser), the fleet over time, KV use
 as a replicas x time heatmap, latency percentiles per arrival window, and the simulator's errors against
 a real run. Every chart over time marks the time the page's slider is on."""
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -57,19 +59,23 @@ def fleet_over_time(run: ClusterRun, t: float) -> go.Figure:
                     line=dict(color=ALIVE, shape="hv"), secondary_y=True,
                     hovertemplate="%{x:.1f} s: %{y} replicas<extra></extra>")
     _cursor(fig, t)
+    most = max(sum(bool(a) for a in row) for row in s["alive"])
     fig.update_layout(title="The fleet over time", height=300, margin=dict(l=10, r=10, t=40, b=10),
                       legend=dict(orientation="h", y=-0.25), xaxis_title="simulated seconds")
     fig.update_yaxes(title_text="requests", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="replicas", rangemode="tozero", secondary_y=True)
+    fig.update_yaxes(title_text="replicas", range=[0, most * 1.1], dtick=max(1, math.ceil(most / 5)),
+                     secondary_y=True)
     return fig
 
 
 def kv_heatmap(run: ClusterRun, t: float) -> go.Figure:
     """Each replica's share of KV blocks held by running requests (rows) over time (columns); blank where an
-    autoscaled replica had not started yet."""
+    autoscaled replica had not started yet. The colours run up to the fullest replica (at least 5%), so a
+    lightly used pool still shows where its blocks go; the colour bar says the scale."""
     s = run.samples
     z = [[row[r] for row in s["kv"]] for r in range(len(run.labels))]  # [replicas, time]
-    fig = go.Figure(go.Heatmap(z=z, x=s["time"], y=run.labels, zmin=0, zmax=1, colorscale="Blues",
+    top = max(0.05, max(v for row in z for v in row if v is not None))
+    fig = go.Figure(go.Heatmap(z=z, x=s["time"], y=run.labels, zmin=0, zmax=top, colorscale="Blues",
                                colorbar=dict(title="KV used", tickformat=".0%"),
                                hovertemplate="%{y} at %{x:.1f} s: %{z:.1%} of its KV blocks<extra></extra>"))
     _cursor(fig, t)
@@ -97,7 +103,7 @@ def latency_over_time(windows: list[dict], width: float, t: float, slo: dict[str
         _cursor(fig, t, row=1, col=col)
         fig.update_xaxes(title_text="arrival (simulated seconds)", row=1, col=col)
         fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=col)
-    fig.update_layout(title=f"Latency over time (arrivals in {width:g} s windows)", height=340,
+    fig.update_layout(title=f"Latency over time (arrivals in {width:.3g} s windows)", height=340,
                       margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
     return fig
 

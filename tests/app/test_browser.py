@@ -88,9 +88,10 @@ def test_a_generation_streams_in_a_real_browser(page, tmp_path):
     page.wait_for_timeout(1000)
     page.screenshot(path=tmp_path / "live.png", full_page=True)
     for link, name in (("Scheduler timeline", "timeline"), ("Paged memory explorer", "memory"),
-                       ("Roofline", "roofline")):
+                       ("Roofline", "roofline"), ("Cluster", "cluster")):
         page.get_by_role("link", name=link).click()
-        page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
+        # A chart of this page, not the last page's stale one (faded until the script reaches its place).
+        page.locator('[data-stale="false"] [data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)
         assert page.locator('[data-testid="stException"]').count() == 0, f"{name} page raised"
         page.screenshot(path=tmp_path / f"{name}.png", full_page=True)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from conftest import APP, errors, figures
 
+from minillm.sim import simulate
 from minillm.sim.workloads import agent_sessions
 from visualizer.cluster_run import latency_windows, roofline_replica
 
@@ -40,6 +41,11 @@ def test_every_call_of_every_session_completes_and_the_charts_are_drawn(cluster)
     calls = sum(len(s.calls) for s in agent_sessions(**DEFAULT_TRAFFIC))
     assert calls > DEFAULT_TRAFFIC["n"], "sessions make several calls each"
     assert metrics(cluster)["Requests completed"] == f"{calls:,} of {calls:,}"
+    profile, knobs = roofline_replica("Llama-3.1-8B", "H100 SXM")
+    alone = simulate([], profile, replicas=4, router="least_loaded", sessions=agent_sessions(**DEFAULT_TRAFFIC),
+                     **knobs)
+    ttft = [r.token_times[0] - r.arrival for r in alone.requests]
+    assert metrics(cluster)["TTFT p99"] == f"{1000 * np.percentile(ttft, 99):.0f} ms", "the page's fleet, numpy's p99"
     shown = figures(cluster)
     assert {QUEUES, FLEET, KV} <= set(shown) and latency_figure(cluster)
     times = shown[FLEET]["data"][0]["x"]
@@ -73,6 +79,7 @@ def test_the_replica_pool_is_what_the_gpu_holds_after_the_weights():
 
 
 def test_prefix_aware_routing_finds_the_shared_prompts(cluster):
+    change(cluster, "number_input", "k_cluster_sessions", 60)  # fewer sessions: four quick simulations
     change(cluster, "number_input", "k_cluster_tenants", 2)
     hits = {}
     for router in ("round_robin", "prefix_aware"):
