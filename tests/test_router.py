@@ -22,6 +22,7 @@ from minillm.serve.fleet import Fleet, app_in_thread, route_in_thread
 from minillm.serve.prefix_index import PrefixIndex
 from minillm.serve.responses import sse
 from minillm.serve.router_measure import tenant_sessions
+from minillm.serve.router_state import RouterState
 
 # ~70 tokens of code: prompts built on it share whole 16-token blocks
 SHARED = "def handler(value, limit=3):\n    if value > limit:\n        return value - 1\n    return value * 2\n\n" * 3
@@ -67,6 +68,13 @@ def test_index_forgets_least_recent_leaves_first_within_its_bound():
 def test_index_refuses_a_zero_capacity():
     with pytest.raises(ValueError, match="capacity=0"):
         PrefixIndex(capacity=0)
+
+
+def test_router_refuses_a_url_without_scheme_and_an_unknown_policy():
+    with pytest.raises(ValueError, match="'localhost:8000'"):
+        RouterState(["localhost:8000"])
+    with pytest.raises(ValueError, match="'fastest'"):
+        RouterState(["http://127.0.0.1:8000"], policy="fastest")
 
 
 # -- fake replicas -------------------------------------------------------------------------------

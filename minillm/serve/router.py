@@ -96,6 +96,12 @@ class Router:
                 self._failed(replica, e)
                 errors.append(f"; {replica.url} failed: {_describe(e)}")
                 continue
+            except BaseException:  # cancelled (the router shuts down): the replica's slot is still given back
+                with anyio.CancelScope(shield=True):
+                    if upstream is not None:
+                        await upstream.aclose()
+                self.state.release(replica)
+                raise
             return StreamingResponse(self._relay(replica, upstream, first, events), upstream.status_code,
                                      _returned(upstream.headers))
         if not any(r.alive for r in self.state.replicas):

@@ -41,6 +41,9 @@ class RouterState:
                  index_capacity: int = 65_536) -> None:
         if not urls:
             raise ValueError("the router needs at least one replica URL, got none")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"a replica URL must start with http:// or https://, got {url!r}")
         self.policy_name = policy
         self.policy = make_policy(policy)
         self.replicas = [Replica(url.rstrip("/"), PrefixIndex(block_size, index_capacity)) for url in urls]
