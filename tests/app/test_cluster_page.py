@@ -106,6 +106,16 @@ def test_a_disaggregated_fleet_and_an_autoscaled_one_serve_every_call(cluster):
     assert float(metrics(cluster)["Replica-hours"]) != fixed_cost
 
 
+def test_this_machines_measured_step_costs_drive_the_fleet(cluster):
+    calls = metrics(cluster)["Requests completed"]
+    change(cluster, "selectbox", "k_cluster_hardware", "This machine (measured)")
+    assert cluster.selectbox(key="k_cluster_model").value == "tiny", "only a bundled model runs here"
+    change(cluster, "selectbox", "k_cluster_model", "pico")
+    assert metrics(cluster)["Requests completed"] == calls and not errors(cluster)
+    assert any("pico on this machine" in c.value for c in cluster.caption)
+    assert cluster.subheader[0].value == "4 replicas of pico on This machine (measured), least loaded"
+
+
 @pytest.mark.parametrize(("kind", "key", "value", "message"), [
     ("selectbox", "k_cluster_model", "Llama-3.1-70B", "Cannot simulate this fleet: Llama-3.1-70B's weights (141 GB"),
     ("number_input", "k_cluster_replicas", 1, "Cannot simulate this fleet: disaggregation needs at least 2 replicas"),
