@@ -91,6 +91,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None  # speculative decoding (None: one token per sequence per step)
     quantization: QuantConfig | None = None  # weight-only quantization (None: the checkpoint's own weights)
     profile_attention: bool = False      # time attention apart in each step (a clock read per layer)
+    tensor_parallel_size: int = 1        # ranks sharing each layer's heads and MLP (minillm/dist); >1 starts workers
     components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
     def __post_init__(self) -> None:
@@ -115,6 +116,7 @@ class EngineConfig:
         self._check_offload()
         self.scheduler = _choice("scheduler", self.scheduler, SchedulerPolicy)
         self._check_attention_backend()
+        self._check_tensor_parallel()
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise TypeError(f"speculative must be a minillm.config.SpeculativeConfig or None, "
                             f"got {type(self.speculative).__name__}")
@@ -153,6 +155,22 @@ class EngineConfig:
         if self.torch_device.type == "cpu" and self.torch_dtype == torch.bfloat16:
             raise ValueError("attention_backend 'triton' on the CPU runs in Triton's interpreter, which has no "
                              "bfloat16 arithmetic: use dtype 'float32' or 'float16' there")
+
+    def _check_tensor_parallel(self) -> None:
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
+        if tp == 1:
+            return
+        # Each rank's shard must see the same attention inputs: only the paged torch context is broadcast,
+        # and a tier or a quantized layer would hold (or cut) rank 0's weights and K/V alone.
+        unsupported = {"device": (self.torch_device.type, "cpu"), "kv_cache": (self.kv_cache.value, "paged"),
+                       "attention_backend": (self.attention_backend, "torch"), "kv_offload": (self.kv_offload, None),
+                       "quantization": (self.quantization, None)}
+        for name, (value, accepted) in unsupported.items():
+            if value != accepted:
+                raise ValueError(f"tensor_parallel_size {tp} runs with {name}={accepted!r} only (gloo on CPU, the "
+                                 f"paged torch attention, full-precision weights), got {name}={value!r}")
 
     @property
     def torch_device(self) -> torch.device:

@@ -20,6 +20,7 @@ import torch
 
 from minillm.cache import make_cache_manager
 from minillm.config import Components, EngineConfig
+from minillm.dist.driver import TensorParallelDriver
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
 from minillm.models.config import ModelConfig
@@ -100,6 +101,8 @@ class LLMEngine:
         self.device, self.dtype = config.torch_device, config.torch_dtype
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.device)
         self.model = quantized(self.model, config, model is not None, self.model_dir)
+        if config.tensor_parallel_size > 1:  # this process becomes rank 0, workers run the other shards (dist/)
+            self.model = TensorParallelDriver(self.model, self.model_dir, config)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = Tokenizer(self.model_dir)
         limit = self.model_config.max_position_embeddings
@@ -109,6 +112,8 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or limit
         self.eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
         self.cache = make_cache_manager(config, self.model_config, self.dtype, self.device)
+        if config.tensor_parallel_size > 1:
+            self.model.attach_pool(self.cache.pool)  # each worker's pool mirrors this one, for its kv heads
         self.scheduler = Scheduler(config, self.cache)
         self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention)
         self.speculator = None
