@@ -154,12 +154,14 @@ class TestTwoRanks:
 
     def test_greedy_tokens_equal_one_rank(self, llms):
         reference, tp = llms
-        prompts = [*PROMPTS, LONG]
+        prompts = [*PROMPTS, LONG, "while True:"]
         assert len(reference.tokenizer.encode(LONG)) > 2 * 64  # prefilled in several chunks, many blocks
-        expected = [o.token_ids for o in reference.generate(prompts, GREEDY)]
-        tp.model.all_reduce.reset()
-        got = tp.generate(prompts, GREEDY)
-        assert [o.token_ids for o in got] == expected
+        # Two samples fork the prompt's blocks and copy the shared last one when they write it:
+        # the workers must repeat that copy in their pools.
+        params = [GREEDY] * len(PROMPTS) + [GREEDY, SamplingParams(max_tokens=6, temperature=0, n=2)]
+        expected = [[c.token_ids for c in o.outputs] for o in reference.generate(prompts, params)]
+        got = [[c.token_ids for c in o.outputs] for o in tp.generate(prompts, params)]
+        assert got == expected
 
     def test_logits_equal_one_rank_within_rounding(self, llms):
         reference, tp = llms
