@@ -57,7 +57,6 @@ from minillm.perf import PROFILES, model_shape
 from minillm.sim import SimRequest, StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, fixed_rule, queue_rule
 from minillm.sim.plan import replicas_needed, summary
-from minillm.sim.routing import POLICIES
 from minillm.sim.workloads import agent_sessions
 
 torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fighting over the cores
@@ -396,12 +395,13 @@ check("9.4")
 # then 64 replicas of Llama-3.1-8B on H100s.
 
 # %%
-POLICIES["yours"] = lambda: PrefixAware(slack=4)  # simulate() takes a policy by name: lend it yours
+routers = {"round_robin": "round_robin", "least_loaded": "least_loaded", "yours": PrefixAware}  # a name, or your class
 
 routing_rows = []
 for replicas, sessions in ((16, 120), (64, 400)):
-    for name in ("round_robin", "least_loaded", "yours"):
-        result = simulate([], fleet_profile, replicas=replicas, router=name,
+    for name, router in routers.items():
+        router = router(slack=4) if name == "yours" else router  # a fresh policy object for each run
+        result = simulate([], fleet_profile, replicas=replicas, router=router,
                           sessions=agent_sessions(sessions, rate=sessions / 60, seed=0), kv_blocks=20_000)
         s = summary(result.requests, {"ttft": 1.0, "tpot": 0.05})
         routing_rows.append(dict(replicas=replicas, router=name, hits=s["prefix_hit_rate"], ttft_p99=s["ttft_p99"],

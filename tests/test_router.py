@@ -18,11 +18,12 @@ from fastapi.responses import StreamingResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from minillm import LLM, SamplingParams
-from minillm.serve.fleet import Fleet, app_in_thread, route_in_thread
+from minillm.serve.fleet import Fleet, route_in_thread
 from minillm.serve.prefix_index import PrefixIndex
 from minillm.serve.responses import sse
 from minillm.serve.router_measure import tenant_sessions
 from minillm.serve.router_state import RouterState
+from minillm.serve.server import app_in_thread
 
 # ~70 tokens of code: prompts built on it share whole 16-token blocks
 SHARED = "def handler(value, limit=3):\n    if value > limit:\n        return value - 1\n    return value * 2\n\n" * 3
@@ -232,10 +233,10 @@ def test_client_leaving_mid_stream_closes_the_replicas_stream_and_frees_its_slot
         state = router.app.state.router.state
         with httpx.stream("POST", router.base_url + "/v1/completions", timeout=10,
                           json={"model": "tiny", "prompt": "x", "stream": True}) as response:
-            next(response.iter_lines())
-            assert state.replicas[0].in_flight == 1
-        assert fakes[0].closed.wait(5), "the replica's stream outlived the client"
-        assert wait_until(lambda: state.replicas[0].in_flight == 0, 5)
+            first = next(response.iter_lines())
+            assert state.replicas[0].in_flight == 1, f"the stream is open, its slot held (first line: {first!r})"
+        assert fakes[0].closed.wait(15), "the replica's stream outlived the client"
+        assert wait_until(lambda: state.replicas[0].in_flight == 0, 15)
         assert state.replicas[0].failures == 0 and state.replicas[0].alive
 
 

@@ -161,3 +161,18 @@ def test_autoscaling_adds_replicas_only_after_their_startup_and_drains_them_when
     assert result.duration < fixed.duration
     with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
         Autoscaler(rule=queue_rule(), min_replicas=4, max_replicas=2)
+
+
+def test_starting_replicas_are_counted_until_they_serve_and_then_only_as_serving():
+    from minillm.sim.autoscale import Autoscaler
+    seen = []
+
+    def rule(state):
+        seen.append((state.now, state.replicas, state.starting))
+        return 3
+    simulate(poisson_requests(300, 100.0, seed=5), PROFILE, replicas=1, max_num_seqs=8,
+             autoscaler=Autoscaler(rule=rule, interval=0.5, startup_seconds=1.2))
+    assert seen[0] == (0.5, 1, 0)
+    assert seen[1] == (1.0, 1, 2), "two asked for at 0.5 s, not serving yet"
+    assert seen[3][1:] == (3, 0), "at 2.0 s both serve (ready at 1.7 s) and none is starting"
+    assert all(r + s == 3 for _, r, s in seen[1:])

@@ -1,20 +1,25 @@
-"""Scaling out, measured and simulated: the simulator checked against the real engine, routing
-policies and a capacity plan at fleet scale.
+"""Scaling out, measured and simulated: real processes on this machine, the simulator checked against
+the real engine, and fleets no laptop runs.
 
 1. Validation: the step profile is measured on the real engine (a calibration workload of its own),
    then other workloads run for real and in the simulator; the errors of throughput and of TTFT and
    TPOT p50 / p99 are reported (the aim: within 15%).
-2. Routing at scale (simulated): agent sessions of many tenants, bursty arrivals, a fleet of
-   replicas of a real model on a real GPU (roofline profile); round robin vs least loaded vs
-   prefix-aware on prefix hit rate, TTFT and throughput.
-3. A capacity plan: the fewest replicas meeting a TTFT / TPOT SLO for 99% of requests.
-Tensor parallelism and prefill/decode disaggregation are not built yet: not reported.
+2. Routing on a real fleet: replicas as server processes behind the cache-aware router, a
+   multi-tenant multi-turn workload; each policy's prefix hit rate, TTFT and throughput.
+3. Routing at scale (simulated): agent sessions of many tenants, bursty arrivals, a fleet of
+   replicas of a real model on a real GPU (roofline profile).
+4. Colocated vs disaggregated prefill/decode (two real worker processes): TTFT, ITL, bytes moved.
+5. Tensor parallelism (gloo, real processes): bytes all-reduced per token measured and by formula.
+6. A capacity plan: the fewest replicas meeting a TTFT / TPOT SLO for 99% of requests.
 """
 from minillm.bench import print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
+from minillm.dist.disagg_measure import measure_disaggregation
+from minillm.dist.measure import measure_tp_communication
 from minillm.engine.engine import LLMEngine
 from minillm.perf import PROFILES, model_shape
+from minillm.serve.router_measure import measure_routing
 from minillm.sim import StepProfile, simulate
 from minillm.sim.calibrate import copies, measure_profile, replay, replica_knobs, workload
 from minillm.sim.plan import replicas_needed, summary
@@ -55,18 +60,43 @@ def routing(profile: StepProfile, replicas: int, sessions: int, bar) -> list[dic
     return rows
 
 
+def tensor_parallel(model: str, quick: bool) -> dict:
+    """TP=2 on gloo against TP=1: the all-reduce traffic per token measured and by formula, its time, tokens/s."""
+    tp = measure_tp_communication(model, tp=2, tokens=16 if quick else 64)
+    rows = [{"figure": "bytes all-reduced per token", "measured": tp["bytes_per_token_measured"],
+             "formula": tp["bytes_per_token_formula"]},
+            {"figure": "ring bytes sent per rank per token", "measured": "-",
+             "formula": tp["ring_bytes_per_rank_per_token"]},
+            {"figure": "all-reduce ms per step", "measured": tp["allreduce_seconds_per_step"] * 1e3, "formula": "-"},
+            {"figure": "output tokens/s, TP=1 -> TP=2", "measured": f"{tp['tokens_per_s_tp1']:.1f} -> "
+                                                                   f"{tp['tokens_per_s_tp2']:.1f}", "formula": "-"}]
+    title = (f"{model}, 2 ranks, {tp['allreduce_calls']} all-reduces over {tp['steps']} steps; greedy tokens equal "
+             f"to TP=1: {tp['greedy_tokens_equal']} (2 x layers x hidden x 4 bytes per token; on one 2-core CPU the "
+             f"ranks share the cores, so TP cannot be faster here)")
+    return {"rows": rows, "title": title, **tp}
+
+
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     model = model or "tiny"
     conditions = check_conditions()
     fleet_profile = StepProfile.from_roofline(model_shape(FLEET_MODEL), PROFILES[FLEET_GPU])
     replicas, sessions = (8, 60) if quick else (64, 600)
-    with progress("cluster", 2 + 3 + 1, unit="part") as bar:
+    with progress("cluster", 2 + 3 + 4, unit="part") as bar:
         bar.set_description("cluster: calibrating on the real engine")
         engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
         profile = measure_profile(engine, requests=12 if quick else 48)
         bar.set_description("cluster: real vs simulated")
         checks = validate(engine, profile, quick, bar)
+        bar.set_description("cluster: routing on a real fleet")
+        real_routes = measure_routing(replicas=2, quick=quick, model=model)
+        bar.update()
         routes = routing(fleet_profile, replicas, sessions, bar)
+        bar.set_description("cluster: colocated vs disaggregated")
+        disagg = measure_disaggregation(model, quick=quick)
+        bar.update()
+        bar.set_description("cluster: tensor parallelism")
+        tp = tensor_parallel(model, quick)
+        bar.update()
         bar.set_description("cluster: capacity plan")
         slo = {"ttft": 1.0, "tpot": 0.05}
         rate = 2.0 if quick else 10.0
@@ -78,13 +108,25 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     print_table(checks, "1. the simulator against real runs of the same workload (one replica)")
     worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in checks)
     print(f"largest error: {worst:.1%} (aim: within 15%)")
-    print_table(routes, f"2. routing {sessions} agent sessions (1-50 calls, 16 tenants, bursty) over {replicas} "
+    print_table([{"router": name, "prefix hits": f"{f['prefix_hit_rate']:.1%}",
+                  "router's estimate": f"{f['router_hit_estimate']:.1%}", "TTFT p50 ms": f["ttft_p50_s"] * 1e3,
+                  "TTFT p99 ms": f["ttft_p99_s"] * 1e3, "output tok/s": f["output_tok_s"],
+                  "completed": f["completed"], "failed": f["failed"]} for name, f in real_routes["policies"].items()],
+                f"2. routing on a real fleet: {real_routes['replicas']} replica processes behind the router, "
+                f"{real_routes['workload']}")
+    print_table(routes, f"3. routing {sessions} agent sessions (1-50 calls, 16 tenants, bursty) over {replicas} "
                         f"replicas of {FLEET_MODEL} on {FLEET_GPU} (simulated; {fleet_profile.source})")
-    print(f"\n3. capacity plan: {rate:g} agent sessions/s of {FLEET_MODEL} on {FLEET_GPU} need {needed} replicas "
+    print_table([{"variant": name, **disagg[name]} for name in ("colocated", "disaggregated")],
+                f"4. colocated vs disaggregated prefill/decode ({disagg['threads']})")
+    print("KV bytes moved per request (prompt tokens: bytes): " +
+          ", ".join(f"{n}: {b:,}" for n, b in sorted(disagg["kv_bytes_per_request"].items())))
+    print_table(tp["rows"], f"5. tensor parallelism on gloo: {tp['title']}")
+    print(f"\n6. capacity plan: {rate:g} agent sessions/s of {FLEET_MODEL} on {FLEET_GPU} need {needed} replicas "
           f"to meet TTFT <= {slo['ttft']} s and TPOT <= {slo['tpot'] * 1e3:.0f} ms for 99% of calls (simulated: "
           f"attainment {plan['slo_attainment']:.1%}, TTFT p99 {plan['ttft_p99']:.2f} s)")
     figures = {"model": model, "profile": vars(profile), "validation": checks, "validation_worst_error": worst,
-               "routing": routes, "replicas": replicas, "sessions": sessions,
+               "routing_real": real_routes, "disaggregation": disagg, "tensor_parallel": tp, "routing": routes,
+               "replicas": replicas, "sessions": sessions,
                "capacity_plan": {"sessions_per_s": rate, "slo": slo, "replicas": needed,
                                  "attainment": plan["slo_attainment"]}}
     write_json(json_path, "cluster", figures, conditions)

@@ -9,55 +9,18 @@ Each replica is `python -m minillm serve --port P` on a free loopback port; `sto
 process outlives the fleet. `route_in_thread` alone puts a router in front of servers already running;
 `app_in_thread` serves any ASGI app (the router, a test's fake replica) in a thread.
 """
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
 import httpx
-import uvicorn
-from fastapi import FastAPI
 
 from minillm.serve.router import build_router
 from minillm.serve.router_state import RouterState
-from minillm.serve.server import _bind
-
-
-@dataclass
-class ThreadedApp:
-    """An ASGI app served by uvicorn in a thread of this process; `stop()` (or leaving the `with`) shuts it down."""
-    base_url: str
-    app: FastAPI
-    server: uvicorn.Server
-    thread: threading.Thread
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)
-
-    def __enter__(self) -> "ThreadedApp":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, name: str = "minillm-app") -> ThreadedApp:
-    """Serve app in a daemon thread on its own event loop; return once it listens (port 0: a free one)."""
-    sock = _bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True, name=name)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError(f"the {name} thread exited before it started: see its log above")
-        time.sleep(0.01)
-    bound_host, bound_port = sock.getsockname()[:2]
-    return ThreadedApp(f"http://{bound_host}:{bound_port}", app, server, thread)
+from minillm.serve.server import ThreadedApp, app_in_thread, bind_socket
 
 
 def route_in_thread(urls: list[str], host: str = "127.0.0.1", port: int = 0, **router_options) -> ThreadedApp:
@@ -67,7 +30,7 @@ def route_in_thread(urls: list[str], host: str = "127.0.0.1", port: int = 0, **r
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now (the OS picks it); a replica binds it a moment later."""
-    with _bind(host, 0) as sock:
+    with bind_socket(host, 0) as sock:
         return sock.getsockname()[1]
 
 

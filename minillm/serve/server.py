@@ -30,7 +30,7 @@ def _as_async_llm(llm_or_model) -> AsyncLLM:
     return AsyncLLM(llm_or_model)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
     """Bind before uvicorn starts, so port 0 (any free port) is known at once."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -40,11 +40,10 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 @dataclass
-class ServerHandle:
-    """A server running in a thread of this process; `stop()` (or leaving the `with`) shuts it down."""
+class ThreadedApp:
+    """An ASGI app served by uvicorn in a thread of this process; `stop()` (or leaving the `with`) shuts it down."""
     base_url: str
     app: FastAPI
-    llm: AsyncLLM
     server: uvicorn.Server
     thread: threading.Thread
 
@@ -52,34 +51,45 @@ class ServerHandle:
         self.server.should_exit = True
         self.thread.join(timeout)
 
-    def __enter__(self) -> "ServerHandle":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def serve_in_thread(llm_or_model="tiny", host: str = "127.0.0.1", port: int = 0, **app_options) -> ServerHandle:
-    """Start uvicorn on its own event loop in a daemon thread; return once it accepts connections.
-    llm_or_model: an AsyncLLM, an LLM (its engine is driven from now on), or a model name/folder.
-    app_options: build_app's (model_name, api_key, max_waiting, admission); model_name defaults
-    to the model's name."""
-    llm = _as_async_llm(llm_or_model)
-    app_options.setdefault("model_name", llm.config.model)
-    app = build_app(llm, **app_options)
-    sock = _bind(host, port)
-    # stop() gives open streams a few seconds, then cancels them (their requests are aborted)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
-                              name="minillm-server")
+@dataclass
+class ServerHandle(ThreadedApp):
+    """The OpenAI-compatible server in a thread of this process, and the engine behind it."""
+    llm: AsyncLLM | None = None
+
+
+def app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, name: str = "minillm-app",
+                  grace: float = 3.0) -> ThreadedApp:
+    """Serve app (the server, the router, a test's fake replica) in a daemon thread on its own event loop;
+    return once it listens (port 0: a free one). On stop, open streams get `grace` seconds, then are cancelled."""
+    sock = bind_socket(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=grace))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True, name=name)
     thread.start()
     while not server.started:  # uvicorn sets it once the socket is listening
         if not thread.is_alive():
-            raise RuntimeError("the server thread exited before it started: see its log above")
+            raise RuntimeError(f"the {name} thread exited before it started: see its log above")
         threading.Event().wait(0.01)
     bound_host, bound_port = sock.getsockname()[:2]
     display = f"[{bound_host}]" if ":" in bound_host else bound_host
-    return ServerHandle(f"http://{display}:{bound_port}", app, llm, server, thread)
+    return ThreadedApp(f"http://{display}:{bound_port}", app, server, thread)
+
+
+def serve_in_thread(llm_or_model="tiny", host: str = "127.0.0.1", port: int = 0, **app_options) -> ServerHandle:
+    """Start the server on its own event loop in a daemon thread; return once it accepts connections.
+    llm_or_model: an AsyncLLM, an LLM (its engine is driven from now on), or a model name/folder.
+    app_options: build_app's (model_name, api_key, max_waiting, admission); model_name defaults
+    to the model's name. stop() gives open streams 5 s, then cancels them (their requests are aborted)."""
+    llm = _as_async_llm(llm_or_model)
+    app_options.setdefault("model_name", llm.config.model)
+    running = app_in_thread(build_app(llm, **app_options), host, port, name="minillm-server", grace=5.0)
+    return ServerHandle(running.base_url, running.app, running.server, running.thread, llm)
 
 
 def run_server(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, grace_period: float = 10.0,

@@ -114,25 +114,25 @@ def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1
         cost["replica_seconds"] += cost["held"] * (env.now - cost["last"])
         cost["last"], cost["held"] = env.now, count
 
+    starting = [0]  # replicas asked for that do not serve yet
+
     def autoscale(a: Autoscaler):
-        starting = 0
         while work_left():
             yield env.timeout(a.interval)
             alive = [x for x in fleet if x.alive]
-            state = FleetState(env.now, len(alive), starting, sum(len(x.waiting) for x in fleet),
+            state = FleetState(env.now, len(alive), starting[0], sum(len(x.waiting) for x in fleet),
                                sum(len(x.running) for x in fleet))
             want = max(a.min_replicas, min(a.max_replicas, a.rule(state)))
-            if want > len(alive) + starting:
-                for _ in range(want - len(alive) - starting):
-                    env.process(start_replica(a))
-                starting = want - len(alive)
-            elif want < len(alive):
-                for x in alive[want:]:  # the newest drain: they take no new requests and leave when empty
-                    x.alive = False
-            hold(sum(1 for x in fleet if x.alive or x.load) + starting)
+            for _ in range(want - len(alive) - starting[0]):
+                starting[0] += 1
+                env.process(start_replica(a))
+            for x in alive[want:] if want < len(alive) else []:  # the newest drain: no new requests, leave when empty
+                x.alive = False
+            hold(sum(1 for x in fleet if x.alive or x.load) + starting[0])
 
     def start_replica(a: Autoscaler):
         yield env.timeout(a.startup_seconds)
+        starting[0] -= 1
         fleet.append(Replica(env, profile, index=len(fleet), **replica_options))
 
     if autoscaler is not None:

@@ -52,10 +52,14 @@ class PrefixAware:
 POLICIES = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "prefix_aware": PrefixAware}
 
 
-def make_policy(name: str):
-    if name not in POLICIES:
-        raise ValueError(f"routing policy must be one of {', '.join(POLICIES)}, got {name!r}")
-    return POLICIES[name]()
+def make_policy(policy):
+    """A policy by name, or a policy object itself (anything with choose(replicas, prompt_tokens)): a lab's."""
+    if hasattr(policy, "choose"):
+        return policy
+    if policy not in POLICIES:
+        raise ValueError(f"routing policy must be one of {', '.join(POLICIES)} (or an object with a choose "
+                         f"method), got {policy!r}")
+    return POLICIES[policy]()
 
 
 def _alive(replicas: Sequence[ReplicaView]) -> list[int]:

@@ -29,7 +29,7 @@ from minillm.serve.router_state import RouterState
 from minillm.sim import SimRequest, StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, FleetState
 from minillm.sim.plan import summary
-from minillm.sim.routing import POLICIES, PrefixAware, ReplicaView
+from minillm.sim.routing import PrefixAware, ReplicaView
 from minillm.sim.workloads import agent_sessions
 
 EXERCISES = {"9.1": "shard_columns, shard_rows", "9.2": "tp_mlp_forward", "9.3": "pack_kv, unpack_kv",
@@ -412,58 +412,49 @@ def test_your_tp_mlp_matches_the_engines_tensor_parallel_layers(lab):
         assert_close(got, layer(x), "your tensor-parallel MLP against tiny's MLP", atol=1e-4)
 
 
+def by_block(pool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A paged pool's K and V seen block by block: [layers, num_blocks, block_size, kv_heads, head_dim]."""
+    shape = (pool.k.shape[0], -1, pool.block_size, *pool.k.shape[2:])
+    return pool.k.view(shape), pool.v.view(shape)
+
+
 def prefill_then_transfer(pack, unpack, prompt: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
-    """Engine A prefills the prompt; its K/V, packed, replace what engine B computed in its own (different)
-    blocks, which are zeroed first; both then decode greedily. -> (A's tokens, B's tokens)."""
+    """Engine A prefills the prompt and hands it off (LLMEngine.hand_off) with its K/V packed by `pack`;
+    engine B, whose blocks are partly held by another request, admits it (LLMEngine.add_prefilled) with
+    `unpack` writing the K/V into its own blocks, and decodes it greedily without ever computing the prompt.
+    -> (the colocated engine's tokens, B's tokens)"""
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    colocated = LLM("tiny", block_size=16, num_kv_blocks=64).generate([prompt], params, use_tqdm=False)[0]
     a, b = LLM("tiny", block_size=16, num_kv_blocks=64).engine, LLM("tiny", block_size=16, num_kv_blocks=64).engine
-    b.add_request(list(range(5, 60)), SamplingParams(max_tokens=1))  # B's blocks for the prompt differ from A's
+    b.add_request(list(range(5, 60)), SamplingParams(max_tokens=40, ignore_eos=True))  # holds B's first blocks
     b.step()
-    seqs = []
-    for engine in (a, b):
-        engine.add_request(prompt, params, request_id="moved")
-        engine.step()  # the prefill: the prompt's K/V in the pool, and the first token
-        seqs.append(next(s for s in engine.scheduler.running if s.request_id == "moved"))
-    tables = [engine.cache.block_table(seq) for engine, seq in zip((a, b), seqs)]
-    assert tables[0] != tables[1], "the test needs different block ids in the two engines"
-    pools = [engine.cache.pool for engine in (a, b)]
-    by_block = [(p.k.view(p.k.shape[0], -1, p.block_size, *p.k.shape[2:]),
-                 p.v.view(p.v.shape[0], -1, p.block_size, *p.v.shape[2:])) for p in pools]
-    buffer = pack(*by_block[0], tables[0], len(prompt))
-    pools[1].zero_blocks(tables[1])  # B keeps nothing of its own: it decodes from what it received
-    unpack(buffer, *by_block[1], tables[1])
-    tokens = []
-    for engine, seq in zip((a, b), seqs):
-        while engine.has_unfinished():
-            engine.step()
-        tokens.append(list(seq.output_token_ids))
-    return tokens[0], tokens[1]
+    a.add_request(prompt, params, request_id="moved")
+    a.step()  # the prefill: the prompt's K/V in A's pool, and the first token
+    sent_from = next(s.block_table for s in a.sequences() if s.request_id == "moved")
+    prefilled = a.hand_off("moved", lambda pool, blocks, n: pack(*by_block(pool), blocks, n))
+    chunks = b.add_prefilled(prefilled, params, "moved", lambda buffer, pool, blocks: unpack(buffer, *by_block(pool),
+                                                                                              blocks))
+    assert chunks is not None, "engine B had room for the transferred request"
+    received_in = next(s.block_table for s in b.sequences() if s.request_id == "moved")
+    assert received_in[:len(sent_from)] != sent_from, "the test needs other block ids in the receiving engine"
+    tokens = [t for c in chunks for t in c.token_ids]
+    while b.has_unfinished():
+        tokens += [t for c in b.step() if c.request_id == "moved" for t in c.token_ids]
+    return colocated.token_ids, tokens
 
 
 @exercise("9.E", timeout=120)
 def test_your_kv_transfer_moves_a_prompt_between_two_real_engines(lab):
-    ("a 37-token prompt prefilled by one tiny engine, its K/V packed with your pack_kv and unpacked with your "
-     "unpack_kv into another engine's own blocks (zeroed first, other block ids, a partial last block): the "
-     "second engine's greedy continuation equals the first's")
+    ("a 37-token prompt prefilled by one tiny engine and handed off with its K/V packed by your pack_kv, admitted by "
+     "another engine with your unpack_kv writing it into its own blocks (other block ids, a partial last block), "
+     "which decodes it without computing the prompt: the greedy continuation equals the prompt's on one engine")
     parts = lab_parts(lab, "09")
     prompt = LLM("tiny").tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fib")[:37]
     with one_thread():
         mine = prefill_then_transfer(parts["pack_kv"], parts["unpack_kv"], prompt, 12)
     assert len(prompt) % 16, "the prompt must end in a partial block"
-    assert mine[1] == mine[0], (f"after your transfer the receiving engine generated {mine[1]}, the engine that "
-                                f"prefilled generated {mine[0]}")
-
-
-def lend(policy):
-    """simulate() and the router take policies by name: `policy` under the name "yours", for a while."""
-    @contextlib.contextmanager
-    def lent():
-        POLICIES["yours"] = lambda: policy
-        try:
-            yield "yours"
-        finally:
-            del POLICIES["yours"]
-    return lent()
+    assert mine[1] == mine[0], (f"after your transfer the receiving engine generated {mine[1]}; the same prompt "
+                                f"on one engine generates {mine[0]}")
 
 
 FLEET = StepProfile.from_roofline(model_shape("Llama-3.1-8B"), PROFILES["H100 SXM"])
@@ -483,9 +474,8 @@ def test_your_routing_policy_in_the_simulator(lab):
      "a dead replica gets nothing")
     parts = lab_parts(lab, "09")
     want = reference_routing(16, 60)
-    with lend(parts["PrefixAware"](4)) as name:
-        result = simulate([], FLEET, replicas=16, router=name, sessions=agent_sessions(60, rate=2.0, seed=9),
-                          kv_blocks=20_000)
+    result = simulate([], FLEET, replicas=16, router=parts["PrefixAware"](4),
+                      sessions=agent_sessions(60, rate=2.0, seed=9), kv_blocks=20_000)
     hits = summary(result.requests)["prefix_hit_rate"]
     assert hits >= want["hits"] - 1e-9, \
         f"prefix hit rate {hits:.1%} with your policy, the reference's {want['hits']:.1%}"
