@@ -23,12 +23,13 @@ from minillm.sampling import SamplingParams
 
 
 def mixed_workload(quick: bool) -> list[tuple[float, str, list[int], SamplingParams]]:
-    """(arrival second, kind, prompt ids, params): decoders at once, long prompts every 0.5 s."""
+    """(arrival second, kind, prompt ids, params): decoders at once, long prompts every 0.3 s while they
+    decode (they make enough tokens to outlast the arrivals even at ~5 ms a token)."""
     decoders, longs, prompt_len = (3, 3, 320) if quick else (6, 6, 448)
-    decode = SamplingParams(max_tokens=48 if quick else 96, temperature=0, ignore_eos=True)
+    decode = SamplingParams(max_tokens=240 if quick else 480, temperature=0, ignore_eos=True)
     long = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     work = [(0.0, "decode", [50 + 13 * i + k for k in range(12)], decode) for i in range(decoders)]
-    work += [(0.5 * (i + 1), "long", [(97 * i + 31 * k) % 3900 + 100 for k in range(prompt_len)], long)
+    work += [(0.3 * (i + 1), "long", [(97 * i + 31 * k) % 3900 + 100 for k in range(prompt_len)], long)
              for i in range(longs)]
     return work
 

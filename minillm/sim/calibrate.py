@@ -73,21 +73,33 @@ def replay(engine: LLMEngine, requests: list[SimRequest], seed: int = 0) -> list
     return pending
 
 
-def step_record(event: StepEvent) -> tuple[int, int, int, float]:
-    """(prefill tokens, decode seqs, context tokens, seconds of work) of one engine step."""
+def step_record(event: StepEvent, seconds: float) -> tuple[int, int, int, float]:
+    """(prefill tokens, decode seqs, context tokens, seconds) of one engine step."""
     computed = {(s.request_id, s.index): s.num_computed_tokens for s in event.sequences}
     prefill = sum(w.num_tokens for w in event.scheduled if w.phase == Phase.PREFILL)
     decodes = [w for w in event.scheduled if w.phase == Phase.DECODE]
     context = sum(computed.get((w.request_id, w.index), 0) for w in decodes)
-    return prefill, len(decodes), context, sum(event.timings.get(p, 0.0) for p in STEP_PHASES)
+    return prefill, len(decodes), context, seconds
+
+
+def step_seconds(events: list[StepEvent]) -> list[float]:
+    """What each step cost the caller: from its start to the next step's start when the engine ran them
+    back to back (so the loop's own time between steps counts, as it does in a server), else the step's
+    timed work. The observer's telemetry, which a run without observers does not pay, is left out."""
+    work = [sum(e.timings.get(p, 0.0) for p in STEP_PHASES) for e in events]
+    out = []
+    for i, e in enumerate(events):
+        telemetry = e.timings.get("telemetry", 0.0)
+        gap = events[i + 1].start - e.start - telemetry if i + 1 < len(events) else None
+        out.append(gap if gap is not None and gap < work[i] + 2e-3 + telemetry else work[i])  # 2 ms: idle between
+    return out
 
 
 def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> StepProfile:
     """Fit a StepProfile to every step of a calibration replay: bursts and gaps, so the steps range from one
     decode to full prefill budgets."""
-    steps: list[tuple[int, int, int, float]] = []
-    observer = lambda event: steps.append(step_record(event))
-    engine.subscribe(observer)
+    events: list[StepEvent] = []
+    engine.subscribe(events.append)
     try:
         burst = workload(requests // 2, float("inf"), seed)
         trickle = workload(requests - requests // 2, 6.0, seed + 1)
@@ -95,5 +107,6 @@ def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> Ste
                                for r in trickle]
         replay(engine, calibration, seed)
     finally:
-        engine.unsubscribe(observer)
+        engine.unsubscribe(events.append)
+    steps = [step_record(e, t) for e, t in zip(events, step_seconds(events))]
     return StepProfile.fit(steps, source=f"{engine.config.model} on this machine, {len(steps)} steps")

@@ -31,12 +31,16 @@ class StepProfile:
     @classmethod
     def fit(cls, steps: list[tuple[int, int, int, float]], source: str = "") -> "StepProfile":
         """steps: (prefill tokens, decode seqs, context tokens, measured seconds) per step.
-        Least squares over the four coefficients; a negative one (noise) is clamped to 0."""
+        Least squares over the four coefficients, each step weighted by 1 / its time so that the fit
+        minimises relative error: a few long prefill steps would otherwise decide the cost of the
+        many short decode steps (and so TPOT). A negative coefficient (noise) is clamped to 0."""
         if len(steps) < 4:
             raise ValueError(f"fitting a step profile needs at least 4 measured steps, got {len(steps)}")
+        if any(t <= 0 for *_, t in steps):
+            raise ValueError("every measured step time must be > 0 seconds")
         x = torch.tensor([[1.0, p, d, c] for p, d, c, _ in steps], dtype=torch.float64)  # [steps, 4]
         y = torch.tensor([[t] for *_, t in steps], dtype=torch.float64)                 # [steps, 1]
-        coef = torch.linalg.lstsq(x, y).solution.clamp_min(0).flatten().tolist()
+        coef = torch.linalg.lstsq(x / y, torch.ones_like(y)).solution.clamp_min(0).flatten().tolist()
         return cls(*coef, source=source)
 
     def save(self, path: str | Path) -> None:
