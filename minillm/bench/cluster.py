@@ -6,8 +6,8 @@ the real engine, and fleets no laptop runs.
    TPOT p50 / p99 are reported (the aim: within 15%).
 2. Routing on a real fleet: replicas as server processes behind the cache-aware router, a
    multi-tenant multi-turn workload; each policy's prefix hit rate, TTFT and throughput.
-3. Routing at scale (simulated): agent sessions of many tenants, bursty arrivals, a fleet of
-   replicas of a real model on a real GPU (roofline profile).
+3. At fleet scale (simulated): agent sessions of many tenants, bursty arrivals, replicas of a real
+   model on a real GPU (roofline profile): routing policies, prefill:decode ratios, autoscaling.
 4. Colocated vs disaggregated prefill/decode (two real worker processes): TTFT, ITL, bytes moved.
 5. Tensor parallelism (gloo, real processes): bytes all-reduced per token measured and by formula.
 6. A capacity plan: the fewest replicas meeting a TTFT / TPOT SLO for 99% of requests.
@@ -18,9 +18,10 @@ from minillm.config import EngineConfig
 from minillm.dist.disagg_measure import measure_disaggregation
 from minillm.dist.measure import measure_tp_communication
 from minillm.engine.engine import LLMEngine
-from minillm.perf import PROFILES, model_shape
+from minillm.perf import PROFILES, kv_bytes_per_token, model_shape
 from minillm.serve.router_measure import measure_routing
 from minillm.sim import StepProfile, simulate
+from minillm.sim.autoscale import Autoscaler, queue_rule
 from minillm.sim.calibrate import copies, measure_profile, replay, replica_knobs, workload
 from minillm.sim.plan import replicas_needed, summary
 from minillm.sim.workloads import agent_sessions
@@ -28,6 +29,7 @@ from minillm.sim.workloads import agent_sessions
 FIGURES = [("output tok/s", "output_throughput"), ("TTFT p50", "ttft_median"), ("TTFT p99", "ttft_p99"),
            ("TPOT p50", "tpot_median"), ("TPOT p99", "tpot_p99")]
 FLEET_MODEL, FLEET_GPU = "Llama-3.1-8B", "H100 SXM"
+SLO = {"ttft": 1.0, "tpot": 0.05}
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
@@ -51,11 +53,50 @@ def routing(profile: StepProfile, replicas: int, sessions: int, bar) -> list[dic
         bar.set_description(f"cluster: {router}")
         work = agent_sessions(sessions, rate=sessions / 60, seed=0)
         result = simulate([], profile, replicas=replicas, router=router, sessions=work, kv_blocks=20_000)
-        s = summary(result.requests, {"ttft": 2.0, "tpot": 0.05})
+        s = summary(result.requests, SLO)
         rows.append({"router": router, "calls": s["completed"], "prefix hits": f"{s['prefix_hit_rate']:.1%}",
                      "TTFT p50 s": s["ttft_median"], "TTFT p99 s": s["ttft_p99"],
                      "TPOT p50 ms": s["tpot_median"] * 1e3, "output tok/s": s["output_throughput"],
                      "goodput req/s": s["goodput"]})
+        bar.update()
+    return rows
+
+
+KV_LINK = 50e9  # bytes/s between a prefill and a decode replica (400 Gb/s RDMA); Llama-3.1-8B: 128 KiB of K/V a token
+
+
+def disaggregated_ratios(profile: StepProfile, model_config, quick: bool, bar) -> list[dict]:
+    """The same 8 replicas split prefill:decode 0:8 (colocated), 2:6, 4:4, 6:2, under agent sessions."""
+    rate, seconds = (16.0, 15) if quick else (32.0, 30)
+    per_token = kv_bytes_per_token(model_config, "bfloat16") / KV_LINK
+    rows = []
+    for prefill in (0, 2, 4, 6):
+        work = agent_sessions(int(rate * seconds), rate=rate, seed=2)
+        result = simulate([], profile, replicas=8 - prefill, prefill_replicas=prefill, router="prefix_aware",
+                          sessions=work, kv_blocks=20_000, transfer_seconds_per_token=per_token)
+        s = summary(result.requests, SLO)
+        rows.append({"prefill:decode": f"{prefill}:{8 - prefill}" if prefill else "colocated (8)",
+                     "TTFT p50 s": s["ttft_median"], "TTFT p99 s": s["ttft_p99"], "TPOT p50 ms": s["tpot_median"] * 1e3,
+                     "TPOT p99 ms": s["tpot_p99"] * 1e3, "in SLO": f"{s['slo_attainment']:.1%}",
+                     "prefix hits": f"{s['prefix_hit_rate']:.1%}", "output tok/s": s["output_throughput"]})
+        bar.update()
+    return rows
+
+
+def autoscaling(profile: StepProfile, quick: bool, bar) -> list[dict]:
+    """Bursty sessions: a fixed fleet sized for the bursts, a smaller fixed one, and a queue-driven autoscaler."""
+    sessions = 150 if quick else 300
+    variants = [("fixed 8 replicas", {"replicas": 8}), ("fixed 3 replicas", {"replicas": 3}),
+                ("autoscaled (queue rule, 30 s startup)", {"replicas": 2, "autoscaler": Autoscaler(
+                    rule=queue_rule(per_replica=24), interval=5.0, startup_seconds=30.0, max_replicas=16)})]
+    rows = []
+    for name, options in variants:
+        work = agent_sessions(sessions, rate=3.0, seed=3, burstiness=0.2)
+        result = simulate([], profile, router="prefix_aware", sessions=work, kv_blocks=20_000, **options)
+        s = summary(result.requests, SLO)
+        rows.append({"fleet": name, "replica-hours": result.replica_seconds / 3600,
+                     "in SLO": f"{s['slo_attainment']:.1%}", "TTFT p99 s": s["ttft_p99"],
+                     "TPOT p99 ms": s["tpot_p99"] * 1e3, "largest fleet": len(result.replicas)})
         bar.update()
     return rows
 
@@ -81,7 +122,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     conditions = check_conditions()
     fleet_profile = StepProfile.from_roofline(model_shape(FLEET_MODEL), PROFILES[FLEET_GPU])
     replicas, sessions = (8, 60) if quick else (64, 600)
-    with progress("cluster", 2 + 3 + 4, unit="part") as bar:
+    with progress("cluster", 2 + 3 + 4 + 4 + 3, unit="part") as bar:
         bar.set_description("cluster: calibrating on the real engine")
         engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
         profile = measure_profile(engine, requests=12 if quick else 48)
@@ -91,6 +132,10 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         real_routes = measure_routing(replicas=2, quick=quick, model=model)
         bar.update()
         routes = routing(fleet_profile, replicas, sessions, bar)
+        bar.set_description("cluster: prefill:decode ratios")
+        ratios = disaggregated_ratios(fleet_profile, model_shape(FLEET_MODEL), quick, bar)
+        bar.set_description("cluster: autoscaling")
+        scaling = autoscaling(fleet_profile, quick, bar)
         bar.set_description("cluster: colocated vs disaggregated")
         disagg = measure_disaggregation(model, quick=quick)
         bar.update()
@@ -98,7 +143,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         tp = tensor_parallel(model, quick)
         bar.update()
         bar.set_description("cluster: capacity plan")
-        slo = {"ttft": 1.0, "tpot": 0.05}
+        slo = SLO
         rate = 2.0 if quick else 10.0
         needed, plan = replicas_needed(lambda: ([], agent_sessions(int(rate * 60), rate=rate, seed=1)),
                                        fleet_profile, slo, kv_blocks=20_000, router="prefix_aware")
@@ -116,6 +161,11 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                 f"{real_routes['workload']}")
     print_table(routes, f"3. routing {sessions} agent sessions (1-50 calls, 16 tenants, bursty) over {replicas} "
                         f"replicas of {FLEET_MODEL} on {FLEET_GPU} (simulated; {fleet_profile.source})")
+    print_table(ratios, f"3b. the same 8 replicas split between prefill and decode (simulated, agent sessions; K/V "
+                        f"over a {KV_LINK / 1e9:.0f} GB/s link): decode no longer waits behind prefills, until too "
+                        f"few prefill replicas queue the prompts")
+    print_table(scaling, "3c. bursty agent sessions (gamma gaps, shape 0.2): fixed fleets against an autoscaler "
+                         "(simulated)")
     print_table([{"variant": name, **disagg[name]} for name in ("colocated", "disaggregated")],
                 f"4. colocated vs disaggregated prefill/decode ({disagg['threads']})")
     print("KV bytes moved per request (prompt tokens: bytes): " +
@@ -125,7 +175,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
           f"to meet TTFT <= {slo['ttft']} s and TPOT <= {slo['tpot'] * 1e3:.0f} ms for 99% of calls (simulated: "
           f"attainment {plan['slo_attainment']:.1%}, TTFT p99 {plan['ttft_p99']:.2f} s)")
     figures = {"model": model, "profile": vars(profile), "validation": checks, "validation_worst_error": worst,
-               "routing_real": real_routes, "disaggregation": disagg, "tensor_parallel": tp, "routing": routes,
+               "disaggregated_ratios": ratios, "autoscaling": scaling, "routing_real": real_routes,
+               "disaggregation": disagg, "tensor_parallel": tp, "routing": routes,
                "replicas": replicas, "sessions": sessions,
                "capacity_plan": {"sessions_per_s": rate, "slo": slo, "replicas": needed,
                                  "attainment": plan["slo_attainment"]}}
