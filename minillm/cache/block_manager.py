@@ -74,22 +74,24 @@ class BlockManager:
             if self.enable_prefix_caching else []
         if self.tier is not None:
             hits += self._adopt_orphans(token_ids[:-1], hits)
-        needed = cdiv(len(token_ids), self.block_size) - len(hits)
-        revived = [e for e in hits if e.block in self.evictable.entries]  # they stop being evictable
+        total = cdiv(len(token_ids), self.block_size)
+        extra = self._tier_hits(token_ids, hits, total - len(hits))  # tier blocks, and pool blocks after them
+        held = hits + [e for e in extra if e.block >= 0]  # blocks already in the pool
+        needed = total - len(held)
+        revived = [e for e in held if e.block in self.evictable.entries]  # they stop being evictable
         if needed > self.num_free - len(revived):
             return None
-        restored = self._tier_hits(token_ids, hits, needed)
-        self._count_lookup(token_ids, hits + restored)
+        self._count_lookup(token_ids, hits + extra)
         for e in revived:
             self.evictable.reuse(e.block)
-        shared = self.allocator.fork([e.block for e in hits])
+        self.allocator.fork([e.block for e in held])
         self._make_free(needed)
-        fresh = self.allocator.allocate(len(token_ids) - len(hits) * self.block_size)
+        fresh = self.allocator.allocate(len(token_ids) - len(held) * self.block_size)
         if fresh is None or len(fresh) != needed:
             raise RuntimeError(f"the block allocator gave {fresh!r} for {needed} blocks with "
                                f"{self.allocator.num_free} free")
-        table = BlockTable(shared + fresh, list(hits))
-        self._restore(table, restored)
+        table = BlockTable([e.block for e in hits], list(hits))
+        self._restore(table, extra, fresh)
         return table
 
     def append(self, table: BlockTable, num_tokens: int) -> tuple[int, int] | None | bool:
@@ -205,9 +207,11 @@ class BlockManager:
         return adopted
 
     def _tier_hits(self, token_ids: list[int], hits: list[CachedBlock], needed: int) -> list[CachedBlock]:
-        """Where the pool's match ends, the blocks that continue it in the tier, as entries without a
-        pool block yet. At most tier.capacity - needed: saving the blocks this allocation evicts
-        (at most `needed`) then cannot push them out of the tier before they are restored."""
+        """Where the pool's match ends, the blocks that continue it: from the tier (entries without a
+        pool block yet, block -1), and pool blocks that follow a restored one (their parent left the
+        pool before them, so the match could not reach them; they keep their block). At most
+        tier.capacity - needed blocks: saving the blocks this allocation evicts (at most `needed`)
+        then cannot push the tier's out before they are restored."""
         if self.tier is None or not self.enable_prefix_caching:
             return []
         found, parent, bs = [], hits[-1] if hits else None, self.block_size
@@ -215,19 +219,33 @@ class BlockManager:
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
             parent_hash = None if parent is None else parent.hash
             name = self.hash_fn(parent_hash, tokens)
-            if name in self.cache or not self.tier.find(name, parent_hash, tokens):
+            pooled = self.cache.get(name)
+            if pooled is not None and found and pooled.tokens == tokens and _same_prefix(pooled.parent, parent):
+                parent = pooled
+            elif pooled is None and self.tier.find(name, parent_hash, tokens):
+                parent = CachedBlock(-1, name, tokens, parent)
+            else:
                 break
-            parent = CachedBlock(-1, name, tokens, parent)
             found.append(parent)
         return found
 
-    def _restore(self, table: BlockTable, restored: list[CachedBlock]) -> None:
-        """Copy the tier's blocks into the table's first fresh blocks and name them, as register would."""
-        for entry, block in zip(restored, table.blocks[len(table.named):]):
-            entry.block = block
-            self.cache[entry.hash] = self.named[block] = entry
-            self.allocator.fork([block])  # the prefix cache's own reference
+    def _restore(self, table: BlockTable, extra: list[CachedBlock], fresh: list[int]) -> None:
+        """Lay out the table after its pool hits: each of `extra` in order (a tier block copied into the
+        next fresh block and named as register would; a pool block relinked to the entry before it),
+        then the rest of the fresh blocks."""
+        fresh = iter(fresh)
+        restored = []
+        for entry in extra:
+            if entry.block < 0:
+                entry.block = next(fresh)
+                self.cache[entry.hash] = self.named[entry.block] = entry
+                self.allocator.fork([entry.block])  # the prefix cache's own reference
+                restored.append(entry)
+            else:
+                entry.parent = table.named[-1]
+            table.blocks.append(entry.block)
             table.named.append(entry)
+        table.blocks.extend(fresh)
         if restored:
             self.tier.restore([e.hash for e in restored], [e.block for e in restored])
 
