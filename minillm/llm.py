@@ -16,6 +16,18 @@ from minillm.outputs import RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams
 
 
+def paired(prompts, params) -> tuple[list, list[SamplingParams]]:
+    """generate()'s arguments as a list of prompts and one SamplingParams each: a single prompt (text or
+    token ids) becomes a list of one, a single SamplingParams (or None) is shared by every prompt."""
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if not isinstance(params, list):
+        params = [params or SamplingParams()] * len(prompts)
+    if len(params) != len(prompts):
+        raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+    return prompts, params
+
+
 class LLM:
     def __init__(self, model: str | None = None, **config) -> None:
         """model: a bundled model name ("tiny", "pico") or a Hugging Face model directory.
@@ -38,12 +50,7 @@ class LLM:
         A prompt is text or a list of token ids; params is one SamplingParams or one per prompt.
         use_tqdm: a progress bar over the requests (tqdm's TQDM_DISABLE=1 turns every bar off; the
         test suite sets it)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(params, list):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        prompts, params = paired(prompts, params)
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
         done: dict[str, RequestOutput] = {}
         wanted = set(ids)  # the engine may be running other requests too (a stream, another caller)

@@ -31,6 +31,7 @@ from multiprocessing.connection import wait
 
 import torch.distributed as dist
 
+from minillm.llm import paired
 from minillm.config import EngineConfig
 from minillm.dist.disagg_worker import receive, send
 from minillm.dist.handoff import DECODE_RANK, PREFILL_RANK
@@ -121,12 +122,7 @@ class DisaggregatedLLM:
     def generate(self, prompts: str | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of the prompts (as LLM.generate)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(params, list):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        prompts, params = paired(prompts, params)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
         done: dict[str, RequestOutput] = {}
         try:

@@ -1,9 +1,21 @@
 """Inputs and reference models shared by the graded tests (and so by check() in notebooks)."""
+import contextlib
 import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
+
+
+@contextlib.contextmanager
+def one_thread():
+    """tiny's small matrix products run fastest on one torch thread (on a busy machine more threads only wait)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def randn(seed: int, *shape: int, scale: float = 1.0) -> torch.Tensor:

@@ -7,7 +7,6 @@ bound |w - dequant(w)| <= scale / 2; minillm's own sensitivity sweep (minillm/qu
 a brute-force search written here for the cancelling pairs; and for 6.E the real engine with the
 notebook's codecs against the engine with its own.
 """
-import contextlib
 import copy
 import itertools
 import math
@@ -21,7 +20,7 @@ from minillm import LLM
 from minillm.config import Components
 from minillm.labkit import exercise
 from minillm.labkit.endtoend import check_against_reference
-from minillm.labkit.fixtures import assert_close, randn
+from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_components
 from minillm.quant import QuantConfig, QuantizedLinear, codecs
 from minillm.quant.eval import Quality, Reference
@@ -347,15 +346,6 @@ def test_int4_linear_computes_in_the_dtype_of_x(lab):
 
 
 # -- 6.6 layer sensitivity -----------------------------------------------------------------------
-@contextlib.contextmanager
-def one_thread():
-    """tiny's small matrix products run fastest on one thread (and a busy machine's pool only adds waiting)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @cache

@@ -9,7 +9,6 @@ and the engine's reference parts (minillm/agents/breaker.py for the breaker's ex
 """
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import json
 import math
@@ -27,7 +26,7 @@ from minillm.agents.breaker import LoopBreaker
 from minillm.agents.harness import run_sessions
 from minillm.agents.sessions import agent_workload
 from minillm.labkit import exercise
-from minillm.labkit.fixtures import assert_close
+from minillm.labkit.fixtures import assert_close, one_thread
 from minillm.labkit.plug import calls, lab_components, lab_parts
 from minillm.perf.serving import RequestMetrics, RequestRecord, goodput, request_metrics
 from minillm.serve.admission import admit
@@ -50,15 +49,6 @@ def run_async(coroutine):
         return pool.submit(asyncio.run, coroutine).result()
 
 
-@contextlib.contextmanager
-def one_thread():
-    """A small model on a shared CPU: one torch thread is faster than several fighting for two cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # -- 8.1 parse_sse ------------------------------------------------------------------------------------

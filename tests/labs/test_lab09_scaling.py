@@ -22,7 +22,7 @@ from minillm import LLM, SamplingParams
 from minillm.dist.comm import allreduce_bytes_per_token, ring_bytes_per_rank
 from minillm.dist.tp_model import shard_model
 from minillm.labkit import exercise
-from minillm.labkit.fixtures import assert_close, randn
+from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_parts
 from minillm.perf import PROFILES, model_shape
 from minillm.serve.router_state import RouterState
@@ -37,15 +37,6 @@ EXERCISES = {"9.1": "shard_columns, shard_rows", "9.2": "tp_mlp_forward", "9.3":
              "9.E": "your parts in the real pieces"}
 
 
-@contextlib.contextmanager
-def one_thread():
-    """A small model on a shared CPU: one torch thread is faster than several fighting for two cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # -- 9.1 shard_columns, shard_rows -----------------------------------------------------------------------
