@@ -101,13 +101,71 @@ def test_prefix_aware_routing_raises_the_hit_rate_on_a_multi_tenant_workload():
     assert hits["prefix_aware"] > hits["round_robin"] + 0.1
 
 
-def test_fit_recovers_the_coefficients_of_exact_steps():
+CURVED = StepProfile(fixed=0.006, per_prefill_token=2e-4, per_decode_seq=2e-4, per_context_token=3e-6,
+                     token_curve=((2, 0.004), (3, 0.0045), (4, 0.005), (8, 0.006), (16, 0.009), (32, 0.012),
+                                  (64, 0.02), (128, 0.035), (256, 0.06), (300, 0.07)))
+
+
+def test_fit_recovers_a_measured_profile_from_exact_steps():
+    """Steps priced by a known curve (a jump from one token to two, as a CPU's matrix-vector products
+    give way to matrix products, then rising) with random prefill, decode and context: the fit finds
+    fixed, per context token and every point of the curve, and its slope past the last point."""
     rng = random.Random(3)
-    steps = [(p, d, c, PROFILE.step_time(p, d, c)) for p, d, c in
-             ((rng.randrange(512), rng.randrange(64), rng.randrange(20_000)) for _ in range(50))]
-    fitted = StepProfile.fit(steps)
-    for name in ("fixed", "per_prefill_token", "per_decode_seq", "per_context_token"):
-        assert getattr(fitted, name) == pytest.approx(getattr(PROFILE, name), rel=1e-6)
+    work = [(rng.randrange(300), rng.randrange(1, 17), rng.randrange(5000)) for _ in range(200)]
+    work = [(p, d, c) for p, d, c in work if p + d <= 300] + [(300, 0, 0), (0, 1, 40), (0, 2, 80), (1, 2, 80)]
+    fitted = StepProfile.fit([(p, d, c, CURVED.step_time(p, d, c)) for p, d, c in work])
+    assert fitted.fixed == pytest.approx(CURVED.fixed, rel=1e-6)
+    assert fitted.per_context_token == pytest.approx(CURVED.per_context_token, rel=1e-6)
+    assert [n for n, _ in fitted.token_curve] == [n for n, _ in CURVED.token_curve]
+    assert [s for _, s in fitted.token_curve] == pytest.approx([s for _, s in CURVED.token_curve], rel=1e-6)
+    assert fitted.per_decode_seq == pytest.approx((0.07 - 0.06) / 44, rel=1e-6)
+
+
+def test_a_curved_profile_prices_prompt_and_decode_tokens_on_one_curve_between_its_points():
+    assert CURVED.step_time(0, 1, 0) == pytest.approx(0.006)                      # one token: fixed
+    assert CURVED.step_time(0, 2, 0) == pytest.approx(0.010)                      # the jump to two
+    assert CURVED.step_time(5, 1, 0) == CURVED.step_time(0, 6, 0) == pytest.approx(0.006 + 0.0055)  # 4..8 at 6
+    assert CURVED.step_time(0, 1, 1000) == pytest.approx(0.006 + 0.003)           # context
+    assert CURVED.step_time(344, 0, 0) == pytest.approx(0.006 + 0.07 + 44 * 2e-4)  # past the last point
+
+
+def test_the_fitted_curve_never_falls_and_no_coefficient_is_negative_on_noisy_steps():
+    rng = random.Random(5)
+    work = [(rng.choice([0, rng.randrange(1, 200)]), rng.randrange(0, 9), rng.randrange(3000)) for _ in range(300)]
+    work = [w for w in work if w[0] + w[1] > 0]
+    fitted = StepProfile.fit([(p, d, c, CURVED.step_time(p, d, c) * rng.uniform(0.7, 1.4)) for p, d, c in work])
+    values = [s for _, s in fitted.token_curve]
+    assert min(values) >= 0 and values == sorted(values)
+    assert fitted.fixed >= 0 and fitted.per_context_token >= 0 and fitted.per_decode_seq >= 0
+
+
+def test_nnls_meets_the_karush_kuhn_tucker_conditions_on_random_problems():
+    import torch
+
+    from minillm.sim.profile import nnls
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        m, n = (int(v) for v in torch.randint(2, 25, (2,), generator=gen))
+        a, b = torch.randn(m, n, generator=gen, dtype=torch.float64), torch.randn(m, generator=gen, dtype=torch.float64)
+        x = nnls(a, b)
+        gradient = a.T @ (b - a @ x)  # >= 0 would lower the error: only where x sits on its bound, and <= 0 there
+        assert (x >= 0).all() and (gradient <= 1e-9).all() and (gradient[x > 0].abs() <= 1e-9).all()
+
+
+def test_a_replica_pays_wake_on_the_first_step_after_an_idle_pause_only():
+    import dataclasses
+    profile = dataclasses.replace(PROFILE, wake=0.01)
+    a, b = SimRequest(0.0, 10, 2), SimRequest(5.0, 10, 1)
+    simulate([a, b], profile)
+    first, second = profile.step_time(10, 0, 0) + 0.01, profile.step_time(0, 1, 11)
+    assert a.token_times == pytest.approx([first, first + second], rel=1e-12)
+    assert b.token_times == pytest.approx([5.0 + first], rel=1e-12)
+
+
+def test_a_profile_with_a_curve_survives_save_and_load(tmp_path):
+    CURVED.save(tmp_path / "profile.json")
+    loaded = StepProfile.load(tmp_path / "profile.json")
+    assert loaded == CURVED and loaded.step_time(7, 3, 99) == CURVED.step_time(7, 3, 99)
 
 
 def test_an_agent_session_calls_in_turn_after_each_tool_pause_and_hits_its_own_history():

@@ -113,9 +113,7 @@ for col, (label, key, digits) in zip(m, (("TTFT p50", "ttft_median", 0), ("TTFT 
 m[4].metric("In SLO", f"{s['slo_attainment']:.1%}",
             help=f"Requests with TTFT <= {SLO['ttft']:g} s and TPOT <= {1000 * SLO['tpot']:g} ms.")
 st.caption(f"Simulated {run.duration:.0f} s of {sessions} sessions ({run.calls_made} calls). Step costs: "
-           f"{profile.source}: {1000 * profile.fixed:.2f} ms a step, {1e6 * profile.per_prefill_token:.1f} µs a "
-           f"prompt token, {1e6 * profile.per_decode_seq:.2f} µs a decoding sequence, "
-           f"{1e9 * profile.per_context_token:.1f} ns a context token read. Each replica holds "
+           f"{profile.source}: {profile.describe()}. Each replica holds "
            f"{knobs['kv_blocks']:,} KV blocks of {knobs['block_size']} tokens and batches up to "
            f"{knobs['max_num_seqs']} sequences." + (" The simulator does not hold prompts to the model's context "
                                                     "length: the sessions are GPU-sized." if hardware == THIS_MACHINE

@@ -18,7 +18,7 @@ from minillm.perf import PROFILES, kv_bytes_per_token, model_shape, param_count
 from minillm.perf.serving import percentile, request_metrics
 from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
-from minillm.sim.calibrate import copies, measure_profile, replay, replica_knobs, workload
+from minillm.sim.calibrate import CALIBRATION_REQUESTS, copies, measure_profile, replay, replica_knobs, workload
 from minillm.sim.plan import records, summary
 from minillm.sim.workloads import agent_sessions
 from minillm.utils import cdiv
@@ -106,7 +106,7 @@ def engine_config(model: str) -> EngineConfig:
 def measured_replica(model: str) -> tuple[StepProfile, dict]:
     """`model` on this machine: StepProfile fitted to a calibration replay, and the engine's own knobs."""
     engine = build_engine(engine_config(model))
-    return measure_profile(engine, requests=12), replica_knobs(engine)
+    return measure_profile(engine, requests=CALIBRATION_REQUESTS[True]), replica_knobs(engine)
 
 
 def transfer_seconds_per_token(model: str, dtype: str = DTYPE) -> float:

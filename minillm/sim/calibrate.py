@@ -11,6 +11,7 @@ with varied prompt lengths and loads, and fits the step costs to every step the 
 """
 import dataclasses
 import random
+import statistics
 import time
 
 from minillm.engine.engine import LLMEngine
@@ -20,6 +21,8 @@ from minillm.sim.replica import SimRequest
 from minillm.state import Phase, StepEvent
 
 STEP_PHASES = ("schedule", "prepare", "model", "sample", "update")  # LLMEngine.step's timed work
+CALIBRATION_REQUESTS = {True: 24, False: 48}  # requests of measure_profile's replay, quick or not
+IDLE = 2e-3  # seconds between one step's end and the next one's start from which the engine was idle
 
 
 def workload(n: int, rate: float, seed: int, prompt: tuple[int, int] = (16, 200),
@@ -91,13 +94,15 @@ def step_seconds(events: list[StepEvent]) -> list[float]:
     for i, e in enumerate(events):
         telemetry = e.timings.get("telemetry", 0.0)
         gap = events[i + 1].start - e.start - telemetry if i + 1 < len(events) else None
-        out.append(gap if gap is not None and gap < work[i] + 2e-3 + telemetry else work[i])  # 2 ms: idle between
+        out.append(gap if gap is not None and gap < work[i] + IDLE + telemetry else work[i])
     return out
 
 
 def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> StepProfile:
-    """Fit a StepProfile to every step of a calibration replay: bursts and gaps, so the steps range from one
-    decode to full prefill budgets."""
+    """Fit a StepProfile to the steps of a calibration replay: bursts and gaps, so the steps range from one
+    decode to full prefill budgets. The steps that follow an idle pause are fitted apart: what they cost
+    beyond the fit is the profile's `wake` (a pause leaves a CPU's caches, and a GPU's clocks, cold)."""
+    replay(engine, [SimRequest(0.0, 64, 2, request_id="warm-up")], seed)  # an engine's first step pays its set-up
     events: list[StepEvent] = []
     engine.subscribe(events.append)
     try:
@@ -108,5 +113,11 @@ def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> Ste
         replay(engine, calibration, seed)
     finally:
         engine.unsubscribe(events.append)
-    steps = [step_record(e, t) for e, t in zip(events, step_seconds(events))]
-    return StepProfile.fit(steps, source=f"{engine.config.model} on this machine, {len(steps)} steps")
+    seconds = step_seconds(events)
+    steps = [step_record(e, t) for e, t in zip(events, seconds)]
+    woke = [i > 0 and events[i].start - events[i - 1].start - seconds[i - 1] > IDLE for i in range(len(events))]
+    busy = [s for s, w in zip(steps, woke) if not w]
+    profile = StepProfile.fit(busy if len(busy) >= 4 else steps,
+                              source=f"{engine.config.model} on this machine, {len(steps)} steps")
+    extra = [t - profile.step_time(p, d, c) for (p, d, c, t), w in zip(steps, woke) if w]
+    return dataclasses.replace(profile, wake=max(0.0, statistics.median(extra)) if extra else 0.0)

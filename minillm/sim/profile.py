@@ -1,19 +1,34 @@
 """StepProfile: what one engine step costs, as a function of what the step computes.
 
-A step's time is modelled as linear in its work:
+P prompt tokens computed (prefill chunks), D sequences decoding one token each, C the context tokens
+those decodes attend over. A profile predicted from the roofline is linear in them:
 
     t = fixed + per_prefill_token * P + per_decode_seq * D + per_context_token * C
 
-P prompt tokens computed (prefill chunks), D sequences decoding one token each, C the context tokens
-those decodes attend over. `fit` finds the coefficients by least squares from measured steps of the
-real engine (`python -m minillm.bench profile`); `from_roofline` predicts them for a real model on
-real hardware from the roofline (minillm/perf), for plans on paper.
+A profile measured on the real engine is a curve in the tokens the step runs through the weights:
+
+    t = fixed + tokens(P + D) + per_context_token * C
+
+fixed is then the cost of a step of one token, and tokens(N) what the other N - 1 add. The curve is
+there because a CPU's matmul is not linear in its rows: one decode runs as matrix-vector products,
+two as a matrix product, so the second token of a step costs several times what the third does; and
+a decode is one more row of the same matmuls as a step's prompt tokens, so both share one curve.
+One slope per kind of token misprices the small steps, and so every TPOT.
+
+`fit` finds the coefficients by least squares from measured steps of the real engine
+(`python -m minillm.bench profile`); `from_roofline` predicts them for a real model on real
+hardware from the roofline (minillm/perf), for plans on paper.
 """
+import bisect
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
+
+# Step sizes in tokens where a measured curve has its points: dense where the matmuls change regime,
+# an octave apart above (closer points fit the machine's noise, not its costs).
+KNOTS = (2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 @dataclass(frozen=True)
@@ -23,25 +38,69 @@ class StepProfile:
     per_decode_seq: float       # seconds per decoding sequence (its weights pass is shared: small on a GPU)
     per_context_token: float    # seconds per context token a decode attends over (reading its K/V)
     source: str = ""            # where the figures come from (a machine and model, or a roofline)
+    token_curve: tuple[tuple[int, float], ...] = ()  # measured: (N, seconds N tokens add to one), N ascending.
+    #   With a curve, per_prefill_token and per_decode_seq both hold its slope past its last point.
+    wake: float = 0.0           # seconds more a step costs when the replica was idle before it
+
+    def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
+        object.__setattr__(self, "token_curve", tuple((int(n), float(s)) for n, s in self.token_curve))
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        return (self.fixed + self.per_prefill_token * prefill_tokens + self.per_decode_seq * decode_seqs
-                + self.per_context_token * context_tokens)
+        if not self.token_curve:
+            work = self.per_prefill_token * prefill_tokens + self.per_decode_seq * decode_seqs
+        else:
+            work = self.tokens_time(prefill_tokens + decode_seqs)
+        return self.fixed + work + self.per_context_token * context_tokens
+
+    def describe(self) -> str:
+        """The costs in words."""
+        context = f"{1e9 * self.per_context_token:.1f} ns a context token a decode reads"
+        if not self.token_curve:
+            return (f"{1e3 * self.fixed:.2f} ms a step, {1e6 * self.per_prefill_token:.1f} µs a prompt token, "
+                    f"{1e6 * self.per_decode_seq:.2f} µs a decoding sequence, {context}")
+        (two, first), (last, total) = self.token_curve[0], self.token_curve[-1]
+        wake = f", {1e3 * self.wake:.2f} ms more after an idle pause" if self.wake else ""
+        return (f"{1e3 * self.fixed:.2f} ms a step of one token, {1e3 * first:.2f} ms more at {two} tokens, "
+                f"{1e3 * total:.1f} ms more at {last}, {1e6 * self.per_decode_seq:.0f} µs a token past that, "
+                f"{context}{wake}")
+
+    def tokens_time(self, tokens: int) -> float:
+        """tokens(N) of a measured profile: linear between the curve's points (from (1, 0)), and past
+        its last point at per_decode_seq a token."""
+        curve = self.token_curve
+        if tokens >= curve[-1][0]:
+            return curve[-1][1] + self.per_decode_seq * (tokens - curve[-1][0])
+        weights = _hats(tokens, [n for n, _ in curve])
+        return sum(w * s for w, (_, s) in zip(weights, curve))
 
     @classmethod
     def fit(cls, steps: list[tuple[int, int, int, float]], source: str = "") -> "StepProfile":
-        """steps: (prefill tokens, decode seqs, context tokens, measured seconds) per step.
-        Least squares over the four coefficients, each step weighted by 1 / its time so that the fit
-        minimises relative error: a few long prefill steps would otherwise decide the cost of the
-        many short decode steps (and so TPOT). A negative coefficient (noise) is clamped to 0."""
+        """steps: (prefill tokens, decode seqs, context tokens, measured seconds) per step. -> a measured
+        profile: least squares over fixed, per context token, and tokens(N) at the KNOTS below the
+        largest step measured (and at that step's size), each step weighted by 1 / its time so that the
+        fit minimises relative error: a few long prefill steps would otherwise decide the cost of the
+        many short decode steps (and so TPOT). Every coefficient is kept >= 0 and the curve rising
+        (a step never costs less for computing more tokens): the unknowns are the curve's increments,
+        solved by non-negative least squares. A point no step informs is dropped."""
         if len(steps) < 4:
             raise ValueError(f"fitting a step profile needs at least 4 measured steps, got {len(steps)}")
         if any(t <= 0 for *_, t in steps):
             raise ValueError("every measured step time must be > 0 seconds")
-        x = torch.tensor([[1.0, p, d, c] for p, d, c, _ in steps], dtype=torch.float64)  # [steps, 4]
-        y = torch.tensor([[t] for *_, t in steps], dtype=torch.float64)                 # [steps, 1]
-        coef = torch.linalg.lstsq(x / y, torch.ones_like(y)).solution.clamp_min(0).flatten().tolist()
-        return cls(*coef, source=source)
+        sizes = [p + d for p, d, _, _ in steps]
+        if min(sizes) < 1:
+            raise ValueError("every measured step must compute at least one token")
+        knots = [k for k in KNOTS if k < max(sizes)] + ([max(sizes)] if max(sizes) > 1 else [])
+        hats = torch.tensor([_hats(n, knots) for n in sizes], dtype=torch.float64).reshape(len(steps), -1)
+        knots = [k for i, k in enumerate(knots) if hats[:, i].any()]
+        hats = torch.tensor([_hats(n, knots) for n in sizes], dtype=torch.float64).reshape(len(steps), -1)
+        rises = hats @ torch.ones(len(knots), len(knots), dtype=torch.float64).tril()  # curve = cumsum(increments)
+        base = torch.tensor([[1.0, c] for _, _, c, _ in steps], dtype=torch.float64)
+        y = torch.tensor([t for *_, t in steps], dtype=torch.float64)               # [steps]
+        coef = nnls(torch.cat([base, rises], dim=1) / y[:, None], torch.ones_like(y)).tolist()
+        curve = tuple(zip(knots, torch.tensor(coef[2:], dtype=torch.float64).cumsum(0).tolist()))
+        (n0, s0), (n1, s1) = ((1, 0.0), *curve[-1:]) if len(curve) < 2 else curve[-2:]
+        slope = (s1 - s0) / (n1 - n0) if curve else 0.0
+        return cls(coef[0], slope, slope, coef[1], source=source, token_curve=curve or ((2, 0.0),))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -68,3 +127,47 @@ class StepProfile:
                    per_decode_seq=max(two - one, 0.0) / efficiency,
                    per_context_token=max(long - one, 0.0) / 1024 / efficiency,
                    source=f"roofline: {hardware.name}, {dtype}, {efficiency:.0%} of peak")
+
+
+def _hats(tokens: int, knots: list[int]) -> list[float]:
+    """Weights of tokens(N) on the curve's values at the knots: N's two neighbouring knots share 1 in
+    proportion (below the first knot, with the point (1, 0))."""
+    weights = [0.0] * len(knots)
+    if tokens <= 1 or not knots:
+        return weights
+    i = min(bisect.bisect_left(knots, tokens), len(knots) - 1)
+    lo = knots[i - 1] if i else 1
+    if tokens >= knots[i]:
+        weights[i] = 1.0
+    else:
+        weights[i] = (tokens - lo) / (knots[i] - lo)
+        if i:
+            weights[i - 1] = (knots[i] - tokens) / (knots[i] - lo)
+    return weights
+
+
+def nnls(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """argmin ||a x - b|| subject to x >= 0, by Lawson and Hanson's active-set method (1974).
+    a: [m, n], b: [m] -> x: [n]. Variables enter the solved set while the gradient favours them;
+    an unconstrained solve that drives one negative moves back to where it hits 0 and drops it."""
+    n = a.shape[1]
+    x = torch.zeros(n, dtype=a.dtype)
+    free = torch.zeros(n, dtype=torch.bool)  # the set solved without its bound
+    tol = 1e-12 * max(1.0, float(a.abs().sum(0).max()) * float(b.abs().max()))
+    for _ in range(3 * n):
+        gradient = a.T @ (b - a @ x)
+        if free.all() or gradient[~free].max() <= tol:
+            break
+        free[torch.where(free, float("-inf"), gradient).argmax()] = True
+        while True:
+            z = torch.zeros(n, dtype=a.dtype)
+            z[free] = torch.linalg.lstsq(a[:, free], b[:, None]).solution.flatten()
+            if (z[free] > 0).all():
+                x = z
+                break
+            leaving = free & (z <= 0)
+            step = (x[leaving] / (x[leaving] - z[leaving])).min()
+            x = x + step * (z - x)
+            free &= x > tol
+            x[~free] = 0.0
+    return x

@@ -138,11 +138,12 @@ class Replica:
 
     def _loop(self):
         while True:
-            if not self.running and not self.waiting:
+            woke = not self.running and not self.waiting
+            if woke:
                 self._wake = self.env.event()
                 yield self._wake
             prefill, decode_seqs, context, sampled = self._schedule()  # never empty: a lone request always fits
-            duration = self.profile.step_time(prefill, decode_seqs, context)
+            duration = self.profile.step_time(prefill, decode_seqs, context) + (self.profile.wake if woke else 0.0)
             yield self.env.timeout(duration)
             self.busy_time += duration
             self.steps += 1
