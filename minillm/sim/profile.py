@@ -39,7 +39,8 @@ class StepProfile:
     per_context_token: float    # seconds per context token a decode attends over (reading its K/V)
     source: str = ""            # where the figures come from (a machine and model, or a roofline)
     token_curve: tuple[tuple[int, float], ...] = ()  # measured: (N, seconds N tokens add to one), N ascending.
-    #   With a curve, per_prefill_token and per_decode_seq both hold its slope past its last point.
+    #   With a curve, per_prefill_token and per_decode_seq both hold its mean cost of a token (N - 1 over
+    #   tokens(N) at its last point), the slope it goes on with past that point.
     wake: float = 0.0           # seconds more a step costs when the replica was idle before it
 
     def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
@@ -66,7 +67,7 @@ class StepProfile:
 
     def tokens_time(self, tokens: int) -> float:
         """tokens(N) of a measured profile: linear between the curve's points (from (1, 0)), and past
-        its last point at per_decode_seq a token."""
+        its last point at per_decode_seq a token (the curve's mean: a last segment is the noisiest)."""
         curve = self.token_curve
         if tokens >= curve[-1][0]:
             return curve[-1][1] + self.per_decode_seq * (tokens - curve[-1][0])
@@ -98,8 +99,7 @@ class StepProfile:
         y = torch.tensor([t for *_, t in steps], dtype=torch.float64)               # [steps]
         coef = nnls(torch.cat([base, rises], dim=1) / y[:, None], torch.ones_like(y)).tolist()
         curve = tuple(zip(knots, torch.tensor(coef[2:], dtype=torch.float64).cumsum(0).tolist()))
-        (n0, s0), (n1, s1) = ((1, 0.0), *curve[-1:]) if len(curve) < 2 else curve[-2:]
-        slope = (s1 - s0) / (n1 - n0) if curve else 0.0
+        slope = curve[-1][1] / (curve[-1][0] - 1) if curve else 0.0  # past the curve: its mean cost of a token
         return cls(coef[0], slope, slope, coef[1], source=source, token_curve=curve or ((2, 0.0),))
 
     def save(self, path: str | Path) -> None:
