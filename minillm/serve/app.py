@@ -29,7 +29,15 @@ from minillm.serve.errors import APIError, error_body, install_error_handlers
 from minillm.serve.generation import Generation
 from minillm.serve.metrics import CountRequests, ServerMetrics
 from minillm.serve.protocol import ChatRequest, CommonRequest, CompletionRequest
-from minillm.serve.responses import chat_logprobs, completion_logprobs, envelope, new_id, sse
+from minillm.serve.responses import (
+    chat_choice,
+    chat_logprobs,
+    completion_choice,
+    completion_logprobs,
+    envelope,
+    new_id,
+    sse,
+)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -76,10 +84,7 @@ class OpenAIServer:
         if body.stream:
             return streaming(self.completion_events(body, gen))
         outputs = await collect(gen)
-        choices = [{"index": i * body.n + j, "text": c.text, "finish_reason": c.finish_reason,
-                    "logprobs": None if c.logprobs is None else
-                    completion_logprobs(self.tokenizer, c.token_ids, c.logprobs, 0)}
-                   for (i, j), c in sorted(outputs.items())]
+        choices = [completion_choice(self.tokenizer, i * body.n + j, c) for (i, j), c in sorted(outputs.items())]
         return envelope(gen.request_id, "text_completion", self.model_name, choices,
                         usage=gen.usage())
 
@@ -112,11 +117,7 @@ class OpenAIServer:
         if body.stream:
             return streaming(self.chat_events(body, gen))
         outputs = await collect(gen)
-        choices = [{"index": j, "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                    "logprobs": None if c.logprobs is None else
-                    chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, body.top_logprobs or 0)}
-                   for (_, j), c in sorted(outputs.items())]
+        choices = [chat_choice(self.tokenizer, j, c, body.top_logprobs or 0) for (_, j), c in sorted(outputs.items())]
         return envelope(gen.request_id, "chat.completion", self.model_name, choices,
                         usage=gen.usage())
 

@@ -30,7 +30,7 @@ from minillm.serve.app import COMPLETIONS_DEFAULT_MAX_TOKENS
 from minillm.serve.chat import ChatTemplate
 from minillm.serve.errors import error_body, validation_message
 from minillm.serve.protocol import ChatRequest, CompletionRequest
-from minillm.serve.responses import chat_logprobs, completion_logprobs, envelope, new_id, usage
+from minillm.serve.responses import chat_choice, completion_choice, envelope, new_id, usage
 
 URLS = ("/v1/completions", "/v1/chat/completions")
 
@@ -106,18 +106,11 @@ def validated(url: str, raw: dict, model: str) -> CompletionRequest | ChatReques
 
 def completion_body(rid: str, model: str, url: str, body, outputs: list[RequestOutput], tokenizer) -> dict:
     """The JSON the server's non-streaming endpoint answers, from the finished prompts' outputs."""
-    choices = []
-    for i, out in enumerate(outputs):
-        for c in out.outputs:
-            if url == "/v1/completions":
-                lp = None if c.logprobs is None else completion_logprobs(tokenizer, c.token_ids, c.logprobs, 0)
-                choices.append({"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
-                                "logprobs": lp})
-            else:
-                lp = None if c.logprobs is None else chat_logprobs(tokenizer, c.token_ids, c.logprobs,
-                                                                   body.top_logprobs or 0)
-                choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                                "finish_reason": c.finish_reason, "logprobs": lp})
+    if url == "/v1/completions":
+        choices = [completion_choice(tokenizer, i * body.n + c.index, c)
+                   for i, o in enumerate(outputs) for c in o.outputs]
+    else:
+        choices = [chat_choice(tokenizer, c.index, c, body.top_logprobs or 0) for o in outputs for c in o.outputs]
     kind = "text_completion" if url == "/v1/completions" else "chat.completion"
     return envelope(rid, kind, model, choices,
                     usage=usage(sum(len(o.prompt_token_ids) for o in outputs),

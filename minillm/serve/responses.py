@@ -30,6 +30,20 @@ def envelope(id_: str, kind: str, model: str, choices: list[dict], **extra) -> d
     return {"id": id_, "object": kind, "created": int(time.time()), "model": model, "choices": choices, **extra}
 
 
+def completion_choice(tokenizer: Tokenizer, index: int, completion) -> dict:
+    """One choice of a finished /v1/completions answer; completion: a CompletionOutput."""
+    c = completion
+    return {"index": index, "text": c.text, "finish_reason": c.finish_reason,
+            "logprobs": None if c.logprobs is None else completion_logprobs(tokenizer, c.token_ids, c.logprobs, 0)}
+
+
+def chat_choice(tokenizer: Tokenizer, index: int, completion, top_logprobs: int) -> dict:
+    """One choice of a finished /v1/chat/completions answer; completion: a CompletionOutput."""
+    c = completion
+    return {"index": index, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
+            "logprobs": None if c.logprobs is None else chat_logprobs(tokenizer, c.token_ids, c.logprobs, top_logprobs)}
+
+
 def sse(payload: dict | str) -> str:
     """One server-sent event: `data: <json>` and a blank line (`[DONE]` ends the stream)."""
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
