@@ -61,10 +61,13 @@ def test_tier_keeps_its_capacity_and_evicts_the_least_recently_used():
     store.save([(4, 20, None, (4,) * BS), (5, 21, 20, (5,) * BS)])
     # a chain is saved tail first, so each head is the more recent: 12 was the least recent and goes
     assert set(store.entries) == {10, 11, 20, 21} and len(store) == store.capacity
-    assert store.find(11, 10, (1,) * BS) and not store.find(11, 99, (1,) * BS)  # the parent is verified
-    store.save([(6, 30, None, (6,) * BS)])  # 11 was just used: 10 is now the least recent
-    assert set(store.entries) == {11, 20, 21, 30}
-    assert store.stats()["evictions"] == 2 and store.stats()["misses"] == 1
+    assert store.holds(11, 10, (1,) * BS) and not store.holds(11, 99, (1,) * BS)  # the parent is verified
+    store.save([(6, 30, None, (6,) * BS)])  # a lookup alone uses nothing: 11, the least recent, goes
+    assert set(store.entries) == {10, 20, 21, 30} and store.stats()["misses"] == 0
+    store.looked_up([10], missed=True)  # an allocation went ahead with 10, then found no next block
+    store.save([(7, 40, None, (7,) * BS)])  # 10 was just used: 21 is now the least recent
+    assert set(store.entries) == {10, 20, 30, 40}
+    assert store.stats()["evictions"] == 3 and store.stats()["misses"] == 1
 
 
 SMALL = dict(block_size=8, num_kv_blocks=12)  # 96 tokens: one other request fills it
@@ -147,3 +150,23 @@ def test_engine_config_attaches_the_tier_and_refuses_what_cannot_hold_one():
         EngineConfig(kv_offload="disk", enable_prefix_caching=False)
     with pytest.raises(ValueError, match="kv_offload_blocks must be a positive integer, got 0"):
         EngineConfig(kv_offload="host", kv_offload_blocks=0)
+
+
+def test_an_allocation_refused_for_room_leaves_the_tier_untouched_and_a_later_one_restores():
+    from minillm.cache.block_manager import BlockManager
+    manager = BlockManager(8, BS, enable_prefix_caching=True)
+    manager.tier = OffloadStore(small_pool(), "host", 8)
+    prompt = list(range(1, 3 * BS + 2))  # three full blocks and one token
+    table = manager.allocate(prompt)
+    manager.register(table, prompt, len(prompt))
+    manager.free(table)
+    assert manager.offload(prompt) == 3
+    other = manager.allocate([7] * (8 * BS))  # fills the pool
+    order, misses = list(manager.tier.entries), manager.tier.stats()["misses"]
+    for _ in range(3):  # a waiting request asks again every step
+        assert manager.allocate(prompt) is None  # no room: its three blocks stay in the tier, nothing counted
+    assert list(manager.tier.entries) == order and manager.tier.stats()["misses"] == misses
+    manager.free(other)
+    table = manager.allocate(prompt)
+    assert table is not None and len(table.blocks) == 4
+    assert manager.tier.stats()["restores"] == 3 and manager.tier.stats()["misses"] == misses

@@ -75,12 +75,14 @@ class BlockManager:
         if self.tier is not None:
             hits += self._adopt_orphans(token_ids[:-1], hits)
         total = cdiv(len(token_ids), self.block_size)
-        extra = self._tier_hits(token_ids, hits, total - len(hits))  # tier blocks, and pool blocks after them
+        extra, missed = self._tier_hits(token_ids, hits, total - len(hits))  # tier blocks, pool blocks after them
         held = hits + [e for e in extra if e.block >= 0]  # blocks already in the pool
         needed = total - len(held)
         revived = [e for e in held if e.block in self.evictable.entries]  # they stop being evictable
         if needed > self.num_free - len(revived):
             return None
+        if self.tier is not None:
+            self.tier.looked_up([e.hash for e in extra if e.block < 0], missed)
         self._count_lookup(token_ids, hits + extra)
         for e in revived:
             self.evictable.reuse(e.block)
@@ -206,14 +208,16 @@ class BlockManager:
             parent = entry
         return adopted
 
-    def _tier_hits(self, token_ids: list[int], hits: list[CachedBlock], needed: int) -> list[CachedBlock]:
+    def _tier_hits(self, token_ids: list[int], hits: list[CachedBlock],
+                   needed: int) -> tuple[list[CachedBlock], bool]:
         """Where the pool's match ends, the blocks that continue it: from the tier (entries without a
         pool block yet, block -1), and pool blocks that follow a restored one (their parent left the
         pool before them, so the match could not reach them; they keep their block). At most
         tier.capacity - needed blocks: saving the blocks this allocation evicts (at most `needed`)
-        then cannot push the tier's out before they are restored."""
+        then cannot push the tier's out before they are restored. -> (those blocks, whether the
+        match stopped at a block the tier did not hold)."""
         if self.tier is None or not self.enable_prefix_caching:
-            return []
+            return [], False
         found, parent, bs = [], hits[-1] if hits else None, self.block_size
         for i in range(len(hits), min((len(token_ids) - 1) // bs, len(hits) + self.tier.capacity - needed)):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
@@ -222,12 +226,12 @@ class BlockManager:
             pooled = self.cache.get(name)
             if pooled is not None and found and pooled.tokens == tokens and _same_prefix(pooled.parent, parent):
                 parent = pooled
-            elif pooled is None and self.tier.find(name, parent_hash, tokens):
+            elif pooled is None and self.tier.holds(name, parent_hash, tokens):
                 parent = CachedBlock(-1, name, tokens, parent)
             else:
-                break
+                return found, pooled is None
             found.append(parent)
-        return found
+        return found, False
 
     def _restore(self, table: BlockTable, extra: list[CachedBlock], fresh: list[int]) -> None:
         """Lay out the table after its pool hits: each of `extra` in order (a tier block copied into the

@@ -69,15 +69,19 @@ class OffloadStore:
     def __contains__(self, name: int) -> bool:
         return name in self.entries
 
-    def find(self, name: int, parent: int | None, tokens: tuple[int, ...]) -> bool:
-        """Is this block (named `name`, after `parent`, holding `tokens`) here? A hit becomes the most
-        recently used (it is about to be restored); a miss is counted."""
+    def holds(self, name: int, parent: int | None, tokens: tuple[int, ...]) -> bool:
+        """Is this block (named `name`, after `parent`, holding `tokens`) here? Changes nothing: a
+        lookup counts only once the allocation it serves goes ahead (`looked_up`)."""
         entry = self.entries.get(name)
-        found = entry is not None and entry.parent == parent and entry.tokens == tokens
-        if found:
+        return entry is not None and entry.parent == parent and entry.tokens == tokens
+
+    def looked_up(self, found: list[int], missed: bool) -> None:
+        """An allocation goes ahead with these blocks (names, in chain order) from here: they become the
+        most recently used (about to be restored: the blocks it evicts from the pool must not push
+        them out); missed: its prefix went on past them, and this tier did not hold the next block."""
+        for name in found:
             self.entries.move_to_end(name)
-        self.misses += not found
-        return found
+        self.misses += missed
 
     def save(self, blocks: list[tuple[int, int, int | None, tuple[int, ...]]]) -> int:
         """Copy pool blocks out: each (pool block, name, parent name, tokens), a prefix's blocks in
