@@ -39,8 +39,8 @@ class StepProfile:
     per_context_token: float    # seconds per context token a decode attends over (reading its K/V)
     source: str = ""            # where the figures come from (a machine and model, or a roofline)
     token_curve: tuple[tuple[int, float], ...] = ()  # measured: (N, seconds N tokens add to one), N ascending.
-    #   With a curve, per_prefill_token and per_decode_seq both hold its mean cost of a token (N - 1 over
-    #   tokens(N) at its last point), the slope it goes on with past that point.
+    #   With a curve, per_prefill_token and per_decode_seq both hold its mean cost of a token,
+    #   tokens(N) / (N - 1) at its last point: the slope it goes on with past that point.
     wake: float = 0.0           # seconds more a step costs when the replica was idle before it
 
     def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
