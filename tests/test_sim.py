@@ -234,3 +234,24 @@ def test_starting_replicas_are_counted_until_they_serve_and_then_only_as_serving
     assert seen[1] == (1.0, 1, 2), "two asked for at 0.5 s, not serving yet"
     assert seen[3][1:] == (3, 0), "at 2.0 s both serve (ready at 1.7 s) and none is starting"
     assert all(r + s == 3 for _, r, s in seen[1:])
+
+
+def test_replay_fleet_runs_every_request_on_real_replicas_in_processes_and_names_a_failed_one():
+    """Two real replicas (processes of their own): every request gets all its tokens, after its arrival,
+    on one clock; both replicas' steps come back; a replica that cannot start is named, and none is left."""
+    import multiprocessing as mp
+
+    from minillm.sim.calibrate import workload
+    from minillm.sim.fleet_replay import replay_fleet
+    requests = workload(6, 20.0, seed=0, prompt=(8, 40), output=(2, 6))
+    calibration, (steps, woke), knobs, real = replay_fleet("tiny", requests, replicas=2, calibration_requests=4,
+                                                           timeout=120)
+    assert sorted(r.request_id for r in real) == sorted(r.request_id for r in requests)
+    for r in real:
+        assert len(r.token_times) == r.output_tokens and r.token_times == sorted(r.token_times)
+        assert r.token_times[0] > r.arrival and r.first_scheduled >= r.arrival - 1e-3
+    assert len(steps) == len(woke) and sum(p for p, *_ in steps) == sum(r.prompt_tokens for r in requests)
+    assert len(calibration[0]) > 0 and knobs["max_num_seqs"] == 16
+    with pytest.raises(RuntimeError, match="replica-[01] failed"):
+        replay_fleet("no-such-model", requests, replicas=2, calibration_requests=4, timeout=120)
+    assert not mp.active_children()

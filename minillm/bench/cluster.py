@@ -2,8 +2,8 @@
 the real engine, and fleets no laptop runs.
 
 1. Validation: the step profile is measured on the real engine (a calibration workload of its own),
-   then other workloads run for real and in the simulator; the errors of throughput and of TTFT and
-   TPOT p50 / p99 are reported (the aim: within 15%).
+   then other workloads run for real (one replica, and two in processes of their own) and in the
+   simulator; the errors of throughput and of TTFT and TPOT p50 / p99 are reported (the aim: within 15%).
 2. Routing on a real fleet: replicas as server processes behind the cache-aware router, a
    multi-tenant multi-turn workload; each policy's prefix hit rate, TTFT and throughput.
 3. At fleet scale (simulated): agent sessions of many tenants, bursty arrivals, replicas of a real
@@ -13,6 +13,7 @@ the real engine, and fleets no laptop runs.
 6. A capacity plan: the fewest replicas meeting a TTFT / TPOT SLO for 99% of requests.
 """
 import statistics
+from functools import partial
 
 from minillm.bench import print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
@@ -27,16 +28,16 @@ from minillm.sim.autoscale import Autoscaler, queue_rule
 from minillm.sim.calibrate import (
     CALIBRATION_REQUESTS,
     copies,
+    fit_profile,
     measure_profile,
+    recorded_steps,
     replay,
     replica_knobs,
-    step_record,
-    step_seconds,
     workload,
 )
+from minillm.sim.fleet_replay import replay_fleet
 from minillm.sim.plan import replicas_needed, summary
 from minillm.sim.workloads import agent_sessions
-from minillm.state import StepEvent
 
 FIGURES = [("output tok/s", "output_throughput", 1), ("TTFT p50 ms", "ttft_median", 1e3),  # (label, key, scale)
            ("TTFT p99 ms", "ttft_p99", 1e3), ("TPOT p50 ms", "tpot_median", 1e3), ("TPOT p99 ms", "tpot_p99", 1e3)]
@@ -44,44 +45,58 @@ FLEET_MODEL, FLEET_GPU = "Llama-3.1-8B", "H100 SXM"
 SLO = {"ttft": 1.0, "tpot": 0.05}
 
 
+LOADS = [("light", 0.4, 1), ("heavy", 1.5, 1), ("2 replicas", 1.5, 2)]  # (name, utilisation a replica, replicas)
+
+
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
-    """Real runs against simulated ones at a light and a heavy load (rates from `profile`). This machine's
-    speed drifts from minute to minute, so each real run is repeated, each right after a calibration of
-    its own that its simulation uses; the error is the median simulated figure's against the median real
-    one, beside the real runs' own spread. Two checks split the error in its parts: the simulator on a
-    profile fitted to the real run's own steps (its batching and queueing alone, the machine's drift
-    taken out), and a row per load for the step model alone (each real step against its price)."""
+    """Real runs against simulated ones at a light and a heavy load on one replica, and the heavy load on
+    each of two replicas in processes of their own behind round robin (rates from `profile`). This
+    machine's speed drifts from minute to minute, so each real run is repeated, each right after a
+    calibration of its own that its simulation uses; the error is the median simulated figure's against
+    the median real one, beside the real runs' own spread. Two checks split the error in its parts: the
+    simulator on a profile fitted to the real run's own steps (its batching and queueing alone, the
+    machine's drift taken out), and a row per load for the step model alone (each real step against its
+    price)."""
     alone = profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)  # a mean request, by itself
     repeats, size = (2, 24) if quick else (3, 60)
     knobs = replica_knobs(engine)
     rows = []
-    for seed, (name, utilisation) in enumerate((("light", 0.4), ("heavy", 1.5)), start=10):
-        requests = workload(size, utilisation / alone, seed=seed)
+    for seed, (name, utilisation, replicas) in enumerate(LOADS, start=10):
+        requests = workload(size * replicas, replicas * utilisation / alone, seed=seed)
+        fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
         for _ in range(repeats):
-            calibrated = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
-            events: list[StepEvent] = []
-            engine.subscribe(events.append)
-            try:
-                reals.append(summary(replay(engine, requests)))
-            finally:
-                engine.unsubscribe(events.append)
-            steps = [step_record(e, t) for e, t in zip(events, step_seconds(events))]
-            sims.append(summary(simulate(copies(requests), calibrated, **knobs).requests))
-            own_sims.append(summary(simulate(copies(requests), StepProfile.fit(steps), **knobs).requests))
+            if replicas == 1:
+                calibrated = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
+                real, steps, _ = recorded_steps(engine, partial(replay, engine, requests))
+            else:
+                calibration, (steps, _), knobs, real = replay_fleet(engine.config.model, requests, replicas,
+                                                                     CALIBRATION_REQUESTS[quick])
+                calibrated = fit_profile(*calibration)
+            reals.append(summary(real))
+            sims.append(summary(simulate(copies(requests), calibrated, **fleet, **knobs).requests))
+            own_sims.append(summary(simulate(copies(requests), StepProfile.fit(steps), **fleet, **knobs).requests))
             step_errors += [abs(calibrated.step_time(p, d, c) - t) / t for p, d, c, t in steps]
-        for label, key, scale in FIGURES:
-            values = sorted(r[key] * scale for r in reals)
-            real = statistics.median(values)
-            sim, own = (statistics.median(r[key] * scale for r in runs) for runs in (sims, own_sims))
-            rows.append({"load": name, "figure": label, "real": real,
-                         "real runs spread": f"{(values[-1] - values[0]) / real:.0%}", "simulated": sim,
-                         "error": f"{(sim - real) / real:+.1%}", "on the run's own steps": own,
-                         "its error": f"{(own - real) / real:+.1%}"})
-        rows.append({"load": name, "figure": f"a step's time ({len(step_errors)} steps)", "real": "-",
-                     "real runs spread": "-", "simulated": "-", "error": f"±{statistics.median(step_errors):.1%} "
-                     "(median)", "on the run's own steps": "-", "its error": "-"})
+        rows += comparison_rows(name, reals, sims, own_sims, step_errors)
         bar.update()
+    return rows
+
+
+def comparison_rows(load: str, reals: list[dict], sims: list[dict], own_sims: list[dict],
+                    step_errors: list[float]) -> list[dict]:
+    """One row per figure (medians of the repeats), then the step model's median error."""
+    rows = []
+    for label, key, scale in FIGURES:
+        values = sorted(r[key] * scale for r in reals)
+        real = statistics.median(values)
+        sim, own = (statistics.median(r[key] * scale for r in runs) for runs in (sims, own_sims))
+        rows.append({"load": load, "figure": label, "real": real,
+                     "real runs spread": f"{(values[-1] - values[0]) / real:.0%}", "simulated": sim,
+                     "error": f"{(sim - real) / real:+.1%}", "on the run's own steps": own,
+                     "its error": f"{(own - real) / real:+.1%}"})
+    rows.append({"load": load, "figure": f"a step's time ({len(step_errors)} steps)", "real": "-",
+                 "real runs spread": "-", "simulated": "-", "error": f"±{statistics.median(step_errors):.1%} "
+                 "(median)", "on the run's own steps": "-", "its error": "-"})
     return rows
 
 
@@ -160,7 +175,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     conditions = check_conditions()
     fleet_profile = StepProfile.from_roofline(model_shape(FLEET_MODEL), PROFILES[FLEET_GPU])
     replicas, sessions = (8, 60) if quick else (64, 600)
-    with progress("cluster", 2 + 3 + 4 + 4 + 3, unit="part") as bar:
+    with progress("cluster", len(LOADS) + 3 + 4 + 4 + 3, unit="part") as bar:
         bar.set_description("cluster: calibrating on the real engine")
         engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
         profile = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
@@ -188,8 +203,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         bar.update()
     print(machine_line(conditions))
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
-    print_table(checks, f"1. the simulator against real runs of the same workload (one replica; real: the median of "
-                        f"{2 if quick else 3} runs)")
+    print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "
+                        f"processes of their own behind round robin; real: the median of {2 if quick else 3} runs)")
     figures_checked = [r for r in checks if r["real"] != "-"]
     worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in figures_checked)
     worst_own = max(abs(r["on the run's own steps"] - r["real"]) / r["real"] for r in figures_checked)

@@ -13,6 +13,7 @@ import dataclasses
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from minillm.engine.engine import LLMEngine
 from minillm.sampling import SamplingParams
@@ -20,6 +21,7 @@ from minillm.sim.profile import StepProfile
 from minillm.sim.replica import SimRequest
 from minillm.state import Phase, StepEvent
 
+Step = tuple[int, int, int, float]  # (prefill tokens, decode seqs, context tokens, seconds) of one engine step
 STEP_PHASES = ("schedule", "prepare", "model", "sample", "update")  # LLMEngine.step's timed work
 CALIBRATION_REQUESTS = {True: 24, False: 48}  # requests of measure_profile's replay, quick or not
 IDLE = 2e-3  # seconds between one step's end and the next one's start from which the engine was idle
@@ -47,14 +49,16 @@ def replica_knobs(engine: LLMEngine) -> dict:
             "kv_blocks": kv.total_blocks, "block_size": kv.block_size}
 
 
-def replay(engine: LLMEngine, requests: list[SimRequest], seed: int = 0) -> list[SimRequest]:
+def replay(engine: LLMEngine, requests: list[SimRequest], seed: int = 0,
+           start: float | None = None) -> list[SimRequest]:
     """Run requests through the real engine at their arrival times; -> copies with first_scheduled and
-    token_times filled in, in seconds from the start (the simulator's clock)."""
+    token_times filled in, in seconds from the start (the simulator's clock). start: the time.perf_counter()
+    that is 0 on that clock (None: now); the system's monotonic clock, the same in every process."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     pending = sorted(copies(requests), key=lambda r: r.arrival)
     live: dict[str, SimRequest] = {}
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
     queue = list(pending)
     while queue or engine.has_unfinished():
         now = time.perf_counter() - start
@@ -76,7 +80,7 @@ def replay(engine: LLMEngine, requests: list[SimRequest], seed: int = 0) -> list
     return pending
 
 
-def step_record(event: StepEvent, seconds: float) -> tuple[int, int, int, float]:
+def step_record(event: StepEvent, seconds: float) -> Step:
     """(prefill tokens, decode seqs, context tokens, seconds) of one engine step."""
     computed = {(s.request_id, s.index): s.num_computed_tokens for s in event.sequences}
     prefill = sum(w.num_tokens for w in event.scheduled if w.phase == Phase.PREFILL)
@@ -98,26 +102,44 @@ def step_seconds(events: list[StepEvent]) -> list[float]:
     return out
 
 
-def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> StepProfile:
-    """Fit a StepProfile to the steps of a calibration replay: bursts and gaps, so the steps range from one
-    decode to full prefill budgets. The steps that follow an idle pause are fitted apart: what they cost
-    beyond the fit is the profile's `wake` (a pause leaves a CPU's caches, and a GPU's clocks, cold)."""
-    replay(engine, [SimRequest(0.0, 64, 2, request_id="warm-up")], seed)  # an engine's first step pays its set-up
+def recorded_steps(engine: LLMEngine, run: Callable[[], object]) -> tuple[object, list[Step], list[bool]]:
+    """Call run() with the engine's steps recorded. -> (what run returned, each step's (prefill tokens,
+    decode seqs, context tokens, seconds), whether it followed an idle pause)."""
     events: list[StepEvent] = []
     engine.subscribe(events.append)
     try:
-        burst = workload(requests // 2, float("inf"), seed)
-        trickle = workload(requests - requests // 2, 6.0, seed + 1)
-        calibration = burst + [dataclasses.replace(r, arrival=r.arrival + 0.5, request_id=f"b{r.request_id}")
-                               for r in trickle]
-        replay(engine, calibration, seed)
+        result = run()
     finally:
         engine.unsubscribe(events.append)
     seconds = step_seconds(events)
     steps = [step_record(e, t) for e, t in zip(events, seconds)]
     woke = [i > 0 and events[i].start - events[i - 1].start - seconds[i - 1] > IDLE for i in range(len(events))]
+    return result, steps, woke
+
+
+def calibration_steps(engine: LLMEngine, seed: int = 1, requests: int = 48) -> tuple[list[Step], list[bool]]:
+    """The recorded steps of a calibration replay: bursts and gaps, so the steps range from one decode to
+    full prefill budgets (after a warm-up request: an engine's first step pays its set-up)."""
+    replay(engine, [SimRequest(0.0, 64, 2, request_id="warm-up")], seed)
+    burst = workload(requests // 2, float("inf"), seed)
+    trickle = workload(requests - requests // 2, 6.0, seed + 1)
+    calibration = burst + [dataclasses.replace(r, arrival=r.arrival + 0.5, request_id=f"b{r.request_id}")
+                           for r in trickle]
+    _, steps, woke = recorded_steps(engine, lambda: replay(engine, calibration, seed))
+    return steps, woke
+
+
+def fit_profile(steps: list[Step], woke: list[bool], source: str = "") -> StepProfile:
+    """StepProfile.fit on the steps that ran back to back; the steps that follow an idle pause are fitted
+    apart: the median of what they cost beyond the fit is the profile's `wake` (a pause leaves a CPU's
+    caches, and a GPU's clocks, cold)."""
     busy = [s for s, w in zip(steps, woke) if not w]
-    profile = StepProfile.fit(busy if len(busy) >= 4 else steps,
-                              source=f"{engine.config.model} on this machine, {len(steps)} steps")
+    profile = StepProfile.fit(busy if len(busy) >= 4 else steps, source=source)
     extra = [t - profile.step_time(p, d, c) for (p, d, c, t), w in zip(steps, woke) if w]
     return dataclasses.replace(profile, wake=max(0.0, statistics.median(extra)) if extra else 0.0)
+
+
+def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> StepProfile:
+    """Fit a StepProfile to the steps of a calibration replay (calibration_steps, fit_profile)."""
+    steps, woke = calibration_steps(engine, seed, requests)
+    return fit_profile(steps, woke, source=f"{engine.config.model} on this machine, {len(steps)} steps")
