@@ -68,14 +68,14 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
         for _ in range(repeats):
             if replicas == 1:
                 calibrated = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
-                real, steps, _ = recorded_steps(engine, partial(replay, engine, requests))
+                real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
             else:
-                calibration, (steps, _), knobs, real = replay_fleet(engine.config.model, requests, replicas,
+                calibration, (steps, woke), knobs, real = replay_fleet(engine.config.model, requests, replicas,
                                                                      CALIBRATION_REQUESTS[quick])
                 calibrated = fit_profile(*calibration)
             reals.append(summary(real))
             sims.append(summary(simulate(copies(requests), calibrated, **fleet, **knobs).requests))
-            own_sims.append(summary(simulate(copies(requests), StepProfile.fit(steps), **fleet, **knobs).requests))
+            own_sims.append(summary(simulate(copies(requests), fit_profile(steps, woke), **fleet, **knobs).requests))
             step_errors += [(calibrated.step_time(p, d, c) - t) / t for p, d, c, t in steps]
         rows += comparison_rows(name, reals, sims, own_sims, step_errors)
         bar.update()
