@@ -134,9 +134,11 @@ class Router:
             self.state.release(replica, failed=True)
 
     async def health_loop(self, client: httpx.AsyncClient) -> None:
+        """Every health_interval seconds, from one interval after the start (replicas start in rotation; one
+        that is down by then is found by its first refused request or by this check, whichever comes first)."""
         while True:
-            await asyncio.gather(*(self._check(client, r) for r in self.state.replicas))
             await asyncio.sleep(self.health_interval)
+            await asyncio.gather(*(self._check(client, r) for r in self.state.replicas))
 
     async def _check(self, client: httpx.AsyncClient, replica: Replica) -> None:
         try:
