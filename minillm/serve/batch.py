@@ -107,11 +107,12 @@ def validated(url: str, raw: dict, model: str) -> CompletionRequest | ChatReques
 def completion_body(rid: str, model: str, url: str, body, outputs: list[RequestOutput], tokenizer) -> dict:
     """The JSON the server's non-streaming endpoint answers, from the finished prompts' outputs."""
     if url == "/v1/completions":
+        kind = "text_completion"
         choices = [completion_choice(tokenizer, i * body.n + c.index, c)
                    for i, o in enumerate(outputs) for c in o.outputs]
     else:
+        kind = "chat.completion"
         choices = [chat_choice(tokenizer, c.index, c, body.top_logprobs or 0) for o in outputs for c in o.outputs]
-    kind = "text_completion" if url == "/v1/completions" else "chat.completion"
     return envelope(rid, kind, model, choices,
                     usage=usage(sum(len(o.prompt_token_ids) for o in outputs),
                                 sum(len(c.token_ids) for o in outputs for c in o.outputs)))

@@ -45,6 +45,7 @@ class StepProfile:
 
     def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
         object.__setattr__(self, "token_curve", tuple((int(n), float(s)) for n, s in self.token_curve))
+        object.__setattr__(self, "_sizes", [n for n, _ in self.token_curve])  # for bisect: every step looks here
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
         if not self.token_curve:
@@ -71,8 +72,9 @@ class StepProfile:
         curve = self.token_curve
         if tokens >= curve[-1][0]:
             return curve[-1][1] + self.per_decode_seq * (tokens - curve[-1][0])
-        weights = _hats(tokens, [n for n, _ in curve])
-        return sum(w * s for w, (_, s) in zip(weights, curve))
+        i = bisect.bisect_left(self._sizes, tokens)
+        (n0, s0), (n1, s1) = (1, 0.0) if i == 0 else curve[i - 1], curve[i]
+        return s0 + (s1 - s0) * max(tokens - n0, 0) / (n1 - n0)
 
     @classmethod
     def fit(cls, steps: list[tuple[int, int, int, float]], source: str = "") -> "StepProfile":
