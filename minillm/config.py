@@ -91,6 +91,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None  # speculative decoding (None: one token per sequence per step)
     quantization: QuantConfig | None = None  # weight-only quantization (None: the checkpoint's own weights)
     profile_attention: bool = False      # time attention apart in each step (a clock read per layer)
+    compile_decode: bool = False         # torch.compile decode steps (engine/compiled.py): minutes to compile first
     tensor_parallel_size: int = 1        # ranks sharing each layer's heads and MLP (minillm/dist); >1 starts workers
     components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
@@ -117,6 +118,7 @@ class EngineConfig:
         self.scheduler = _choice("scheduler", self.scheduler, SchedulerPolicy)
         self._check_attention_backend()
         self._check_tensor_parallel()
+        self._check_compile()
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise TypeError(f"speculative must be a minillm.config.SpeculativeConfig or None, "
                             f"got {type(self.speculative).__name__}")
@@ -171,6 +173,19 @@ class EngineConfig:
             if value != accepted:
                 raise ValueError(f"tensor_parallel_size {tp} runs with {name}={accepted!r} only (gloo on CPU, the "
                                  f"paged torch attention, full-precision weights), got {name}={value!r}")
+
+    def _check_compile(self) -> None:
+        if not isinstance(self.compile_decode, bool):
+            raise ValueError(f"compile_decode must be True or False, got {self.compile_decode!r}")
+        if not self.compile_decode:
+            return
+        # The compiled step is the paged torch attention over the model's own layers, in one process.
+        needs = {"kv_cache": (self.kv_cache.value, "paged"), "attention_backend": (self.attention_backend, "torch"),
+                 "tensor_parallel_size": (self.tensor_parallel_size, 1), "quantization": (self.quantization, None)}
+        for name, (value, accepted) in needs.items():
+            if value != accepted:
+                raise ValueError(f"compile_decode runs with {name}={accepted!r} only (the paged torch attention "
+                                 f"over full-precision weights, in one process), got {name}={value!r}")
 
     @property
     def torch_device(self) -> torch.device:

@@ -2,6 +2,8 @@
 
 Measured side by side in one run, same weights, same greedy tokens:
   * minillm with its KV cache: decode tokens/s = 1 / TPOT
+  * the same with its decode steps compiled (EngineConfig(compile_decode=True), engine/compiled.py;
+    not in --quick: compiling takes minutes on a 2-core CPU, under one once inductor's cache holds it)
   * the bare loop: per token, every weight matrix once as a matrix-vector product (q/k/v, o,
     gate/up and down of every layer, then the LM head), on the model's own weights, with nothing
     else: no norms, attention, sampling or engine. Decode at batch 1 must stream every weight once
@@ -71,21 +73,28 @@ def bare_loop(model: torch.nn.Module, new: int) -> float:
     return new / (time.perf_counter() - start)
 
 
-def steps_against_bare_loop(llm: LLM, prompt: list[int], rounds: int, chunk: int = 2) -> list[tuple[float, float]]:
-    """Paired, so that this machine's drifting speed hits both alike: `chunk` decode steps of the
-    engine, then `chunk` tokens of the bare loop, `rounds` times. -> (engine, bare) tokens/s per round."""
-    engine = llm.engine
-    engine.add_request(prompt, SamplingParams(max_tokens=rounds * chunk + 2, temperature=0, ignore_eos=True))
-    engine.step()  # the prefill
-    pairs = []
+def steps_against_bare_loop(llms: list[LLM], prompt: list[int], rounds: int,
+                            chunk: int = 2) -> list[tuple[float, ...]]:
+    """Paired, so that this machine's drifting speed hits every variant alike: `chunk` decode steps of
+    each engine, then `chunk` tokens of the bare loop (on the first one's weights), `rounds` times.
+    -> (each engine's tokens/s..., the bare loop's) per round."""
+    engines = [llm.engine for llm in llms]
+    for engine in engines:
+        engine.add_request(prompt, SamplingParams(max_tokens=rounds * chunk + 2, temperature=0, ignore_eos=True))
+        engine.step()  # the prefill
+    rounds_out = []
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(chunk):
+        rates = []
+        for engine in engines:
+            start = time.perf_counter()
+            for _ in range(chunk):
+                engine.step()
+            rates.append(chunk / (time.perf_counter() - start))
+        rounds_out.append((*rates, bare_loop(llms[0].model, chunk)))
+    for engine in engines:
+        while engine.has_unfinished():
             engine.step()
-        pairs.append((chunk / (time.perf_counter() - start), bare_loop(llm.model, chunk)))
-    while engine.has_unfinished():
-        engine.step()
-    return pairs
+    return rounds_out
 
 
 def step_breakdown(llm: LLM, prompt: list[int], steps: int) -> tuple[dict[str, float], dict[str, float]]:
@@ -158,22 +167,32 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
     params = sum(p.numel() for p in llm.model.parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
     prompt = torch.randint(1, max_id, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
-    ours, hf_rate, none = [], [], []
-    with progress("decode", 3 * repeats + len(contexts) + 2) as bar:
+    variants = {"minillm": llm}
+    rates: dict[str, list[float]] = {"minillm": [], "compiled": [], "transformers": [], "no cache": []}
+    tokens = {}
+    with progress("decode", (3 + (not quick)) * repeats + len(contexts) + 3) as bar:
+        if not quick:
+            bar.set_description("decode: compiling minillm's decode step (torch.compile)")
+            start = time.perf_counter()
+            variants["compiled"] = LLM(model_dir, dtype="float32", device="cpu", compile_decode=True)
+            minillm_decode(variants["compiled"], prompt, 2)
+            compile_seconds = time.perf_counter() - start
+        bar.update()
         bar.set_description("decode: minillm steps against the bare loop, paired")
-        pairs = steps_against_bare_loop(llm, prompt, pair_rounds)
+        rounds = steps_against_bare_loop(list(variants.values()), prompt, pair_rounds)
         bar.update()
         for rep in range(repeats):  # interleaved, so drifting machine load hits every variant alike
-            bar.set_description(f"decode: minillm (KV cache), run {rep + 1}/{repeats}")
-            rate, our_tokens = minillm_decode(llm, prompt, new)
-            ours.append(rate)
-            bar.update()
+            for name, variant in variants.items():
+                bar.set_description(f"decode: {name} (KV cache), run {rep + 1}/{repeats}")
+                rate, tokens[name] = minillm_decode(variant, prompt, new)
+                rates[name].append(rate)
+                bar.update()
             bar.set_description(f"decode: transformers generate, run {rep + 1}/{repeats}")
-            rate, hf_tokens = hf_decode(hf, prompt, new)
-            hf_rate.append(rate)
+            rate, tokens["transformers"] = hf_decode(hf, prompt, new)
+            rates["transformers"].append(rate)
             bar.update()
             bar.set_description(f"decode: minillm, no KV cache, run {rep + 1}/{repeats}")
-            none.append(no_cache_decode(llm, prompt, new))
+            rates["no cache"].append(no_cache_decode(llm, prompt, new))
             bar.update()
         bar.set_description("decode: where a step's time goes")
         quiet, observed = step_breakdown(llm, prompt, new)
@@ -183,36 +202,53 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
             bar.set_description(f"decode: one token at context {c}, cached vs recompute")
             per_context.append((c, *step_times(llm, c, repeats, max_id)))
             bar.update()
-    vs_hf = statistics.median(a / b for a, b in zip(ours, hf_rate))  # paired: run i of each came together
-    vs_bare = statistics.median(e / b for e, b in pairs)
-    bare = statistics.median(b for _, b in pairs)
-    ours, hf_rate, none = (statistics.median(x) for x in (ours, hf_rate, none))
+    # Ratios are medians of paired runs: run (or round) i of each variant came together.
+    vs_hf = {name: statistics.median(a / b for a, b in zip(rates[name], rates["transformers"])) for name in variants}
+    vs_bare = {name: statistics.median(r[i] / r[-1] for r in rounds) for i, name in enumerate(variants)}
+    bare = statistics.median(r[-1] for r in rounds)
+    rate = {name: statistics.median(x) for name, x in rates.items() if x}
+    ours, none = rate["minillm"], rate["no cache"]
     breakdown = breakdown_rows(quiet, observed)
     figures = {
         "model": f"{label}, {params / 1e6:.1f}M parameters, float32",
         "prompt_tokens": prompt_len, "new_tokens": new, "repeats": repeats, "paired_rounds_vs_bare_loop": pair_rounds,
-        "minillm_tokens_per_s": ours, "bare_loop_tokens_per_s": bare, "transformers_tokens_per_s": hf_rate,
-        "no_cache_tokens_per_s": none, "minillm_vs_bare_loop": vs_bare, "minillm_vs_transformers": vs_hf,
-        "cache_vs_recompute": ours / none, "step_breakdown_ms": {r["phase"]: r["ms per step"] for r in breakdown},
-        "greedy_tokens_identical": our_tokens == hf_tokens,
+        "minillm_tokens_per_s": ours, "bare_loop_tokens_per_s": bare, "transformers_tokens_per_s": rate["transformers"],
+        "no_cache_tokens_per_s": none, "minillm_vs_bare_loop": vs_bare["minillm"],
+        "minillm_vs_transformers": vs_hf["minillm"], "cache_vs_recompute": ours / none,
+        "step_breakdown_ms": {r["phase"]: r["ms per step"] for r in breakdown},
+        "greedy_tokens_identical": all(t == tokens["transformers"] for t in tokens.values()),
         "achieved_bandwidth_GBps": weight_bytes * ours / 1e9,
         "per_context": [{"context": c, "cached_step_ms": a * 1e3, "recompute_step_ms": b * 1e3, "speedup": b / a}
                         for c, a, b in per_context],
     }
+    if "compiled" in variants:
+        figures.update({"compiled_tokens_per_s": rate["compiled"], "compiled_vs_bare_loop": vs_bare["compiled"],
+                        "compiled_vs_transformers": vs_hf["compiled"], "compile_seconds": compile_seconds})
     print(f"{machine_line(conditions)}\nmodel: {figures['model']}")
-    print_table([
-        {"variant": "minillm (KV cache)", "decode tok/s": ours, "minillm is": "1.00x"},
-        {"variant": "bare loop (the ceiling)", "decode tok/s": bare, "minillm is": f"{vs_bare:.0%} of it"},
-        {"variant": "transformers generate", "decode tok/s": hf_rate, "minillm is": f"{vs_hf:.2f}x"},
-        {"variant": "minillm, no KV cache", "decode tok/s": none, "minillm is": f"{ours / none:.2f}x"},
-    ], f"decode, {prompt_len}-token prompt, {new} new tokens, median of {repeats}; ratios are medians of "
-       f"paired runs (the bare loop: {pair_rounds} pairs of 2 steps)")
+    rows = [{"variant": "minillm (KV cache)", "decode tok/s": ours, "of the bare loop": f"{vs_bare['minillm']:.0%}",
+             "vs transformers": f"{vs_hf['minillm']:.2f}x"}]
+    if "compiled" in variants:
+        rows.append({"variant": f"minillm, compiled decode ({compile_seconds:.0f} s to compile)",
+                     "decode tok/s": rate["compiled"], "of the bare loop": f"{vs_bare['compiled']:.0%}",
+                     "vs transformers": f"{vs_hf['compiled']:.2f}x"})
+    rows += [{"variant": "bare loop (the ceiling)", "decode tok/s": bare, "of the bare loop": "100%",
+              "vs transformers": ""},
+             {"variant": "transformers generate", "decode tok/s": rate["transformers"], "of the bare loop": "",
+              "vs transformers": "1.00x"},
+             {"variant": "minillm, no KV cache", "decode tok/s": none, "of the bare loop": "",
+              "vs transformers": ""}]
+    print_table(rows, f"decode, {prompt_len}-token prompt, {new} new tokens, median of {repeats}; ratios are medians "
+                      f"of paired runs (the bare loop: {pair_rounds} rounds of 2 steps)"
+                      + ("; --quick leaves out the compiled decode" if quick else ""))
     print_table(breakdown, f"one decode step at about {prompt_len + new // 2} tokens of context (median of {new})")
     print_table([{"context": c, "cached ms/token": a * 1e3, "recompute ms/token": b * 1e3, "cache speedup": b / a}
                  for c, a, b in per_context], "one new token at a given context length")
-    print(f"\nminillm / bare loop: {figures['minillm_vs_bare_loop']:.0%}   "
-          f"minillm / transformers: {figures['minillm_vs_transformers']:.2f}x   "
-          f"greedy tokens identical: {figures['greedy_tokens_identical']}")
+    summary = [f"minillm / bare loop: {vs_bare['minillm']:.0%}", f"minillm / transformers: {vs_hf['minillm']:.2f}x"]
+    if "compiled" in variants:
+        summary += [f"compiled / bare loop: {vs_bare['compiled']:.0%}",
+                    f"compiled / transformers: {vs_hf['compiled']:.2f}x"]
+    print("\n" + "   ".join(summary + [f"greedy tokens identical: {figures['greedy_tokens_identical']}"]))
+    print(f"no KV cache: the cache makes decode {ours / none:.2f}x faster")
     print(f"achieved weight bandwidth: {figures['achieved_bandwidth_GBps']:.1f} GB/s "
           f"({weight_bytes / 1e6:.0f} MB of weights per token)")
     write_json(json_path, "decode", figures, conditions)

@@ -28,7 +28,8 @@ def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtyp
             raise ValueError(f"kv_cache_memory of {memory:,} bytes holds no block: one block of "
                              f"{config.block_size} tokens takes {per_block:,} bytes for this model")
     manager = PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching,
-                                config.components, config.attention_backend)
+                                config.components, config.attention_backend,
+                                None if config.compile_decode else PagedCacheManager.DECODE_GROUP)
     if config.kv_offload is not None:
         manager.attach_offload(config.kv_offload, config.kv_offload_blocks, config.kv_offload_dir)
     return manager

@@ -121,10 +121,12 @@ def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
 class PagedCacheManager:
     """Glues sequences to the BlockManager (who holds which block) and the pool (the tensors)."""
     kind = CacheKind.PAGED
+    DECODE_GROUP = 8  # sequences per padded decode batch: fewer matmuls vs less padding
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, enable_prefix_caching: bool, components: Components | None = None,
-                 attention_backend: str = "torch") -> None:
+                 attention_backend: str = "torch", decode_group: int | None = DECODE_GROUP) -> None:
+        """decode_group: decode rows per padded attention batch; None: every decode row of a step in one."""
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, components)
         self.triton_context = None
         if attention_backend == "triton":  # imported only when asked for: it imports triton
@@ -133,6 +135,7 @@ class PagedCacheManager:
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
+        self.decode_group = decode_group
 
     def attach_offload(self, kind: str, capacity: int, directory: str | None = None) -> None:
         """A second tier for cached blocks (cache/offload.py): prompts restore their prefix from it
@@ -217,27 +220,28 @@ class PagedCacheManager:
         prefills = [(row, n, torch.tensor(blocks, device=self.device), end) for row, n, blocks, end in prefills]
         return PagedContext(self.pool, slot_mapping, self._group(decodes), prefills)
 
-    DECODE_GROUP = 8  # sequences per padded decode batch: fewer matmuls vs less padding
-
     def _group(self, decodes: list[tuple[int, list[int], int]]) -> list[tuple]:
-        """Sort decode rows by context length and pad each run of DECODE_GROUP to its longest."""
-        decodes = sorted(decodes, key=lambda d: d[2])
+        """Pad runs of `decode_group` decode rows to their longest context. When they are more than one
+        run, rows are sorted by context length first, so that little is padded; one run keeps batch order."""
+        size = self.decode_group or max(1, len(decodes))
+        if len(decodes) > size:
+            decodes = sorted(decodes, key=lambda d: d[2])
         groups = []
-        for i in range(0, len(decodes), self.DECODE_GROUP):
-            part = decodes[i:i + self.DECODE_GROUP]
-            width = len(part[-1][1])  # blocks of the longest context
+        for i in range(0, len(decodes), size):
+            part = decodes[i:i + size]
+            width = max(len(blocks) for _, blocks, _ in part)  # blocks of the longest context
             tables = [blocks + [self.pool.pad_block] * (width - len(blocks)) for _, blocks, _ in part]
             lengths = [length for _, _, length in part]
-            padding = None
-            if lengths[0] < lengths[-1]:
+            longest, padding = max(lengths), None
+            if min(lengths) < longest:
                 ends = torch.tensor(lengths, device=self.device)[:, None]
-                padding = torch.arange(lengths[-1], device=self.device) >= ends  # [B, longest]
+                padding = torch.arange(longest, device=self.device) >= ends  # [B, longest]
             rows = [r for r, _, _ in part]
             if rows == list(range(rows[0], rows[0] + len(rows))):
                 rows = slice(rows[0], rows[0] + len(rows))
             else:
                 rows = torch.tensor(rows, device=self.device)
-            groups.append((rows, torch.tensor(tables, device=self.device).flatten(), lengths[-1], padding))
+            groups.append((rows, torch.tensor(tables, device=self.device).flatten(), longest, padding))
         return groups
 
     def stats(self, seqs: list[Sequence]) -> KVStats:

@@ -115,7 +115,7 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:
             self.model.attach_pool(self.cache.pool)  # each worker's pool mirrors this one, for its kv heads
         self.scheduler = Scheduler(config, self.cache)
-        self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention)
+        self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention, config.compile_decode)
         self.speculator = None
         if config.speculative is not None:
             proposer = make_proposer(config.speculative, self, config.components)

@@ -9,14 +9,17 @@ import time
 import torch
 
 from minillm.cache.base import CacheManager
+from minillm.engine.compiled import CompiledDecode
 from minillm.layers.attention import AttentionContext
 from minillm.state import ScheduledSeq
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: CacheManager, device: torch.device,
-                 time_attention: bool = False) -> None:
+                 time_attention: bool = False, compile_decode: bool = False) -> None:
         self.model, self.cache, self.device = model, cache, device
+        # The forward each step runs: the model, or the model compiled for decode steps (engine/compiled.py).
+        self.forward = CompiledDecode(model, cache.pool) if compile_decode else model
         self.time_attention = time_attention
         self.last_timings: dict[str, float] = {}  # seconds of the latest execute(): prepare, model, attention
         self.last_hidden: torch.Tensor | None = None  # [rows, hidden] of the latest execute()
@@ -45,7 +48,7 @@ class ModelRunner:
         if self.time_attention:
             ctx = TimedAttention(ctx, self._sync)
         prepared = time.perf_counter()
-        hidden = self.model(input_ids, positions, ctx)  # [num_tokens, hidden]
+        hidden = self.forward(input_ids, positions, ctx)  # [num_tokens, hidden]
         self.last_hidden = hidden[rows] if len(rows) < len(input_ids) else hidden  # [rows, hidden]
         logits = self.model.compute_logits(self.last_hidden).float()
         if self.time_attention:
