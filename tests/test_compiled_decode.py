@@ -6,16 +6,10 @@ of unequal lengths) compiles once, for tens of seconds on a 2-core CPU.
 import pytest
 import torch
 import torch._dynamo
+from test_paged_engine import GREEDY, prompts
 
 from minillm import LLM, QuantConfig, SamplingParams
 from minillm.config import EngineConfig
-
-GREEDY = dict(temperature=0, ignore_eos=True)
-
-
-def prompts(lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 320, (n,), generator=gen).tolist() for n in lengths]
 
 
 @pytest.fixture(scope="module")
