@@ -112,10 +112,15 @@ def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
                  length: int, padding: torch.Tensor | None) -> torch.Tensor:
     """q: [B, heads, d], one query per sequence, over the blocks [B * max_blocks] of contexts up to
     `length` long (whole blocks are gathered: one copy per block, not per token) -> [B, heads, d]."""
-    b, (_, _, kv_heads, d) = q.shape[0], k_blocks.shape
-    keys = k_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]  # [B, length, kv_heads, d]
-    values = v_blocks.index_select(0, blocks).view(b, -1, kv_heads, d)[:, :length]
+    b = q.shape[0]
+    keys, values = gather_blocks(k_blocks, blocks, b, length), gather_blocks(v_blocks, blocks, b, length)
     return decode_attention(q, keys, values, padding)
+
+
+def gather_blocks(by_block: torch.Tensor, blocks: torch.Tensor, b: int, length: int) -> torch.Tensor:
+    """by_block: [pool blocks, block_size, kv_heads, d]; blocks: [B * max_blocks], B block tables
+    back to back -> [B, length, kv_heads, d] (whole blocks copied, then cut to length)."""
+    return by_block.index_select(0, blocks).view(b, -1, *by_block.shape[2:])[:, :length]
 
 
 class PagedCacheManager:

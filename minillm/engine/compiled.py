@@ -10,7 +10,8 @@ Python. Prefill and mixed steps stay eager: they are few, and their matmuls domi
 torch.compile wants a pure function. The paged context writes K/V into the pool in place, which
 compiles into a copy of the pool per layer; so the compiled step attends over each sequence's
 gathered blocks with the new token's K/V put in place by `where`, returns every layer's new K/V,
-and the pool takes them afterwards, in one write for all layers.
+and the pool takes them afterwards, in one write of K and one of V for all layers. (With
+profile_attention, whose timer wraps the context, every step runs eager.)
 
 The first decode compiles (minutes on a 2-core CPU; inductor keeps what it built in its cache
 folder, so a later process with the same model shape takes under a minute), and so does the
@@ -18,7 +19,7 @@ first step with another shape of batch: more than one sequence, or rows of unequ
 """
 import torch
 
-from minillm.cache.paged import PagedContext, PagedKVPool
+from minillm.cache.paged import PagedContext, PagedKVPool, gather_blocks
 from minillm.layers.attention import AttentionContext, decode_attention
 
 # cpp_wrapper: the compiled step calls its kernels and matmuls from C++, not from generated Python
@@ -30,8 +31,8 @@ class GatheredDecode(AttentionContext):
     """The compiled step's attention: each decode row over its gathered blocks, and K/V returned
     instead of written.
 
-    pool_k, pool_v: [layers, slots, kv_heads, d]; blocks: [B, max_blocks], each row's block table
-    (padded with the pool's zero block); length: the longest context L (the new token included);
+    pool_k, pool_v: [layers, slots, kv_heads, d]; blocks: [B * max_blocks], the rows' block tables
+    back to back (padded with the pool's zero block); length: the longest context L (the new token included);
     padding: [B, L], True past row b's context, or None when every row is L long.
     """
 
@@ -51,9 +52,8 @@ class GatheredDecode(AttentionContext):
 
     def gather(self, pool: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """One layer's pool [slots, kv_heads, d] and the step's new K or V [B, kv_heads, d] -> [B, L, kv_heads, d]."""
-        b, kv_heads, d = new.shape
-        by_block = pool.view(-1, self.block_size, kv_heads, d)
-        cached = by_block.index_select(0, self.blocks.flatten()).view(b, -1, kv_heads, d)[:, :self.length]
+        by_block = pool.view(-1, self.block_size, *new.shape[1:])
+        cached = gather_blocks(by_block, self.blocks, new.shape[0], self.length)
         return torch.where(self.is_new, new[:, None], cached)
 
     def attend(self, layer_idx, q, k, v):
@@ -74,8 +74,7 @@ class CompiledDecode:
         if not (isinstance(ctx, PagedContext) and ctx.decode_only):
             return self.model(input_ids, positions, ctx)
         _, blocks, length, padding = ctx.decode_groups[0]
-        hidden, k, v = self.compiled(input_ids, positions, self.pool.k, self.pool.v,
-                                     blocks.view(len(input_ids), -1), length, padding)
+        hidden, k, v = self.compiled(input_ids, positions, self.pool.k, self.pool.v, blocks, length, padding)
         self.pool.k.index_copy_(1, ctx.slot_mapping, k)  # k, v: [layers, B, kv_heads, d]
         self.pool.v.index_copy_(1, ctx.slot_mapping, v)
         return hidden
