@@ -9,14 +9,20 @@ Sequential, much slower, is timed on the first 16 requests only (tokens/s hardly
 how many it runs).
 
 Continuous and static batching run at every batch size of the sweep (4 to 32; 4 and 16 with
---quick), the two back to back in alternating order. Every variant generates exactly the
-workload's output lengths (EOS ignored), so output tokens/s compare like with like. transformers
-runs padded static batches of the largest size with `generate`; a padded batch runs until its
-longest member is done, and only each request's own tokens are counted as output.
+--quick), the two back to back in alternating order. Every workload holds at least twice as many
+requests as the largest batch, with output lengths spread well below their cap, so a static batch
+has members that finish early and continuous batching has slots to refill: with all requests in
+one batch the two policies would run the same steps, and their ratio would only measure the
+machine's drift between two runs. Every variant generates exactly the workload's output lengths
+(EOS ignored), so output tokens/s compare like with like. The phase-by-phase profile of a batched
+decode step comes from a run of its own (its timers and observer are not in the timed runs).
+transformers runs padded static batches of the largest size with `generate`; a padded batch runs
+until its longest member is done, and only each request's own tokens are counted as output.
 """
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -82,8 +88,9 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
 def measure(model: str, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
     """Continuous against static batching at every batch size of the sweep (the two interleaved,
     in alternating order, so drift hits both alike); transformers and sequential for reference."""
-    n, batches, max_output = (16, (4, 16), 48) if quick else (64, (4, 8, 16, 32), 192)
-    workload = chat_workload(n, seed=0, max_prompt=320, max_output=max_output, median_prompt=96, median_output=64)
+    n, batches, max_output, median_output = (32, (4, 16), 64, 24) if quick else (64, (4, 8, 16, 32), 192, 64)
+    workload = chat_workload(n, seed=0, max_prompt=320, max_output=max_output, median_prompt=96,
+                             median_output=median_output)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
     rates, outputs, full_steps = {}, {}, []
     profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
@@ -92,17 +99,20 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
         if len(event.scheduled) == profiled and all(w.phase == "decode" for w in event.scheduled):
             full_steps.append(event.timings)
 
-    with progress("throughput", 2 * len(batches) + (1 if quick else 2), unit="variant") as bar:
+    with progress("throughput", 2 * len(batches) + (2 if quick else 3), unit="variant") as bar:
         for i, batch in enumerate(batches):
             order = ("continuous", "static") if i % 2 == 0 else ("static", "continuous")
             for policy in order:
                 bar.set_description(f"throughput: {policy} batching, batch {batch}")
                 name = f"{policy}, batch {batch}"
-                profile = dict(observer=keep_full_decode_steps, profile_attention=True) \
-                    if (policy, batch) == ("continuous", profiled) else {}
                 rates[name], outputs[name] = run_minillm(model, prompts, workload, scheduler=policy,
-                                                         max_num_seqs=batch, **profile)
+                                                         max_num_seqs=batch)
                 bar.update()
+        bar.set_description(f"throughput: one batch of {profiled}, profiled step by step")
+        same_length = [replace(r, output_len=max_output // 2) for r in workload[:profiled]]  # all decode together
+        run_minillm(model, prompts[:profiled], same_length, observer=keep_full_decode_steps,
+                    profile_attention=True, scheduler="continuous", max_num_seqs=profiled)
+        bar.update()
         if not quick:
             bar.set_description("throughput: sequential (first 16)")
             rates["sequential (first 16)"], seq_out = run_minillm(model, prompts[:16], workload[:16],
@@ -124,7 +134,7 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
                                                         for o in outputs.values())}
     print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-320, output 4-{max_output} tokens, "
-          f"log-normal)")
+          f"log-normal, median 96 and {median_output})")
     print_table(sweep, "offline throughput: continuous vs static batching at each batch size")
     if full_steps:
         step = {k: statistics.median(t[k] for t in full_steps) for k in full_steps[0]}
@@ -132,7 +142,8 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
         figures["batched_decode_step_ms"] = {k: v * 1e3 for k, v in step.items()}
         print_table([{"phase": STEP_PHASES.get(k, k), "ms per step": v * 1e3, "share": f"{v / total:.1%}"}
                      for k, v in step.items()],
-                    f"one decode step of {profiled} sequences under continuous batching (median of {len(full_steps)})")
+                    f"one decode step of {profiled} sequences (a batch of {profiled} requests in a run of its own; "
+                    f"median of {len(full_steps)} steps)")
     print_table([{"variant": k, "output tok/s": v, f"continuous (batch {batches[-1]}) is": f"{best / v:.2f}x"}
                  for k, v in reference.items()], "for reference")
     print(f"\ncontinuous never slower than static: {figures['continuous_never_slower_than_static']}; "
