@@ -155,3 +155,25 @@ def test_quant_quick_path_on_a_hf_checkpoint_skips_group_sizes_that_do_not_divid
     record = json.loads((tmp_path / "quant.json").read_text())
     assert record["benchmark"] == "quant" and "torch_threads" in record["conditions"]
     assert all(len(r) == 2 for r in record["decode_tokens_per_s"].values())
+
+
+def test_throughput_quick_path_compares_policies_at_each_batch_and_profiles_a_full_step(monkeypatch, tmp_path, capsys):
+    from minillm.bench import throughput
+    from minillm.testing import make_hf_model
+    make_hf_model(tmp_path / "model", max_position_embeddings=512)  # the workload's prompts reach 320 tokens
+    monkeypatch.setattr(throughput, "QUICK", throughput.Sweep(requests=8, batch_sizes=(2, 4), max_output=12,
+                                                              median_output=6))
+    figures = throughput.run(quick=True, json_path=str(tmp_path / "throughput.json"), model=str(tmp_path / "model"))
+    out = capsys.readouterr().out
+    assert [r["batch"] for r in figures["sweep"]] == [2, 4] and figures["requests"] == 8
+    for r in figures["sweep"]:
+        assert r["continuous / static"] == r["continuous tok/s"] / r["static tok/s"] > 0
+    assert figures["outputs_identical_across_policies"]
+    assert set(figures["tokens_per_s"]) == {"continuous, batch 2", "static, batch 2", "continuous, batch 4",
+                                            "static, batch 4", "transformers, batch 4"}
+    step = figures["batched_decode_step_ms"]  # the profiled run's full decode steps, phase by phase
+    assert {"schedule", "prepare", "model", "attention", "sample"} <= set(step)
+    assert 0 < step["attention"] < step["model"]
+    assert "one decode step of 4 sequences" in out and "continuous never slower than static:" in out
+    record = json.loads((tmp_path / "throughput.json").read_text())
+    assert record["benchmark"] == "throughput" and "torch_threads" in record["conditions"]

@@ -22,7 +22,7 @@ until its longest member is done, and only each request's own tokens are counted
 import statistics
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,6 +38,19 @@ from minillm.testing import SMOLLM2_135M_SHAPE, make_hf_model
 STEP_PHASES = {"schedule": "scheduler", "prepare": "step tensors (ids, positions, slot mapping, block tables)",
                "model": "model forward + logits", "attention": "  of which attention (block gathers + grouped SDPA)",
                "sample": "sampler", "update": "detokenizer + stop checks", "telemetry": "telemetry"}
+
+
+
+@dataclass(frozen=True)
+class Sweep:
+    requests: int
+    batch_sizes: tuple[int, ...]
+    max_output: int      # output lengths are log-normal around median_output, capped here
+    median_output: int
+
+
+QUICK = Sweep(requests=32, batch_sizes=(4, 16), max_output=64, median_output=24)
+FULL = Sweep(requests=64, batch_sizes=(4, 8, 16, 32), max_output=192, median_output=64)
 
 
 def make_prompts(workload, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -88,9 +101,10 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
 def measure(model: str, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
     """Continuous against static batching at every batch size of the sweep (the two interleaved,
     in alternating order, so drift hits both alike); transformers and sequential for reference."""
-    n, batches, max_output, median_output = (32, (4, 16), 64, 24) if quick else (64, (4, 8, 16, 32), 192, 64)
+    sweep = QUICK if quick else FULL
+    n, batches, max_output = sweep.requests, sweep.batch_sizes, sweep.max_output
     workload = chat_workload(n, seed=0, max_prompt=320, max_output=max_output, median_prompt=96,
-                             median_output=median_output)
+                             median_output=sweep.median_output)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
     rates, outputs, full_steps = {}, {}, []
     profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
@@ -122,20 +136,20 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
         bar.set_description(f"throughput: transformers padded batches of {batches[-1]}")
         rates[f"transformers, batch {batches[-1]}"] = run_transformers(model, prompts, workload, batches[-1])
         bar.update()
-    sweep = [{"batch": b, "continuous tok/s": rates[f"continuous, batch {b}"],
+    ratios = [{"batch": b, "continuous tok/s": rates[f"continuous, batch {b}"],
               "static tok/s": rates[f"static, batch {b}"],
               "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"]} for b in batches]
     best = rates[f"continuous, batch {batches[-1]}"]
     reference = {k: v for k, v in rates.items() if not k.startswith(("continuous", "static"))}
     figures = {"model": label, "requests": n, "batch_sizes": list(batches),
-               "output_tokens": sum(r.output_len for r in workload), "tokens_per_s": rates, "sweep": sweep,
-               "continuous_never_slower_than_static": all(r["continuous / static"] >= 1 for r in sweep),
+               "output_tokens": sum(r.output_len for r in workload), "tokens_per_s": rates, "sweep": ratios,
+               "continuous_never_slower_than_static": all(r["continuous / static"] >= 1 for r in ratios),
                f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
                "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
                                                         for o in outputs.values())}
     print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-320, output 4-{max_output} tokens, "
-          f"log-normal, median 96 and {median_output})")
-    print_table(sweep, "offline throughput: continuous vs static batching at each batch size")
+          f"log-normal, median 96 and {sweep.median_output})")
+    print_table(ratios, "offline throughput: continuous vs static batching at each batch size")
     if full_steps:
         step = {k: statistics.median(t[k] for t in full_steps) for k in full_steps[0]}
         total = sum(v for k, v in step.items() if k != "attention")
