@@ -40,7 +40,6 @@ STEP_PHASES = {"schedule": "scheduler", "prepare": "step tensors (ids, positions
                "sample": "sampler", "update": "detokenizer + stop checks", "telemetry": "telemetry"}
 
 
-
 @dataclass(frozen=True)
 class Sweep:
     requests: int
@@ -137,8 +136,8 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
         rates[f"transformers, batch {batches[-1]}"] = run_transformers(model, prompts, workload, batches[-1])
         bar.update()
     ratios = [{"batch": b, "continuous tok/s": rates[f"continuous, batch {b}"],
-              "static tok/s": rates[f"static, batch {b}"],
-              "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"]} for b in batches]
+               "static tok/s": rates[f"static, batch {b}"],
+               "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"]} for b in batches]
     best = rates[f"continuous, batch {batches[-1]}"]
     reference = {k: v for k, v in rates.items() if not k.startswith(("continuous", "static"))}
     figures = {"model": label, "requests": n, "batch_sizes": list(batches),
