@@ -264,3 +264,25 @@ def _read(path) -> bytes:
         return path.read_bytes()
     except OSError:  # the process ended while we looked
         return b""
+
+
+def test_a_replica_that_closes_its_output_before_exiting_is_reported_failed_not_silent(tmp_path):
+    """End of output comes before the exit: the caller waits for the exit, and names the failure."""
+    import subprocess
+    import sys
+    import time
+
+    from minillm.sim.fleet_replay import _line
+    exiting = "import os, sys, time; os.close(1); time.sleep(1.0); sys.exit(3)"
+    silent = "import time; time.sleep(30)"
+    with open(tmp_path / "log", "w+") as log:
+        proc = subprocess.Popen([sys.executable, "-c", exiting], stdout=subprocess.PIPE, stderr=log, text=True)
+        with pytest.raises(RuntimeError, match=r"replica-0 failed \(exit code 3\)"):
+            _line(proc, 0, log, time.monotonic() + 30)
+        proc = subprocess.Popen([sys.executable, "-c", silent], stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            with pytest.raises(TimeoutError, match="replica-1 gave no answer in time"):
+                _line(proc, 1, log, time.monotonic() + 1.5)
+        finally:
+            proc.kill()
+            proc.wait()

@@ -78,6 +78,10 @@ def _line(proc: subprocess.Popen, rank: int, log, deadline: float) -> str:
         line = proc.stdout.readline()
         if line:
             return line.strip()
+        try:  # end of its output: it is exiting, and may not have finished yet
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
     log.seek(0)
     tail = log.read()[-3000:]
     if proc.poll() is None:
