@@ -2,10 +2,14 @@
 the Pollaczek-Khinchine mean within its sampling error), a fixed batch's makespan, chunked prefill,
 prefix hits; the routing policies on constructed cases; the step profile's fit."""
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 
 from minillm.sim import SimRequest, StepProfile, simulate
+from minillm.sim.fleet_replay import _line
 from minillm.sim.routing import LeastLoaded, PrefixAware, ReplicaView, RoundRobin, make_policy
 
 PROFILE = StepProfile(fixed=0.004, per_prefill_token=0.0005, per_decode_seq=0.002, per_context_token=1e-5)
@@ -268,11 +272,6 @@ def _read(path) -> bytes:
 
 def test_a_replica_that_closes_its_output_before_exiting_is_reported_failed_not_silent(tmp_path):
     """End of output comes before the exit: the caller waits for the exit, and names the failure."""
-    import subprocess
-    import sys
-    import time
-
-    from minillm.sim.fleet_replay import _line
     exiting = "import os, sys, time; os.close(1); time.sleep(1.0); sys.exit(3)"
     silent = "import time; time.sleep(30)"
     with open(tmp_path / "log", "w+") as log:

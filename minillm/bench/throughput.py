@@ -48,6 +48,7 @@ class Sweep:
     median_output: int
 
 
+PROMPTS = dict(max_prompt=320, median_prompt=96)  # prompt lengths, log-normal from 8 tokens, in every sweep
 QUICK = Sweep(requests=32, batch_sizes=(4, 16), max_output=64, median_output=24)
 FULL = Sweep(requests=64, batch_sizes=(4, 8, 16, 32), max_output=192, median_output=64)
 
@@ -102,8 +103,7 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
     in alternating order, so drift hits both alike); transformers and sequential for reference."""
     sweep = QUICK if quick else FULL
     n, batches, max_output = sweep.requests, sweep.batch_sizes, sweep.max_output
-    workload = chat_workload(n, seed=0, max_prompt=320, max_output=max_output, median_prompt=96,
-                             median_output=sweep.median_output)
+    workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output, **PROMPTS)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
     rates, outputs, full_steps = {}, {}, []
     profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
@@ -146,8 +146,8 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
                "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
                                                         for o in outputs.values())}
-    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-320, output 4-{max_output} tokens, "
-          f"log-normal, median 96 and {sweep.median_output})")
+    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-{PROMPTS['max_prompt']}, "
+          f"output 4-{max_output} tokens, log-normal, median {PROMPTS['median_prompt']} and {sweep.median_output})")
     print_table(ratios, "offline throughput: continuous vs static batching at each batch size")
     if full_steps:
         step = {k: statistics.median(t[k] for t in full_steps) for k in full_steps[0]}
