@@ -1,7 +1,10 @@
 """The cluster simulator against closed forms: an M/D/1 queue's waits (Lindley's recursion exactly,
 the Pollaczek-Khinchine mean within its sampling error), a fixed batch's makespan, chunked prefill,
 prefix hits; the routing policies on constructed cases; the step profile's fit."""
+import collections
+import dataclasses
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -10,6 +13,8 @@ import pytest
 
 from minillm.sim import SimRequest, StepProfile, simulate
 from minillm.sim.fleet_replay import _line
+from minillm.sim.plan import SEEDS, predict, summary
+from minillm.sim.replica import copies
 from minillm.sim.routing import LeastLoaded, PrefixAware, ReplicaView, RoundRobin, make_policy
 
 PROFILE = StepProfile(fixed=0.004, per_prefill_token=0.0005, per_decode_seq=0.002, per_context_token=1e-5)
@@ -39,6 +44,59 @@ def test_md1_waits_follow_lindleys_recursion_and_the_pollaczek_khinchine_mean():
     mean = rho * service / (2 * (1 - rho))  # M/D/1 mean wait in queue
     assert sum(waits) / len(waits) == pytest.approx(mean, rel=0.06)
     assert all(r.token_times == [r.first_scheduled + service] for r in requests[:100])
+
+
+def test_an_mg1_queue_draws_its_steps_from_the_spread_and_meets_the_pollaczek_khinchine_mean():
+    """A profile with a measured spread: each step costs its price times a ratio drawn from it. With one
+    sequence at a time that is an M/G/1 queue: the waits follow Lindley's recursion over the drawn service
+    times, every ratio is drawn about equally often, and the mean wait is lambda E[S^2] / (2 (1 - rho)),
+    30% above what the same mean without the spread (M/D/1) gives: a deterministic step model of the same
+    mean would predict the waits short."""
+    spread = (0.5, 0.75, 1.0, 1.0, 1.25, 2.5)
+    profile = dataclasses.replace(PROFILE, spread=spread)
+    price = PROFILE.step_time(10, 0, 0)
+    mean, second = price * statistics.fmean(spread), price ** 2 * statistics.fmean(x * x for x in spread)
+    rate = 0.7 / mean
+    requests = poisson_requests(40_000, rate, seed=1)
+    simulate(requests, profile, max_num_seqs=1)
+    services = [r.token_times[0] - r.first_scheduled for r in requests]
+    ratios = collections.Counter(round(s / price, 9) for s in services)
+    assert set(ratios) == set(spread)
+    assert all(n / len(services) == pytest.approx(spread.count(x) / len(spread), abs=0.01) for x, n in ratios.items())
+    waits, expected, w = [r.first_scheduled - r.arrival for r in requests], [], 0.0
+    for k, r in enumerate(requests):
+        if k:
+            w = max(0.0, w + services[k - 1] - (r.arrival - requests[k - 1].arrival))
+        expected.append(w)
+    assert waits == pytest.approx(expected, abs=1e-9)
+    pollaczek_khinchine = rate * second / (2 * (1 - 0.7))
+    assert statistics.fmean(waits) == pytest.approx(pollaczek_khinchine, rel=0.06)
+    assert pollaczek_khinchine == pytest.approx(1.3 * 0.7 * mean / (2 * (1 - 0.7)), rel=0.01)  # 1.3 x M/D/1
+
+
+def test_a_spread_run_repeats_with_its_seed_and_differs_with_another():
+    profile = dataclasses.replace(PROFILE, spread=(0.8, 1.0, 1.3))
+    runs = {}
+    for seed in (0, 0, 1):
+        requests = poisson_requests(50, 40.0, seed=2, output=6)
+        simulate(requests, profile, replicas=2, max_num_seqs=4, seed=seed)
+        runs.setdefault(seed, []).append([r.token_times for r in requests])
+    assert runs[0][0] == runs[0][1] and runs[1][0] != runs[0][0]
+    exact = [poisson_requests(50, 40.0, seed=2, output=6) for _ in range(2)]
+    for seed, requests in enumerate(exact):  # no spread: the seed changes nothing
+        simulate(requests, PROFILE, replicas=2, max_num_seqs=4, seed=seed)
+    assert [r.token_times for r in exact[0]] == [r.token_times for r in exact[1]]
+
+
+def test_predict_gives_the_median_figures_of_its_seeded_runs():
+    profile = dataclasses.replace(PROFILE, spread=(0.6, 1.0, 1.9))
+    requests = poisson_requests(60, 60.0, seed=4, output=5)
+    runs = [summary(simulate(copies(requests), profile, max_num_seqs=4, seed=s).requests) for s in range(SEEDS)]
+    predicted = predict(requests, profile, max_num_seqs=4)
+    for key in ("ttft_p99", "tpot_median", "output_throughput"):
+        assert predicted[key] == statistics.median(run[key] for run in runs)
+    assert len({run["ttft_p99"] for run in runs}) > 1  # the runs differ: the median means something
+    assert all(r.token_times == [] for r in requests)  # the caller's requests are left as they were
 
 
 @pytest.mark.parametrize("batch, prompt, output", [(1, 7, 5), (8, 33, 12), (5, 1, 2)])
@@ -125,6 +183,24 @@ def test_fit_recovers_a_measured_profile_from_exact_steps():
     assert fitted.per_decode_seq == pytest.approx(0.07 / 299, rel=1e-6)  # the curve's mean, on past its end
 
 
+def test_fit_keeps_how_far_measured_steps_stray_from_their_price():
+    """Exact steps leave a spread of ratio 1; steps that ran 10% fast, on time or 25% slow in equal shares
+    (a machine that drifts) leave those three levels relative to one another, in equal shares."""
+    rng = random.Random(6)
+    work = [(rng.randrange(200), rng.randrange(1, 9), rng.randrange(3000)) for _ in range(300)]
+    exact = StepProfile.fit([(p, d, c, CURVED.step_time(p, d, c)) for p, d, c in work])
+    assert len(exact.spread) == 64 and exact.spread == pytest.approx([1.0] * 64, rel=1e-6)
+    levels = (0.9, 1.0, 1.25)  # every step measured three times, once at each: the fit is CURVED times a constant
+    noisy = StepProfile.fit([(p, d, c, CURVED.step_time(p, d, c) * x) for p, d, c in work for x in levels])
+    scale = noisy.spread[32]  # the middle of the spread: the steps on time
+    shares = [sum(r == pytest.approx(x * scale, rel=1e-6) for r in noisy.spread) / 64 for x in levels]
+    assert shares == pytest.approx([1 / 3] * 3, abs=2 / 64)
+    assert list(noisy.spread) == sorted(noisy.spread)
+    assert "90% of steps take" in noisy.describe()
+    with pytest.raises(ValueError, match="spread must be > 0"):
+        StepProfile(0.001, 0.0, 0.0, 0.0, spread=(1.0, 0.0))
+
+
 def test_a_curved_profile_prices_prompt_and_decode_tokens_on_one_curve_between_its_points():
     assert CURVED.step_time(0, 1, 0) == pytest.approx(0.006)                      # one token: fixed
     assert CURVED.step_time(0, 2, 0) == pytest.approx(0.010)                      # the jump to two
@@ -157,7 +233,6 @@ def test_nnls_meets_the_karush_kuhn_tucker_conditions_on_random_problems():
 
 
 def test_a_replica_pays_wake_on_the_first_step_after_an_idle_pause_only():
-    import dataclasses
     profile = dataclasses.replace(PROFILE, wake=0.01)
     a, b = SimRequest(0.0, 10, 2), SimRequest(5.0, 10, 1)
     simulate([a, b], profile)
@@ -166,10 +241,11 @@ def test_a_replica_pays_wake_on_the_first_step_after_an_idle_pause_only():
     assert b.token_times == pytest.approx([5.0 + first], rel=1e-12)
 
 
-def test_a_profile_with_a_curve_survives_save_and_load(tmp_path):
-    CURVED.save(tmp_path / "profile.json")
+def test_a_profile_with_a_curve_and_a_spread_survives_save_and_load(tmp_path):
+    profile = dataclasses.replace(CURVED, spread=(0.9, 1.0, 1.2))
+    profile.save(tmp_path / "profile.json")
     loaded = StepProfile.load(tmp_path / "profile.json")
-    assert loaded == CURVED and loaded.step_time(7, 3, 99) == CURVED.step_time(7, 3, 99)
+    assert loaded == profile and loaded.step_time(7, 3, 99) == CURVED.step_time(7, 3, 99)
 
 
 def test_an_agent_session_calls_in_turn_after_each_tool_pause_and_hits_its_own_history():

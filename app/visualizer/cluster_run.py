@@ -18,8 +18,8 @@ from minillm.perf import PROFILES, kv_bytes_per_token, model_shape, param_count
 from minillm.perf.serving import percentile, request_metrics
 from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
-from minillm.sim.calibrate import CALIBRATION_REQUESTS, copies, measure_profile, replay, replica_knobs, workload
-from minillm.sim.plan import records, summary
+from minillm.sim.calibrate import CALIBRATION_REQUESTS, measure_profile, replay, replica_knobs, workload
+from minillm.sim.plan import predict, records, summary
 from minillm.sim.workloads import agent_sessions
 from minillm.utils import cdiv
 from visualizer.engines import build_engine
@@ -186,7 +186,7 @@ def real_vs_simulated(model: str, requests: int, utilisation: float, seed: int =
     alone = profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)  # a mean request of workload()
     work = workload(requests, utilisation / alone, seed=seed)
     real = summary(replay(build_engine(engine_config(model)), work))
-    sim = summary(simulate(copies(work), profile, **knobs).requests)
+    sim = predict(work, profile, **knobs)  # the median of a few runs, each drawing its steps' spread
     rows = [{"figure": label, "real": real[key], "simulated": sim[key], "error": (sim[key] - real[key]) / real[key]}
             for label, key in COMPARED]
     rows.append({"figure": "requests completed", "real": real["completed"], "simulated": sim["completed"],

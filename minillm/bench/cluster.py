@@ -27,7 +27,6 @@ from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
 from minillm.sim.calibrate import (
     CALIBRATION_REQUESTS,
-    copies,
     fit_profile,
     measure_profile,
     recorded_steps,
@@ -36,7 +35,7 @@ from minillm.sim.calibrate import (
     workload,
 )
 from minillm.sim.fleet_replay import replay_fleet
-from minillm.sim.plan import replicas_needed, summary
+from minillm.sim.plan import predict, replicas_needed, summary
 from minillm.sim.workloads import agent_sessions
 
 FIGURES = [("output tok/s", "output_throughput", 1), ("TTFT p50 ms", "ttft_median", 1e3),  # (label, key, scale)
@@ -74,8 +73,8 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
                                                                      CALIBRATION_REQUESTS[quick])
                 calibrated = fit_profile(*calibration)
             reals.append(summary(real))
-            sims.append(summary(simulate(copies(requests), calibrated, **fleet, **knobs).requests))
-            own_sims.append(summary(simulate(copies(requests), fit_profile(steps, woke), **fleet, **knobs).requests))
+            sims.append(predict(requests, calibrated, **fleet, **knobs))
+            own_sims.append(predict(requests, fit_profile(steps, woke), **fleet, **knobs))
             step_errors += [(calibrated.step_time(p, d, c) - t) / t for p, d, c, t in steps]
         rows += comparison_rows(name, reals, sims, own_sims, step_errors)
         bar.update()

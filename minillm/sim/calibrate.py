@@ -18,7 +18,7 @@ from collections.abc import Callable
 from minillm.engine.engine import LLMEngine
 from minillm.sampling import SamplingParams
 from minillm.sim.profile import StepProfile
-from minillm.sim.replica import SimRequest
+from minillm.sim.replica import SimRequest, copies
 from minillm.state import Phase, StepEvent
 
 Step = tuple[int, int, int, float]  # (prefill tokens, decode seqs, context tokens, seconds) of one engine step
@@ -35,11 +35,6 @@ def workload(n: int, rate: float, seed: int, prompt: tuple[int, int] = (16, 200)
         t += rng.expovariate(rate) if rate != float("inf") else 0.0
         out.append(SimRequest(t, rng.randint(*prompt), rng.randint(*output), request_id=str(i)))
     return out
-
-
-def copies(requests: list[SimRequest]) -> list[SimRequest]:
-    """Fresh requests with the same arrivals and lengths (a simulation fills its requests in)."""
-    return [SimRequest(r.arrival, r.prompt_tokens, r.output_tokens, r.prefix, r.request_id) for r in requests]
 
 
 def replica_knobs(engine: LLMEngine) -> dict:

@@ -43,11 +43,12 @@ class SimResult:
 
 def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1, router: str = "round_robin",
              sample_every: float | None = None, sessions: list[SimSession] = (), prefill_replicas: int = 0,
-             transfer_seconds_per_token: float = 0.0, autoscaler: Autoscaler | None = None,
+             transfer_seconds_per_token: float = 0.0, autoscaler: Autoscaler | None = None, seed: int = 0,
              **replica_options) -> SimResult:
     """Run requests (arrival times in seconds from 0) and agent sessions to completion; a session's calls
     are added to the result's requests as they are made. replica_options: Replica's knobs (max_num_seqs,
-    max_num_batched_tokens, kv_blocks, block_size, prefix_cache_tokens)."""
+    max_num_batched_tokens, kv_blocks, block_size, prefix_cache_tokens). seed: of the step times drawn
+    from a measured profile's spread (the same seed, the same run)."""
     if replicas < 1 or prefill_replicas < 0:
         raise ValueError(f"need replicas >= 1 and prefill_replicas >= 0, got {replicas}, {prefill_replicas}")
     if autoscaler is not None and prefill_replicas:
@@ -56,7 +57,7 @@ def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1
     policy = make_policy(router)
     ordered = sorted(requests, key=lambda r: r.arrival)
     role = "decode" if prefill_replicas else "mixed"
-    fleet = [Replica(env, profile, index=i, role=role, **replica_options) for i in range(replicas)]
+    fleet = [Replica(env, profile, index=i, role=role, seed=seed, **replica_options) for i in range(replicas)]
     decode_policy = make_policy("least_loaded")
 
     def handoff(r: SimRequest) -> None:  # a prefill replica finished r's prompt: its K/V travel to a decoder
@@ -68,7 +69,7 @@ def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1
         views = [ReplicaView(x.load, 0, x.alive) for x in fleet]
         fleet[decode_policy.choose(views, r.prompt_tokens)].submit(r)
 
-    prefill = [Replica(env, profile, index=replicas + i, role="prefill", handoff=handoff, **replica_options)
+    prefill = [Replica(env, profile, index=replicas + i, role="prefill", handoff=handoff, seed=seed, **replica_options)
                for i in range(prefill_replicas)]
     entry = prefill or fleet  # where new requests go
 
@@ -133,7 +134,7 @@ def simulate(requests: list[SimRequest], profile: StepProfile, replicas: int = 1
     def start_replica(a: Autoscaler):
         yield env.timeout(a.startup_seconds)
         starting[0] -= 1
-        fleet.append(Replica(env, profile, index=len(fleet), **replica_options))
+        fleet.append(Replica(env, profile, index=len(fleet), seed=seed, **replica_options))
 
     if autoscaler is not None:
         env.process(autoscale(autoscaler))

@@ -2,11 +2,15 @@
 
 The figures are the load generator's (minillm/perf/serving.py): a simulated request becomes a
 RequestRecord whose chunks are its tokens, so a simulation and a real load test print alike.
+A profile with a measured spread makes each run one draw of the step times: `predict` gives the
+median figures of several.
 """
+import statistics
+
 from minillm.perf.serving import RequestRecord, summarize
 from minillm.sim.cluster import simulate
 from minillm.sim.profile import StepProfile
-from minillm.sim.replica import SimRequest
+from minillm.sim.replica import SimRequest, copies
 
 
 def records(requests: list[SimRequest]) -> list[RequestRecord]:
@@ -22,6 +26,20 @@ def summary(requests: list[SimRequest], slo: dict[str, float] | None = None) -> 
     out = summarize(records(requests), end - start, slo)
     out["prefix_hit_rate"] = sum(r.cached_tokens for r in requests) / max(sum(r.prompt_tokens for r in requests), 1)
     return out
+
+
+SEEDS = 5  # simulations `predict` runs of a profile with a spread
+
+
+def predict(requests: list[SimRequest], profile: StepProfile, seeds: int = SEEDS, **options) -> dict:
+    """summary() of `requests` simulated (simulate's options), each figure the median of `seeds` runs, each
+    drawing its own step times from the profile's spread (one run of a profile without one: it is exact).
+    The requests are copied, so one workload can be predicted many times."""
+    runs = []
+    for seed in range(seeds if profile.spread else 1):
+        runs.append(summary(simulate(copies(requests), profile, seed=seed, **options).requests))
+    return {key: statistics.median(run[key] for run in runs) if isinstance(value, (int, float)) else value
+            for key, value in runs[0].items()}
 
 
 def replicas_needed(make_workload, profile: StepProfile, slo: dict[str, float], attainment: float = 0.99,

@@ -15,12 +15,21 @@ two as a matrix product, so the second token of a step costs several times what 
 a decode is one more row of the same matmuls as a step's prompt tokens, so both share one curve.
 One slope per kind of token misprices the small steps, and so every TPOT.
 
+A measured profile also keeps how much real steps vary around that price (`spread`): the same step
+takes longer when the machine is busy elsewhere, a cache is cold, the OS takes the core. A
+simulated step costs its price times a ratio drawn from those measured, so the simulator's queues
+see the variance that lengthens waits (the Pollaczek-Khinchine formula: an M/G/1 queue's mean wait
+grows with the service time's second moment, not its mean alone). A deterministic model of the same
+mean predicts the tails (TTFT and TPOT p99) short.
+
 `fit` finds the coefficients by least squares from measured steps of the real engine
 (`python -m minillm.bench profile`); `from_roofline` predicts them for a real model on real
 hardware from the roofline (minillm/perf), for plans on paper.
 """
 import bisect
+import dataclasses
 import json
+import random
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -29,6 +38,7 @@ import torch
 # Step sizes in tokens where a measured curve has its points: dense where the matmuls change regime,
 # an octave apart above (closer points fit the machine's noise, not its costs).
 KNOTS = (2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+SPREAD_POINTS = 64  # a fitted profile's spread: the measured ratios' quantiles at (k + 1/2) / 64
 
 
 @dataclass(frozen=True)
@@ -42,9 +52,13 @@ class StepProfile:
     #   With a curve, per_prefill_token and per_decode_seq both hold its mean cost of a token,
     #   tokens(N) / (N - 1) at its last point: the slope it goes on with past that point.
     wake: float = 0.0           # seconds more a step costs when the replica was idle before it
+    spread: tuple[float, ...] = ()  # measured: real step time / price, equally likely values (empty: exact)
 
     def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
         object.__setattr__(self, "token_curve", tuple((int(n), float(s)) for n, s in self.token_curve))
+        object.__setattr__(self, "spread", tuple(float(r) for r in self.spread))
+        if any(r <= 0 for r in self.spread):
+            raise ValueError("every ratio of a profile's spread must be > 0")
         object.__setattr__(self, "_sizes", [n for n, _ in self.token_curve])  # for bisect: every step looks here
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
@@ -54,6 +68,10 @@ class StepProfile:
             work = self.tokens_time(prefill_tokens + decode_seqs)
         return self.fixed + work + self.per_context_token * context_tokens
 
+    def draw(self, rng: random.Random) -> float:
+        """What one step costs relative to its price: a ratio drawn from the spread (1 without one)."""
+        return rng.choice(self.spread) if self.spread else 1.0
+
     def describe(self) -> str:
         """The costs in words."""
         context = f"{1e9 * self.per_context_token:.1f} ns a context token a decode reads"
@@ -62,9 +80,14 @@ class StepProfile:
                     f"{1e6 * self.per_decode_seq:.2f} µs a decoding sequence, {context}")
         (two, first), (last, total) = self.token_curve[0], self.token_curve[-1]
         wake = f", {1e3 * self.wake:.2f} ms more after an idle pause" if self.wake else ""
+        spread = ""
+        if self.spread:
+            cut = len(self.spread) // 20  # the middle 90%
+            low, high = self.spread[cut], self.spread[-1 - cut]
+            spread = f"; 90% of steps take {low:.0%} to {high:.0%} of that"
         return (f"{1e3 * self.fixed:.2f} ms a step of one token, {1e3 * first:.2f} ms more at {two} tokens, "
                 f"{1e3 * total:.1f} ms more at {last}, {1e6 * self.per_decode_seq:.0f} µs a token past that, "
-                f"{context}{wake}")
+                f"{context}{wake}{spread}")
 
     def tokens_time(self, tokens: int) -> float:
         """tokens(N) of a measured profile: linear between the curve's points (from (1, 0)), and past
@@ -84,7 +107,8 @@ class StepProfile:
         fit minimises relative error: a few long prefill steps would otherwise decide the cost of the
         many short decode steps (and so TPOT). Every coefficient is kept >= 0 and the curve rising
         (a step never costs less for computing more tokens): the unknowns are the curve's increments,
-        solved by non-negative least squares. A point no step informs is dropped."""
+        solved by non-negative least squares. A point no step informs is dropped. The spread is the
+        quantiles of each step's measured time over its fitted price."""
         if len(steps) < 4:
             raise ValueError(f"fitting a step profile needs at least 4 measured steps, got {len(steps)}")
         if any(t <= 0 for *_, t in steps):
@@ -102,7 +126,11 @@ class StepProfile:
         coef = nnls(torch.cat([base, rises], dim=1) / y[:, None], torch.ones_like(y)).tolist()
         curve = tuple(zip(knots, torch.tensor(coef[2:], dtype=torch.float64).cumsum(0).tolist()))
         slope = curve[-1][1] / (curve[-1][0] - 1) if curve else 0.0  # past the curve: its mean cost of a token
-        return cls(coef[0], slope, slope, coef[1], source=source, token_curve=curve or ((2, 0.0),))
+        fitted = cls(coef[0], slope, slope, coef[1], source=source, token_curve=curve or ((2, 0.0),))
+        priced = [(t, fitted.step_time(p, d, c)) for p, d, c, t in steps]
+        ratios = torch.tensor([t / price for t, price in priced if price > 0], dtype=torch.float64)
+        points = (torch.arange(SPREAD_POINTS, dtype=torch.float64) + 0.5) / SPREAD_POINTS
+        return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -3,10 +3,12 @@
 Each step: every running decode computes one token, then the waiting queue is admitted first come
 first served while the step's token budget, the sequence cap and the KV blocks allow; a prompt too
 long for what is left of the budget is chunked over several steps. The step lasts what the
-StepProfile says; its decodes (and the prompts it finished) get their token when it ends. A prefix
-the replica computed before (a shared system prompt, an agent session's earlier calls) is found in
-its prefix cache and not computed again.
+StepProfile says (its price, times a ratio drawn from the profile's measured spread if it has one,
+by the replica's own seeded generator, so a simulation repeats exactly); its decodes (and the
+prompts it finished) get their token when it ends. A prefix the replica computed before (a shared
+system prompt, an agent session's earlier calls) is found in its prefix cache and not computed again.
 """
+import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -40,10 +42,15 @@ class SimRequest:
         return len(self.token_times) >= self.output_tokens
 
 
+def copies(requests: list[SimRequest]) -> list[SimRequest]:
+    """Fresh requests with the same arrivals and lengths (a simulation fills its requests in)."""
+    return [SimRequest(r.arrival, r.prompt_tokens, r.output_tokens, r.prefix, r.request_id) for r in requests]
+
+
 class Replica:
     def __init__(self, env: simpy.Environment, profile: StepProfile, index: int = 0, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 1024, kv_blocks: int = 4096, block_size: int = 16,
-                 prefix_cache_tokens: int | None = None, role: str = "mixed", handoff=None) -> None:
+                 prefix_cache_tokens: int | None = None, role: str = "mixed", handoff=None, seed: int = 0) -> None:
         """role: "mixed" (prefill and decode, the colocated engine), "prefill" (computes prompts and their first
         token, then hands each request to `handoff(request)`), or "decode" (receives prefilled requests)."""
         if role not in ("mixed", "prefill", "decode"):
@@ -59,6 +66,7 @@ class Replica:
         self.routed: OrderedDict[str, int] = OrderedDict()    # prefix name -> tokens sent here (will be cached)
         self.prefix_capacity = kv_blocks * block_size // 2 if prefix_cache_tokens is None else prefix_cache_tokens
         self.role, self.handoff = role, handoff
+        self.rng = random.Random(f"replica {index}, seed {seed}")  # draws each step's share of the spread
         self.busy_time = 0.0
         self.steps = 0
         self.alive = True       # False: draining (autoscaled away) or dead; the router sends it nothing
@@ -143,7 +151,8 @@ class Replica:
                 self._wake = self.env.event()
                 yield self._wake
             prefill, decode_seqs, context, sampled = self._schedule()  # never empty: a lone request always fits
-            duration = self.profile.step_time(prefill, decode_seqs, context) + (self.profile.wake if woke else 0.0)
+            duration = (self.profile.step_time(prefill, decode_seqs, context) * self.profile.draw(self.rng)
+                        + (self.profile.wake if woke else 0.0))
             yield self.env.timeout(duration)
             self.busy_time += duration
             self.steps += 1
