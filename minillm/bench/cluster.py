@@ -45,6 +45,7 @@ SLO = {"ttft": 1.0, "tpot": 0.05}
 
 
 LOADS = [("light", 0.4, 1), ("heavy", 1.5, 1), ("2 replicas", 1.5, 2)]  # (name, utilisation a replica, replicas)
+REPEATS = 3  # real runs of each load (each after a calibration of its own): the figures are their medians
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
@@ -52,19 +53,21 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
     each of two replicas in processes of their own behind round robin (rates from `profile`). This
     machine's speed drifts from minute to minute, so each real run is repeated, each right after a
     calibration of its own that its simulation uses; the error is the median simulated figure's against
-    the median real one, beside the real runs' own spread. Two checks split the error in its parts: the
+    the median real one, beside the real runs' own spread. Each simulated figure is itself the median of
+    a few seeded simulations (`predict`): a measured profile draws each step's time from the spread the
+    calibration measured, as real steps vary. Two checks split the error in its parts: the
     simulator on a profile fitted to the real run's own steps (its batching and queueing alone, the
     machine's drift taken out), and a row per load for the step model alone (each real step against its
     price)."""
     alone = profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)  # a mean request, by itself
-    repeats, size = (2, 24) if quick else (3, 60)
+    size = 24 if quick else 60
     knobs = replica_knobs(engine)
     rows = []
     for seed, (name, utilisation, replicas) in enumerate(LOADS, start=10):
         requests = workload(size * replicas, replicas * utilisation / alone, seed=seed)
         fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
-        for _ in range(repeats):
+        for _ in range(REPEATS):
             if replicas == 1:
                 calibrated = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
                 real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
@@ -204,7 +207,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     print(machine_line(conditions))
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
     print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "
-                        f"processes of their own behind round robin; real: the median of {2 if quick else 3} runs)")
+                        f"processes of their own behind round robin; real: the median of {REPEATS} runs)")
     figures_checked = [r for r in checks if r["real"] != "-"]
     worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in figures_checked)
     worst_own = max(abs(r["on the run's own steps"] - r["real"]) / r["real"] for r in figures_checked)
