@@ -177,3 +177,14 @@ def test_throughput_quick_path_compares_policies_at_each_batch_and_profiles_a_fu
     assert "one decode step of 4 sequences" in out and "continuous never slower than static:" in out
     record = json.loads((tmp_path / "throughput.json").read_text())
     assert record["benchmark"] == "throughput" and "torch_threads" in record["conditions"]
+
+
+def test_profile_quick_run_writes_a_profile_that_loads_with_its_curve_and_spread(tmp_path, capsys):
+    from minillm.sim import StepProfile
+    figures = BENCHMARKS["profile"].module().run(quick=True, json_path=str(tmp_path / "profile.json"))
+    loaded = StepProfile.load(tmp_path / "profile.json")
+    assert loaded.token_curve and loaded.fixed > 0
+    assert len(loaded.spread) == 64 and list(loaded.spread) == sorted(loaded.spread)
+    assert loaded.spread[0] < 1 < loaded.spread[-1]  # real steps stray both ways from a fitted price
+    assert loaded.step_time(5, 3, 200) == StepProfile(**figures["profile"]).step_time(5, 3, 200)
+    assert "how far the steps strayed from that price" in capsys.readouterr().out

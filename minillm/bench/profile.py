@@ -3,7 +3,8 @@
 Replays a calibration workload (a burst, then Poisson arrivals) through the engine and fits
 t = fixed + tokens(prefill tokens + decoding sequences) + c * context tokens to its steps, with
 tokens(N) a rising curve through step sizes of 2, 3, 4, 8, 16, ... tokens (minillm/sim/profile.py),
-and what a step costs more after an idle pause. `--json PATH` writes a file `StepProfile.load(PATH)` reads.
+what a step costs more after an idle pause, and how far the steps stray from their fitted price (the
+spread the simulator draws from). `--json PATH` writes a file `StepProfile.load(PATH)` reads.
 """
 from dataclasses import asdict
 
@@ -26,6 +27,9 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                  {"term": "per context token of a decode", "ms": profile.per_context_token * 1e3},
                  {"term": "a step after an idle pause adds", "ms": profile.wake * 1e3}],
                 f"step cost of {model} ({profile.source})")
+    low, middle, high = (profile.spread[i] for i in (3, 32, 60))  # quantiles 5.5%, 50.8%, 94.5% of 64
+    print(f"how far the steps strayed from that price (the spread the simulator draws from): 5% of steps took at "
+          f"most {low:.0%} of it, half at most {middle:.0%}, 95% at most {high:.0%}")
     figures = {"model": model, "profile": asdict(profile)}
     write_json(json_path, "profile", figures, conditions)
     return figures
