@@ -1,5 +1,5 @@
 """Cluster: a fleet of replicas behind a router, simulated on the engine's step costs, animated over time;
-and the simulator checked against one replica of the real engine."""
+and the simulator checked against one or two replicas of the real engine."""
 from pathlib import Path
 
 import pandas as pd
@@ -30,7 +30,8 @@ WINDOWS = 24  # latency windows over the arrivals
 ROUTERS = {"round_robin": "round robin", "least_loaded": "least loaded", "prefix_aware": "prefix-aware"}
 DEFAULTS = {"replicas": 4, "router": "least_loaded", "split": "off", "autoscale": False, "per_replica": 8.0,
             "sessions": 200, "rate": 4.0, "burstiness": 0.3, "tenants": 4, "seed": 0,
-            "hardware": "H100 SXM", "model": "Llama-3.1-8B", "real_requests": 8, "real_load": 0.8}
+            "hardware": "H100 SXM", "model": "Llama-3.1-8B", "real_requests": 8, "real_load": 0.8,
+            "real_replicas": 1}
 
 st.title("Cluster")
 st.markdown("One engine serves one GPU's worth of requests; a service runs many replicas behind a router. Which "
@@ -138,24 +139,31 @@ st.download_button("Download the requests (CSV)", table.to_csv(index=False), "cl
                    key="cluster_dl", on_click="ignore")
 
 st.subheader("The simulator against the real engine")
-st.caption("The same small workload twice: once through one replica of the real engine here (wall-clock arrivals, "
-           "random-token prompts), once through the simulator on the step costs measured from the engine. The "
-           "simulator aims to land within 15% of the real figures.")
+st.caption("The same small workload twice: once through the real engine here (one replica, or two in processes of "
+           "their own behind round robin; wall-clock arrivals, random-token prompts), once through the simulator on "
+           "the step costs measured from the engine, each step drawing its time from the spread the measurement saw "
+           "(the median of 5 seeded simulations). The simulator aims to land within 15% of the real figures; the "
+           "real engine itself varies from run to run on a shared machine, so run it a few times.")
 bundled = [mdl for mdl in model_choices() if mdl in bundled_models()]
-r = st.columns([1, 1, 1, 2])
+r = st.columns([1, 1, 1, 1, 2])
 real_model = r[0].selectbox("Model (real run)", bundled, key="k_cluster_real_model")
-real_requests = int(r[1].number_input("Requests", 2, 64, key="k_cluster_real_requests"))
-real_load = float(r[2].number_input("Load", 0.1, 3.0, step=0.1, key="k_cluster_real_load",
-                                    help="The arrival rate as a share of what the replica serves one mean request "
-                                         "at a time: above 1, requests batch and queue."))
-if r[3].button(f"Run the real engine and the simulator ({real_requests} requests, seconds)", key="cluster_b_real",
+real_replicas = r[1].radio("Replicas", [1, 2], key="k_cluster_real_replicas", horizontal=True,
+                           help="Two: each a process of its own (one torch thread), the requests dealt round robin, "
+                                "as the simulator's round-robin router deals them.")
+real_requests = int(r[2].number_input("Requests", 2, 64, key="k_cluster_real_requests"))
+real_load = float(r[3].number_input("Load", 0.1, 3.0, step=0.1, key="k_cluster_real_load",
+                                    help="The arrival rate, per replica, as a share of what a replica serves one "
+                                         "mean request at a time: above 1, requests batch and queue."))
+if r[4].button(f"Run the real engine and the simulator ({real_requests} requests, seconds)", key="cluster_b_real",
                type="primary", icon=":material/play_arrow:"):
-    with st.spinner(f"Replaying {real_requests} requests through {real_model} and simulating them..."):
-        st.session_state["cluster_real"] = (real_model, *real_vs_simulated(real_model, real_requests, real_load))
+    with st.spinner(f"Replaying {real_requests} requests through {real_replicas} replica{'s' * (real_replicas > 1)} "
+                    f"of {real_model} and simulating them..."):
+        st.session_state["cluster_real"] = (real_model, *real_vs_simulated(real_model, real_requests, real_load,
+                                                                           real_replicas))
 if "cluster_real" in st.session_state:
     real_model, rows, about = st.session_state["cluster_real"]
-    st.caption(f"Last run: {real_model}, {about['requests']} requests at {about['rate']:.2f}/s; step costs "
-               f"{about['profile'].source}.")
+    st.caption(f"Last run: {real_model}, {about['replicas']} replica{'s' * (about['replicas'] > 1)}, "
+               f"{about['requests']} requests at {about['rate']:.2f}/s; step costs {about['profile'].source}.")
     left, right = st.columns([2, 3])
     left.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
         "real": st.column_config.NumberColumn(format="%.4g"), "simulated": st.column_config.NumberColumn(format="%.4g"),

@@ -1,5 +1,5 @@
 """The cluster page's simulations: a fleet of replicas on a roofline (or this machine's measured) step
-profile, serving seeded agent sessions; and one replica of the real engine beside its simulation.
+profile, serving seeded agent sessions; and one or two replicas of the real engine beside their simulation.
 
     profile, knobs = roofline_replica("Llama-3.1-8B", "H100 SXM")     # or measured_replica("tiny")
     run = simulate_fleet(profile, knobs, Traffic(40, 1.0, 0.5, 4), Fleet(8, "prefix_aware"))
@@ -18,7 +18,8 @@ from minillm.perf import PROFILES, kv_bytes_per_token, model_shape, param_count
 from minillm.perf.serving import percentile, request_metrics
 from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
-from minillm.sim.calibrate import CALIBRATION_REQUESTS, measure_profile, replay, replica_knobs, workload
+from minillm.sim.calibrate import CALIBRATION_REQUESTS, fit_profile, measure_profile, replay, replica_knobs, workload
+from minillm.sim.fleet_replay import replay_fleet
 from minillm.sim.plan import predict, records, summary
 from minillm.sim.workloads import agent_sessions
 from minillm.utils import cdiv
@@ -178,17 +179,28 @@ COMPARED = [("output tok/s", "output_throughput"), ("TTFT p50 (s)", "ttft_median
             ("TPOT p50 (s)", "tpot_median"), ("TPOT p99 (s)", "tpot_p99")]
 
 
-def real_vs_simulated(model: str, requests: int, utilisation: float, seed: int = 10) -> tuple[list[dict], dict]:
-    """One replica of the real engine and its simulation on the same small workload (bench cluster's check).
-    utilisation: the arrival rate as a share of what one replica serves one mean request at a time.
+def real_vs_simulated(model: str, requests: int, utilisation: float, replicas: int = 1,
+                      seed: int = 10) -> tuple[list[dict], dict]:
+    """The real engine and its simulation on the same small workload (bench cluster's check): one replica here,
+    or two in processes of their own behind round robin (each calibrates first; their steps make the profile).
+    utilisation: the arrival rate, per replica, as a share of what one replica serves one mean request at a time.
     -> (one row per figure: real, simulated, error = (simulated - real) / real; the workload's description)."""
+    if replicas not in (1, 2):
+        raise ValueError(f"the real run has 1 or 2 replicas, got {replicas}")
     profile, knobs = measured_replica(model)
     alone = profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)  # a mean request of workload()
-    work = workload(requests, utilisation / alone, seed=seed)
-    real = summary(replay(build_engine(engine_config(model)), work))
-    sim = predict(work, profile, **knobs)  # the median of a few runs, each drawing its steps' spread
+    rate = replicas * utilisation / alone
+    work = workload(requests, rate, seed=seed)
+    if replicas == 1:
+        real = summary(replay(build_engine(engine_config(model)), work))
+    else:
+        calibration, _, knobs, ran = replay_fleet(model, work, replicas, CALIBRATION_REQUESTS[True])
+        profile = fit_profile(*calibration, source=f"{model} in {replicas} processes on this machine, "
+                                                   f"{len(calibration[0])} steps")
+        real = summary(ran)
+    sim = predict(work, profile, replicas=replicas, router="round_robin", **knobs)  # the median of seeded runs
     rows = [{"figure": label, "real": real[key], "simulated": sim[key], "error": (sim[key] - real[key]) / real[key]}
             for label, key in COMPARED]
     rows.append({"figure": "requests completed", "real": real["completed"], "simulated": sim["completed"],
                  "error": (sim["completed"] - real["completed"]) / real["completed"]})
-    return rows, {"requests": requests, "rate": utilisation / alone, "profile": profile}
+    return rows, {"requests": requests, "rate": rate, "replicas": replicas, "profile": profile}

@@ -161,3 +161,21 @@ def test_the_real_engine_beside_the_simulator(cluster):
     bars = figures(cluster)["The simulator against the real engine"]["data"][0]
     assert bars["x"] == [r["figure"] for r in rows]
     assert bars["y"] == pytest.approx([100 * r["error"] for r in rows])
+
+
+@pytest.mark.timeout(180)
+def test_two_real_replicas_in_processes_beside_the_simulated_pair(cluster):
+    """Two replica processes behind round robin: every request completes on one of them, and the simulation
+    runs on the profile their own calibrations measured (with its spread), two replicas, round robin."""
+    change(cluster, "selectbox", "k_cluster_real_model", "pico")
+    change(cluster, "radio", "k_cluster_real_replicas", 2)
+    change(cluster, "number_input", "k_cluster_real_requests", 6)
+    cluster.button(key="cluster_b_real").click().run()
+    assert not cluster.exception and not errors(cluster)
+    model, rows, about = cluster.session_state["cluster_real"]
+    assert (model, about["requests"], about["replicas"]) == ("pico", 6, 2)
+    assert "in 2 processes on this machine" in about["profile"].source and len(about["profile"].spread) == 64
+    by_figure = {r["figure"]: r for r in rows}
+    assert by_figure["requests completed"]["real"] == by_figure["requests completed"]["simulated"] == 6
+    assert all(r["real"] > 0 for r in rows)
+    assert "2 replicas, 6 requests" in " ".join(c.value for c in cluster.caption)
