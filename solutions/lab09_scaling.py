@@ -542,6 +542,58 @@ fig.update_layout(title="Same weights, same GPUs: tail latency by configuration 
 fig.show()
 
 # %% [markdown]
+# ## Tails come from variance
+#
+# A simulator is only as good as its step costs. Measured on the real engine (`python -m
+# minillm.bench profile`), a profile holds a price per step, from the tokens it computes and the
+# context its decodes read, and also how far real steps strayed from that price: on a shared CPU
+# the same step takes 10-20% more or less from one moment to the next (another process, a cold
+# cache, the OS taking the core). If the mean is right, does the spread matter? Queueing theory
+# says it does. In an M/G/1 queue (Poisson arrivals, one server, any service time S) the mean wait
+# is λ·E[S²] / (2(1 − ρ)), the Pollaczek-Khinchine formula: it grows with the service time's
+# second moment, so steps that vary make requests wait longer than constant steps of the same
+# mean, and the tail (p99) most of all.
+#
+# Below, the bundled `tiny` model is measured on this machine (a few seconds), then one replica
+# serving the same Poisson workload is simulated twice: each step drawing its time from the
+# measured spread (`predict` takes the median of 5 seeded runs), and every step costing its price
+# times the spread's mean: the same mean, no variance. (Without the spread, `python -m
+# minillm.bench cluster` put the tails of its real runs up to a quarter short.)
+
+# %%
+import dataclasses
+
+from minillm import EngineConfig
+from minillm.engine.engine import LLMEngine
+from minillm.sim.calibrate import measure_profile, replica_knobs, workload
+from minillm.sim.plan import predict
+
+engine = LLMEngine(EngineConfig(model="tiny", max_num_seqs=16, enable_prefix_caching=False))
+measured = measure_profile(engine, requests=24)
+print(f"measured: {measured.describe()}")
+alone = measured.step_time(108, 0, 0) + 36 * measured.step_time(0, 1, 140)  # a mean request of workload(), alone
+work = workload(300, 1.5 / alone, seed=3)
+tails = {}
+mean = sum(measured.spread) / len(measured.spread)  # a step's mean cost relative to its price
+for name, profile in (("with the measured spread", measured),
+                      ("every step its mean cost", dataclasses.replace(measured, spread=(mean,)))):
+    tails[name] = predict(work, profile, **replica_knobs(engine))
+    t = tails[name]
+    print(f"{name:>28}: TTFT p50 {t['ttft_median'] * 1e3:5.1f} ms, p99 {t['ttft_p99'] * 1e3:5.1f} ms; "
+          f"TPOT p50 {t['tpot_median'] * 1e3:4.1f} ms, p99 {t['tpot_p99'] * 1e3:4.1f} ms")
+fig = go.Figure([go.Bar(name=name, x=["TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"],
+                        y=[t[k] * 1e3 for k in ("ttft_median", "ttft_p99", "tpot_median", "tpot_p99")])
+                 for name, t in tails.items()])
+fig.update_layout(title="One replica of tiny here (simulated): the same mean step, with and without its spread",
+                  yaxis_title="ms", height=340)
+fig.show()
+
+# %% [markdown]
+# The medians barely move; the p99s do. A capacity plan priced with constant steps promises tails
+# it will not meet, which is why a measured profile carries its spread, and why a plan should be
+# checked against a real run of one or two replicas before it is trusted.
+
+# %% [markdown]
 # ## Exercise 9.6 · What tensor parallelism costs on the link
 #
 # A Llama layer needs two all-reduces per forward pass with Megatron's recipe: one after the
