@@ -27,9 +27,10 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                  {"term": "per context token of a decode", "ms": profile.per_context_token * 1e3},
                  {"term": "a step after an idle pause adds", "ms": profile.wake * 1e3}],
                 f"step cost of {model} ({profile.source})")
-    low, middle, high = (profile.spread[i] for i in (3, 32, 60))  # quantiles 5.5%, 50.8%, 94.5% of 64
-    print(f"how far the steps strayed from that price (the spread the simulator draws from): 5% of steps took at "
-          f"most {low:.0%} of it, half at most {middle:.0%}, 95% at most {high:.0%}")
+    if profile.spread:
+        low, middle, high = (profile.spread[i] for i in (3, 32, 60))  # quantiles 5.5%, 50.8%, 94.5% of 64
+        print(f"how far the steps strayed from that price (the spread the simulator draws from): 5% of steps took "
+              f"at most {low:.0%} of it, half at most {middle:.0%}, 95% at most {high:.0%}")
     figures = {"model": model, "profile": asdict(profile)}
     write_json(json_path, "profile", figures, conditions)
     return figures

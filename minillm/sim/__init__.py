@@ -5,7 +5,8 @@
 
 Each engine step costs what the profile, measured on the real engine, says a step with that many
 prefill tokens, decoding sequences and context tokens costs (times a ratio drawn from how far the
-measured steps strayed from that price); the replicas batch continuously as the engine does. So fleets no laptop runs can be planned, and checked against a real run of one or two.
+measured steps strayed from that price); the replicas batch continuously as the engine does. So
+fleets no laptop runs can be planned, and checked against a real run of one or two.
 """
 from minillm.sim.cluster import SimResult, SimSession, simulate
 from minillm.sim.profile import StepProfile

@@ -130,7 +130,7 @@ class StepProfile:
         priced = [(t, fitted.step_time(p, d, c)) for p, d, c, t in steps]
         ratios = torch.tensor([t / price for t, price in priced if price > 0], dtype=torch.float64)
         points = (torch.arange(SPREAD_POINTS, dtype=torch.float64) + 0.5) / SPREAD_POINTS
-        return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()))
+        return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()) if len(ratios) else ())
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
