@@ -565,14 +565,13 @@ import dataclasses
 
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
-from minillm.sim.calibrate import measure_profile, replica_knobs, workload
+from minillm.sim.calibrate import alone_seconds, measure_profile, replica_knobs, workload
 from minillm.sim.plan import predict
 
 engine = LLMEngine(EngineConfig(model="tiny", max_num_seqs=16, enable_prefix_caching=False))
 measured = measure_profile(engine, requests=24)
 print(f"measured: {measured.describe()}")
-alone = measured.step_time(108, 0, 0) + 36 * measured.step_time(0, 1, 140)  # a mean request of workload(), alone
-work = workload(300, 1.5 / alone, seed=3)
+work = workload(300, 1.5 / alone_seconds(measured), seed=3)  # 1.5x what one request at a time could serve
 tails = {}
 mean = sum(measured.spread) / len(measured.spread)  # a step's mean cost relative to its price
 for name, profile in (("with the measured spread", measured),

@@ -197,6 +197,10 @@ def test_fit_keeps_how_far_measured_steps_stray_from_their_price():
     assert shares == pytest.approx([1 / 3] * 3, abs=2 / 64)
     assert list(noisy.spread) == sorted(noisy.spread)
     assert "90% of steps take" in noisy.describe()
+    assert (noisy.strays(0), noisy.strays(0.5), noisy.strays(1)) == (noisy.spread[0], scale, noisy.spread[-1])
+    assert exact.strays(0.95) == pytest.approx(1.0) and PROFILE.strays(0.95) == 1.0  # no spread: every step on price
+    with pytest.raises(ValueError, match="share must be in"):
+        noisy.strays(1.5)
     with pytest.raises(ValueError, match="spread must be > 0"):
         StepProfile(0.001, 0.0, 0.0, 0.0, spread=(1.0, 0.0))
 

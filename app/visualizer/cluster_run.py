@@ -18,7 +18,15 @@ from minillm.perf import PROFILES, kv_bytes_per_token, model_shape, param_count
 from minillm.perf.serving import percentile, request_metrics
 from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
-from minillm.sim.calibrate import CALIBRATION_REQUESTS, fit_profile, measure_profile, replay, replica_knobs, workload
+from minillm.sim.calibrate import (
+    CALIBRATION_REQUESTS,
+    alone_seconds,
+    fit_profile,
+    measure_profile,
+    replay,
+    replica_knobs,
+    workload,
+)
 from minillm.sim.fleet_replay import replay_fleet
 from minillm.sim.plan import predict, records, summary
 from minillm.sim.workloads import agent_sessions
@@ -188,8 +196,7 @@ def real_vs_simulated(model: str, requests: int, utilisation: float, replicas: i
     if replicas not in (1, 2):
         raise ValueError(f"the real run has 1 or 2 replicas, got {replicas}")
     profile, knobs = measured_replica(model)
-    alone = profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)  # a mean request of workload()
-    rate = replicas * utilisation / alone
+    rate = replicas * utilisation / alone_seconds(profile)
     work = workload(requests, rate, seed=seed)
     if replicas == 1:
         real = summary(replay(build_engine(engine_config(model)), work))

@@ -27,6 +27,7 @@ from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
 from minillm.sim.calibrate import (
     CALIBRATION_REQUESTS,
+    alone_seconds,
     fit_profile,
     measure_profile,
     recorded_steps,
@@ -59,7 +60,7 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
     simulator on a profile fitted to the real run's own steps (its batching and queueing alone, the
     machine's drift taken out), and a row per load for the step model alone (each real step against its
     price)."""
-    alone = profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)  # a mean request, by itself
+    alone = alone_seconds(profile)
     size = 24 if quick else 60
     knobs = replica_knobs(engine)
     rows = []

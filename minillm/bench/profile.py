@@ -28,9 +28,9 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                  {"term": "a step after an idle pause adds", "ms": profile.wake * 1e3}],
                 f"step cost of {model} ({profile.source})")
     if profile.spread:
-        low, middle, high = (profile.spread[i] for i in (3, 32, 60))  # quantiles 5.5%, 50.8%, 94.5% of 64
         print(f"how far the steps strayed from that price (the spread the simulator draws from): 5% of steps took "
-              f"at most {low:.0%} of it, half at most {middle:.0%}, 95% at most {high:.0%}")
+              f"at most {profile.strays(0.05):.0%} of it, half at most {profile.strays(0.5):.0%}, 95% at most "
+              f"{profile.strays(0.95):.0%}")
     figures = {"model": model, "profile": asdict(profile)}
     write_json(json_path, "profile", figures, conditions)
     return figures

@@ -37,6 +37,13 @@ def workload(n: int, rate: float, seed: int, prompt: tuple[int, int] = (16, 200)
     return out
 
 
+def alone_seconds(profile: StepProfile) -> float:
+    """What workload()'s mean request (108 prompt tokens, 36 output tokens, decodes reading ~140 tokens of
+    context) costs a replica serving it by itself. A workload at rate u / alone_seconds keeps one replica
+    busy u of the time if it served one request at a time: above 1, requests must batch and queue."""
+    return profile.step_time(108, 0, 0) + 36 * profile.step_time(0, 1, 140)
+
+
 def replica_knobs(engine: LLMEngine) -> dict:
     """The simulated replica's knobs equal to the engine's."""
     kv = engine.kv_stats()

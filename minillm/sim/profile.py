@@ -72,6 +72,12 @@ class StepProfile:
         """What one step costs relative to its price: a ratio drawn from the spread (1 without one)."""
         return rng.choice(self.spread) if self.spread else 1.0
 
+    def strays(self, share: float) -> float:
+        """The ratio to its price that `share` of the measured steps stayed under (1 without a spread)."""
+        if not 0 <= share <= 1:
+            raise ValueError(f"share must be in [0, 1], got {share}")
+        return self.spread[min(int(share * len(self.spread)), len(self.spread) - 1)] if self.spread else 1.0
+
     def describe(self) -> str:
         """The costs in words."""
         context = f"{1e9 * self.per_context_token:.1f} ns a context token a decode reads"
@@ -80,11 +86,8 @@ class StepProfile:
                     f"{1e6 * self.per_decode_seq:.2f} µs a decoding sequence, {context}")
         (two, first), (last, total) = self.token_curve[0], self.token_curve[-1]
         wake = f", {1e3 * self.wake:.2f} ms more after an idle pause" if self.wake else ""
-        spread = ""
-        if self.spread:
-            cut = len(self.spread) // 20  # the middle 90%
-            low, high = self.spread[cut], self.spread[-1 - cut]
-            spread = f"; 90% of steps take {low:.0%} to {high:.0%} of that"
+        spread = (f"; 90% of steps take {self.strays(0.05):.0%} to {self.strays(0.95):.0%} of that"
+                  if self.spread else "")
         return (f"{1e3 * self.fixed:.2f} ms a step of one token, {1e3 * first:.2f} ms more at {two} tokens, "
                 f"{1e3 * total:.1f} ms more at {last}, {1e6 * self.per_decode_seq:.0f} µs a token past that, "
                 f"{context}{wake}{spread}")
@@ -127,8 +130,8 @@ class StepProfile:
         curve = tuple(zip(knots, torch.tensor(coef[2:], dtype=torch.float64).cumsum(0).tolist()))
         slope = curve[-1][1] / (curve[-1][0] - 1) if curve else 0.0  # past the curve: its mean cost of a token
         fitted = cls(coef[0], slope, slope, coef[1], source=source, token_curve=curve or ((2, 0.0),))
-        priced = [(t, fitted.step_time(p, d, c)) for p, d, c, t in steps]
-        ratios = torch.tensor([t / price for t, price in priced if price > 0], dtype=torch.float64)
+        prices = [fitted.step_time(p, d, c) for p, d, c, _ in steps]
+        ratios = torch.tensor([t / price for (*_, t), price in zip(steps, prices) if price > 0], dtype=torch.float64)
         points = (torch.arange(SPREAD_POINTS, dtype=torch.float64) + 0.5) / SPREAD_POINTS
         return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()) if len(ratios) else ())
 
