@@ -3,6 +3,7 @@ the Pollaczek-Khinchine mean within its sampling error), a fixed batch's makespa
 prefix hits; the routing policies on constructed cases; the step profile's fit."""
 import collections
 import dataclasses
+import itertools
 import random
 import statistics
 import subprocess
@@ -236,17 +237,56 @@ def test_nnls_meets_the_karush_kuhn_tucker_conditions_on_random_problems():
         assert (x >= 0).all() and (gradient <= 1e-9).all() and (gradient[x > 0].abs() <= 1e-9).all()
 
 
-def test_a_replica_pays_wake_on_the_first_step_after_an_idle_pause_only():
-    profile = dataclasses.replace(PROFILE, wake=0.01)
-    a, b = SimRequest(0.0, 10, 2), SimRequest(5.0, 10, 1)
+def test_a_cold_replica_pays_its_warmup_factor_on_each_step_after_an_idle_pause_until_it_is_warm():
+    """Factors 2.0 (k = 0), 1.5 (k = 1), 1.25 (k = 2-3): a lone request's steps cost price x factor in turn,
+    then the price; a second request after an idle pause starts cold again, a step that follows a busy
+    one does not."""
+    profile = dataclasses.replace(PROFILE, warmup=(2.0, 1.5, 1.25))
+    a, b = SimRequest(0.0, 10, 6), SimRequest(5.0, 10, 2)
     simulate([a, b], profile)
-    first, second = profile.step_time(10, 0, 0) + 0.01, profile.step_time(0, 1, 11)
-    assert a.token_times == pytest.approx([first, first + second], rel=1e-12)
-    assert b.token_times == pytest.approx([5.0 + first], rel=1e-12)
+    decode = [profile.step_time(0, 1, 10 + i) for i in range(1, 6)]
+    steps = [2.0 * profile.step_time(10, 0, 0), 1.5 * decode[0], 1.25 * decode[1], 1.25 * decode[2], *decode[3:]]
+    assert a.token_times == pytest.approx(list(itertools.accumulate(steps)), rel=1e-12)
+    assert b.token_times == pytest.approx([5.0 + 2.0 * profile.step_time(10, 0, 0),
+                                           5.0 + 2.0 * profile.step_time(10, 0, 0) + 1.5 * decode[0]], rel=1e-12)
+
+
+def test_cold_steps_fall_in_their_bins_and_a_warmup_is_validated():
+    profile = dataclasses.replace(PROFILE, warmup=(1.6, 1.5, 1.4, 1.3, 1.2, 1.1))
+    assert [profile.cold(k) for k in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 10_000)] == \
+        [1.6, 1.5, 1.4, 1.4, 1.3, 1.3, 1.2, 1.2, 1.1, 1.1, 1.0, 1.0]
+    assert PROFILE.cold(0) == 1.0  # no warmup measured: every step is warm
+    with pytest.raises(ValueError, match="warmup"):
+        dataclasses.replace(PROFILE, warmup=(1.2, 0.0))
+    with pytest.raises(ValueError, match="warmup"):
+        dataclasses.replace(PROFILE, warmup=(1.1,) * 7)
+
+
+def test_fit_profile_recovers_a_known_warmup_and_the_warm_price():
+    """Steps priced by CURVED, slowed after each idle pause by known factors per bin and jittered by +-5%
+    (a pause ends with a prompt's step; prompts also arrive while the replica is warm): fit_profile finds
+    the factors (within 3%) and the warm price (within 3%), and its spread holds the jitter only (a fit
+    that ignored the pauses would price every step high and widen the spread)."""
+    from minillm.sim.calibrate import fit_profile
+    factors = (1.3, 1.25, 1.2, 1.12, 1.06, 1.02)
+    rng, steps, woke = random.Random(11), [], []
+    for _ in range(60):  # 60 bursts of 40 steps, each after an idle pause
+        for k in range(40):
+            prompt = k == 0 or rng.random() < 0.15
+            p, d, c = (rng.randrange(16, 200), 0, 0) if prompt else (0, rng.randrange(1, 9), rng.randrange(3000))
+            jitter = rng.choice((0.95, 1.0, 1.05))
+            steps.append((p, d, c, CURVED.step_time(p, d, c) * dataclasses.replace(CURVED, warmup=factors).cold(k)
+                          * jitter))
+            woke.append(k == 0)
+    fitted = fit_profile(steps, woke)
+    assert fitted.warmup == pytest.approx(factors, rel=0.03)
+    assert [fitted.step_time(0, d, 500) for d in (1, 4, 8)] == \
+        pytest.approx([CURVED.step_time(0, d, 500) for d in (1, 4, 8)], rel=0.03)
+    assert fitted.strays(0.02) > 0.93 and fitted.strays(0.98) < 1.07
 
 
 def test_a_profile_with_a_curve_and_a_spread_survives_save_and_load(tmp_path):
-    profile = dataclasses.replace(CURVED, spread=(0.9, 1.0, 1.2))
+    profile = dataclasses.replace(CURVED, spread=(0.9, 1.0, 1.2), warmup=(1.3, 1.1))
     profile.save(tmp_path / "profile.json")
     loaded = StepProfile.load(tmp_path / "profile.json")
     assert loaded == profile and loaded.step_time(7, 3, 99) == CURVED.step_time(7, 3, 99)

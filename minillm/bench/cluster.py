@@ -46,7 +46,8 @@ SLO = {"ttft": 1.0, "tpot": 0.05}
 
 
 LOADS = [("light", 0.4, 1), ("heavy", 1.5, 1), ("2 replicas", 1.5, 2)]  # (name, utilisation a replica, replicas)
-REPEATS = 3  # real runs of each load (each after a calibration of its own): the figures are their medians
+REPEATS = {True: 3, False: 5}  # real runs of each load, quick or not (each after a calibration of its own): the
+#   figures are their medians
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
@@ -68,7 +69,7 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
         requests = workload(size * replicas, replicas * utilisation / alone, seed=seed)
         fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
-        for _ in range(REPEATS):
+        for _ in range(REPEATS[quick]):
             if replicas == 1:
                 calibrated = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
                 real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
@@ -208,7 +209,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     print(machine_line(conditions))
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
     print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "
-                        f"processes of their own behind round robin; real: the median of {REPEATS} runs)")
+                        f"processes of their own behind round robin; real: the median of {REPEATS[quick]} runs)")
     figures_checked = [r for r in checks if r["real"] != "-"]
     worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in figures_checked)
     worst_own = max(abs(r["on the run's own steps"] - r["real"]) / r["real"] for r in figures_checked)

@@ -3,7 +3,7 @@
 Replays a calibration workload (a burst, then Poisson arrivals) through the engine and fits
 t = fixed + tokens(prefill tokens + decoding sequences) + c * context tokens to its steps, with
 tokens(N) a rising curve through step sizes of 2, 3, 4, 8, 16, ... tokens (minillm/sim/profile.py),
-what a step costs more after an idle pause, and how far the steps stray from their fitted price (the
+what the steps after an idle pause cost over warm ones, and how far the steps stray from their fitted price (the
 spread the simulator draws from). `--json PATH` writes a file `StepProfile.load(PATH)` reads.
 """
 from dataclasses import asdict
@@ -13,6 +13,7 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.sim.calibrate import CALIBRATION_REQUESTS, measure_profile
+from minillm.sim.profile import warmup_bins
 
 
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
@@ -24,9 +25,12 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     print_table([{"term": "fixed per step (a step of one token)", "ms": profile.fixed * 1e3},
                  *({"term": f"a step of {n} tokens adds", "ms": s * 1e3} for n, s in profile.token_curve),
                  {"term": "each token past the last point", "ms": profile.per_decode_seq * 1e3},
-                 {"term": "per context token of a decode", "ms": profile.per_context_token * 1e3},
-                 {"term": "a step after an idle pause adds", "ms": profile.wake * 1e3}],
+                 {"term": "per context token of a decode", "ms": profile.per_context_token * 1e3}],
                 f"step cost of {model} ({profile.source})")
+    if profile.warmup:
+        print_table([{"steps after an idle pause": steps, "cost over a warm step's": f"{r:.0%}"}
+                     for steps, r in zip(warmup_bins(len(profile.warmup)), profile.warmup)],
+                    "a cold replica: the steps after an idle pause")
     if profile.spread:
         print(f"how far the steps strayed from that price (the spread the simulator draws from): 5% of steps took "
               f"at most {profile.strays(0.05):.0%} of it, half at most {profile.strays(0.5):.0%}, 95% at most "

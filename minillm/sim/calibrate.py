@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from minillm.engine.engine import LLMEngine
 from minillm.sampling import SamplingParams
-from minillm.sim.profile import StepProfile
+from minillm.sim.profile import WARMUP_BINS, StepProfile
 from minillm.sim.replica import SimRequest, copies
 from minillm.state import Phase, StepEvent
 
@@ -131,14 +131,28 @@ def calibration_steps(engine: LLMEngine, seed: int = 1, requests: int = 48) -> t
     return steps, woke
 
 
-def fit_profile(steps: list[Step], woke: list[bool], source: str = "") -> StepProfile:
-    """StepProfile.fit on the steps that ran back to back; the steps that follow an idle pause are fitted
-    apart: the median of what they cost beyond the fit is the profile's `wake` (a pause leaves a CPU's
-    caches, and a GPU's clocks, cold)."""
-    busy = [s for s, w in zip(steps, woke) if not w]
-    profile = StepProfile.fit(busy if len(busy) >= 4 else steps, source=source)
-    extra = [t - profile.step_time(p, d, c) for (p, d, c, t), w in zip(steps, woke) if w]
-    return dataclasses.replace(profile, wake=max(0.0, statistics.median(extra)) if extra else 0.0)
+def fit_profile(steps: list[Step], woke: list[bool], source: str = "", rounds: int = 3) -> StepProfile:
+    """StepProfile.fit, with what a cold replica costs: `warmup`, the median cost of the steps k after an
+    idle pause (k = 0: the step that ends it) over a warm step's, by WARMUP_BINS (a bin with fewer than
+    3 steps stays at 1). The two are fitted in turn: the price to each step's time over its bin's factor
+    (so the spread is what is left), the factors to each step's time over its price."""
+    since, k = [], len(steps) + WARMUP_BINS[-1]  # steps since the last pause; before any: warm
+    for w in woke:
+        k = 0 if w else k + 1
+        since.append(k)
+    cold = [1.0] * len(steps)
+    for _ in range(rounds):
+        profile = StepProfile.fit([(p, d, c, t / f) for (p, d, c, t), f in zip(steps, cold)], source=source)
+        ratios = [t / profile.step_time(p, d, c) for p, d, c, t in steps]
+        warm = [r for r, k in zip(ratios, since) if k >= WARMUP_BINS[-1]]
+        if not warm:
+            break
+        level = statistics.median(warm)
+        bins = [[r for r, k in zip(ratios, since) if lo <= k < hi] for lo, hi in zip((0, *WARMUP_BINS), WARMUP_BINS)]
+        warmup = tuple(statistics.median(b) / level if len(b) >= 3 else 1.0 for b in bins)
+        profile = dataclasses.replace(profile, warmup=warmup)
+        cold = [profile.cold(k) for k in since]
+    return profile
 
 
 def measure_profile(engine: LLMEngine, seed: int = 1, requests: int = 48) -> StepProfile:

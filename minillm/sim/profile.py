@@ -39,6 +39,8 @@ import torch
 # an octave apart above (closer points fit the machine's noise, not its costs).
 KNOTS = (2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 SPREAD_POINTS = 64  # a fitted profile's spread: the measured ratios' quantiles at (k + 1/2) / 64
+WARMUP_BINS = (1, 2, 4, 8, 16, 32)  # warmup[i]: the steps k after an idle pause with k < WARMUP_BINS[i] (and not
+#   an earlier bin): k = 0 (the step that ends the pause), 1, 2-3, 4-7, 8-15, 16-31; from 32 on a step is warm
 
 
 @dataclass(frozen=True)
@@ -51,14 +53,18 @@ class StepProfile:
     token_curve: tuple[tuple[int, float], ...] = ()  # measured: (N, seconds N tokens add to one), N ascending.
     #   With a curve, per_prefill_token and per_decode_seq both hold its mean cost of a token,
     #   tokens(N) / (N - 1) at its last point: the slope it goes on with past that point.
-    wake: float = 0.0           # seconds more a step costs when the replica was idle before it
     spread: tuple[float, ...] = ()  # measured: real step time / price, equally likely values (empty: exact)
+    warmup: tuple[float, ...] = ()  # measured: a step's cost after an idle pause over a warm step's, by WARMUP_BINS
 
     def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
         object.__setattr__(self, "token_curve", tuple((int(n), float(s)) for n, s in self.token_curve))
         object.__setattr__(self, "spread", tuple(float(r) for r in self.spread))
+        object.__setattr__(self, "warmup", tuple(float(r) for r in self.warmup))
         if any(r <= 0 for r in self.spread):
             raise ValueError("every ratio of a profile's spread must be > 0")
+        if any(r <= 0 for r in self.warmup) or len(self.warmup) > len(WARMUP_BINS):
+            raise ValueError(f"a profile's warmup holds at most {len(WARMUP_BINS)} factors, each > 0; "
+                             f"got {self.warmup}")
         object.__setattr__(self, "_sizes", [n for n, _ in self.token_curve])  # for bisect: every step looks here
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
@@ -67,6 +73,12 @@ class StepProfile:
         else:
             work = self.tokens_time(prefill_tokens + decode_seqs)
         return self.fixed + work + self.per_context_token * context_tokens
+
+    def cold(self, steps_since_idle: int) -> float:
+        """What a step costs relative to a warm one when it is the k-th after an idle pause (k = 0: the step
+        that ends the pause); 1 from WARMUP_BINS[-1] on, and without a measured warmup."""
+        i = bisect.bisect_right(WARMUP_BINS, steps_since_idle)
+        return self.warmup[i] if i < len(self.warmup) else 1.0
 
     def draw(self, rng: random.Random) -> float:
         """What one step costs relative to its price: a ratio drawn from the spread (1 without one)."""
@@ -85,12 +97,13 @@ class StepProfile:
             return (f"{1e3 * self.fixed:.2f} ms a step, {1e6 * self.per_prefill_token:.1f} µs a prompt token, "
                     f"{1e6 * self.per_decode_seq:.2f} µs a decoding sequence, {context}")
         (two, first), (last, total) = self.token_curve[0], self.token_curve[-1]
-        wake = f", {1e3 * self.wake:.2f} ms more after an idle pause" if self.wake else ""
+        cold = (f"; after an idle pause its steps cost {', '.join(f'{r:.0%}' for r in self.warmup)} of a warm "
+                f"step's (steps {', '.join(warmup_bins(len(self.warmup)))})" if self.warmup else "")
         spread = (f"; 90% of steps take {self.strays(0.05):.0%} to {self.strays(0.95):.0%} of that"
                   if self.spread else "")
         return (f"{1e3 * self.fixed:.2f} ms a step of one token, {1e3 * first:.2f} ms more at {two} tokens, "
                 f"{1e3 * total:.1f} ms more at {last}, {1e6 * self.per_decode_seq:.0f} µs a token past that, "
-                f"{context}{wake}{spread}")
+                f"{context}{spread}{cold}")
 
     def tokens_time(self, tokens: int) -> float:
         """tokens(N) of a measured profile: linear between the curve's points (from (1, 0)), and past
@@ -160,6 +173,12 @@ class StepProfile:
                    per_decode_seq=max(two - one, 0.0) / efficiency,
                    per_context_token=max(long - one, 0.0) / 1024 / efficiency,
                    source=f"roofline: {hardware.name}, {dtype}, {efficiency:.0%} of peak")
+
+
+def warmup_bins(n: int = len(WARMUP_BINS)) -> list[str]:
+    """The first n WARMUP_BINS as the steps they hold: ['0', '1', '2-3', ...]."""
+    edges = (0, *WARMUP_BINS[:n])
+    return [str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])]
 
 
 def _hats(tokens: int, knots: list[int]) -> list[float]:

@@ -69,6 +69,7 @@ class Replica:
         self.rng = random.Random(f"replica {index}, seed {seed}")  # draws each step's share of the spread
         self.busy_time = 0.0
         self.steps = 0
+        self.since_idle = 0     # steps since the replica last went idle (a cold replica's steps cost more)
         self.alive = True       # False: draining (autoscaled away) or dead; the router sends it nothing
         self.started = env.now
         self._wake = env.event()
@@ -146,16 +147,17 @@ class Replica:
 
     def _loop(self):
         while True:
-            woke = not self.running and not self.waiting
-            if woke:
+            if not self.running and not self.waiting:
                 self._wake = self.env.event()
                 yield self._wake
+                self.since_idle = 0
             prefill, decode_seqs, context, sampled = self._schedule()  # never empty: a lone request always fits
-            duration = (self.profile.step_time(prefill, decode_seqs, context) * self.profile.draw(self.rng)
-                        + (self.profile.wake if woke else 0.0))
+            duration = (self.profile.step_time(prefill, decode_seqs, context) * self.profile.cold(self.since_idle)
+                        * self.profile.draw(self.rng))
             yield self.env.timeout(duration)
             self.busy_time += duration
             self.steps += 1
+            self.since_idle += 1
             for r in sampled:
                 if not r.token_times and r.prefix is not None:  # its prompt is computed: the prefix is cached
                     _remember(self.prefixes, r.prefix[0], r.prefix[1], self.prefix_capacity)
