@@ -33,6 +33,7 @@ from minillm.sim.calibrate import (
     recorded_steps,
     replay,
     replica_knobs,
+    steps_since_idle,
     workload,
 )
 from minillm.sim.fleet_replay import replay_fleet
@@ -60,7 +61,7 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
     calibration measured, as real steps vary. Two checks split the error in its parts: the
     simulator on a profile fitted to the real run's own steps (its batching and queueing alone, the
     machine's drift taken out), and a row per load for the step model alone (each real step against its
-    price)."""
+    price, times its warmup factor if it ran soon after an idle pause)."""
     alone = alone_seconds(profile)
     size = 24 if quick else 60
     knobs = replica_knobs(engine)
@@ -80,7 +81,8 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
             reals.append(summary(real))
             sims.append(predict(requests, calibrated, **fleet, **knobs))
             own_sims.append(predict(requests, fit_profile(steps, woke), **fleet, **knobs))
-            step_errors += [(calibrated.step_time(p, d, c) - t) / t for p, d, c, t in steps]
+            step_errors += [(calibrated.step_time(p, d, c) * calibrated.cold(k) - t) / t
+                            for (p, d, c, t), k in zip(steps, steps_since_idle(woke))]
         rows += comparison_rows(name, reals, sims, own_sims, step_errors)
         bar.update()
     return rows

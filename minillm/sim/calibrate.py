@@ -131,15 +131,22 @@ def calibration_steps(engine: LLMEngine, seed: int = 1, requests: int = 48) -> t
     return steps, woke
 
 
+def steps_since_idle(woke: list[bool]) -> list[int]:
+    """For each recorded step, how many steps ran since the last idle pause (0: the step that ended it);
+    the steps before the first pause count as warm (WARMUP_BINS[-1] and more)."""
+    since, k = [], len(woke) + WARMUP_BINS[-1]
+    for w in woke:
+        k = 0 if w else k + 1
+        since.append(k)
+    return since
+
+
 def fit_profile(steps: list[Step], woke: list[bool], source: str = "", rounds: int = 3) -> StepProfile:
     """StepProfile.fit, with what a cold replica costs: `warmup`, the median cost of the steps k after an
     idle pause (k = 0: the step that ends it) over a warm step's, by WARMUP_BINS (a bin with fewer than
     3 steps stays at 1). The two are fitted in turn: the price to each step's time over its bin's factor
     (so the spread is what is left), the factors to each step's time over its price."""
-    since, k = [], len(steps) + WARMUP_BINS[-1]  # steps since the last pause; before any: warm
-    for w in woke:
-        k = 0 if w else k + 1
-        since.append(k)
+    since = steps_since_idle(woke)
     cold = [1.0] * len(steps)
     for _ in range(rounds):
         profile = StepProfile.fit([(p, d, c, t / f) for (p, d, c, t), f in zip(steps, cold)], source=source)
