@@ -47,8 +47,9 @@ SLO = {"ttft": 1.0, "tpot": 0.05}
 
 
 LOADS = [("light", 0.4, 1), ("heavy", 1.5, 1), ("2 replicas", 1.5, 2)]  # (name, utilisation a replica, replicas)
-REPEATS = {True: 3, False: 5}  # real runs of each load, quick or not (each after a calibration of its own): the
-#   figures are their medians
+REPEATS = 3  # real runs of each load (each after a calibration of its own): the figures are their medians
+REQUESTS = {True: 24, False: 180}  # requests a replica in each real run, quick or not: the p99 of 60 requests lies
+#   between their two largest, and swung by 60% and more from run to run here; of 180, by about 10-20%
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
@@ -63,14 +64,13 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
     machine's drift taken out), and a row per load for the step model alone (each real step against its
     price, times its warmup factor if it ran soon after an idle pause)."""
     alone = alone_seconds(profile)
-    size = 24 if quick else 60
     knobs = replica_knobs(engine)
     rows = []
     for seed, (name, utilisation, replicas) in enumerate(LOADS, start=10):
-        requests = workload(size * replicas, replicas * utilisation / alone, seed=seed)
+        requests = workload(REQUESTS[quick] * replicas, replicas * utilisation / alone, seed=seed)
         fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
-        for _ in range(REPEATS[quick]):
+        for _ in range(REPEATS):
             if replicas == 1:
                 calibrated = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
                 real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
@@ -211,7 +211,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     print(machine_line(conditions))
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
     print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "
-                        f"processes of their own behind round robin; real: the median of {REPEATS[quick]} runs)")
+                        f"processes of their own behind round robin; real: the median of {REPEATS} runs of "
+                        f"{REQUESTS[quick]} requests a replica)")
     figures_checked = [r for r in checks if r["real"] != "-"]
     worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in figures_checked)
     worst_own = max(abs(r["on the run's own steps"] - r["real"]) / r["real"] for r in figures_checked)
