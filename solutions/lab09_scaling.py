@@ -554,11 +554,18 @@ fig.show()
 # second moment, so steps that vary make requests wait longer than constant steps of the same
 # mean, and the tail (p99) most of all.
 #
+# The formula assumes each service time is drawn independently. Real steps are not: a slow step is
+# followed by slow ones (the core stays busy elsewhere for a while), and on this engine consecutive
+# steps' ratios to their price correlate about 0.6-0.8. A measured profile keeps that too, as its
+# `persistence`: each step's pace keeps that share of the last one's (an AR(1) process, see
+# `minillm/sim/pace.py`), while every step alone still follows the spread.
+#
 # Below, the bundled `tiny` model is measured on this machine (a few seconds), then one replica
-# serving the same Poisson workload is simulated twice: each step drawing its time from the
-# measured spread (`predict` takes the median of 5 seeded runs), and every step costing its price
-# times the spread's mean: the same mean, no variance. (Without the spread, `python -m
-# minillm.bench cluster` put the tails of its real runs up to a quarter short.)
+# serving the same Poisson workload is simulated three ways (`predict` takes the median of 5 seeded
+# runs): as measured, with the spread and its persistence; with the spread drawn afresh each step;
+# and every step costing its price times the spread's mean: the same mean, no variance. (Without the
+# spread, `python -m minillm.bench cluster` put the tails of its real runs up to a quarter short;
+# without the persistence, its TPOT p99 on a run's own steps up to a third short.)
 
 # %%
 import dataclasses
@@ -574,7 +581,8 @@ print(f"measured: {measured.describe()}")
 work = workload(300, 1.5 / alone_seconds(measured), seed=3)  # 1.5x what one request at a time could serve
 tails = {}
 mean = sum(measured.spread) / len(measured.spread)  # a step's mean cost relative to its price
-for name, profile in (("with the measured spread", measured),
+for name, profile in (("as measured", measured),
+                      ("spread drawn afresh", dataclasses.replace(measured, persistence=0.0)),
                       ("every step its mean cost", dataclasses.replace(measured, spread=(mean,)))):
     tails[name] = predict(work, profile, **replica_knobs(engine))
     t = tails[name]
@@ -583,14 +591,15 @@ for name, profile in (("with the measured spread", measured),
 fig = go.Figure([go.Bar(name=name, x=["TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"],
                         y=[t[k] * 1e3 for k in ("ttft_median", "ttft_p99", "tpot_median", "tpot_p99")])
                  for name, t in tails.items()])
-fig.update_layout(title="One replica of tiny here (simulated): the same mean step, with and without its spread",
+fig.update_layout(title="One replica of tiny here (simulated): the same mean step, three ways to vary it",
                   yaxis_title="ms", height=340)
 fig.show()
 
 # %% [markdown]
 # The medians barely move; the p99s do. A capacity plan priced with constant steps promises tails
-# it will not meet, which is why a measured profile carries its spread, and why a plan should be
-# checked against a real run of one or two replicas before it is trusted.
+# it will not meet, which is why a measured profile carries its spread. Persistence moves TPOT p99
+# most: a request's TPOT averages its own steps, which independent draws even out and slow spells do
+# not. And a plan should be checked against a real run of one or two replicas before it is trusted.
 
 # %% [markdown]
 # ## Exercise 9.6 · What tensor parallelism costs on the link

@@ -4,6 +4,7 @@ prefix hits; the routing policies on constructed cases; the step profile's fit."
 import collections
 import dataclasses
 import itertools
+import math
 import random
 import statistics
 import subprocess
@@ -285,8 +286,64 @@ def test_fit_profile_recovers_a_known_warmup_and_the_warm_price():
     assert fitted.strays(0.02) > 0.93 and fitted.strays(0.98) < 1.07
 
 
+def ar1_ratios(rho: float, n: int, seed: int) -> list[float]:
+    """n step ratios whose normal scores follow an AR(1) process of coefficient rho, each a log-normal draw."""
+    rng, z, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        z = rho * z + (1 - rho * rho) ** 0.5 * rng.gauss(0.0, 1.0)
+        out.append(math.exp(0.15 * z))
+    return out
+
+
+@pytest.mark.parametrize("rho, seed", [(0.8, 8), (0.8, 9), (0.95, 10)])
+def test_fit_measures_how_much_of_its_pace_a_step_keeps_from_the_last(rho, seed):
+    """Steps priced by CURVED whose ratios to their price follow an AR(1) pace: the fitted persistence is
+    that pace's rho, from the steps in the order they ran; shuffled, they keep little (the estimate
+    matches the mean correlation over 32 lags, which is noisy near 0: up to ~0.2 on 4000 shuffled steps)."""
+    rng = random.Random(7)
+    work = [(rng.randrange(200), rng.randrange(1, 9), rng.randrange(3000)) for _ in range(4000)]
+    steps = [(p, d, c, CURVED.step_time(p, d, c) * r) for (p, d, c), r in zip(work, ar1_ratios(rho, 4000, seed))]
+    assert StepProfile.fit(steps).persistence == pytest.approx(rho, abs=0.06)
+    rng.shuffle(steps)
+    assert StepProfile.fit(steps).persistence < 0.25
+    assert StepProfile.fit(steps[:40]).persistence == 0.0  # fewer than 2 x LAGS steps: too few to tell
+    with pytest.raises(ValueError, match="persistence must be in"):
+        dataclasses.replace(PROFILE, persistence=1.0)
+    with pytest.raises(ValueError, match="persistence must be in"):
+        dataclasses.replace(PROFILE, persistence=-0.1)
+
+
+def test_a_persistent_pace_keeps_the_spread_and_makes_consecutive_steps_alike():
+    """Draws at persistence rho: each ratio alone still follows the spread (every value about equally
+    often), and consecutive draws' normal scores correlate rho; at 0 they do not correlate."""
+    from minillm.sim.pace import autocorrelation, normal_scores
+    spread = tuple(0.7 + 0.01 * i for i in range(64))
+    for rho in (0.0, 0.8):
+        profile, rng, pace = dataclasses.replace(PROFILE, spread=spread, persistence=rho), random.Random(3), 0.0
+        ratios = []
+        for _ in range(20_000):
+            ratio, pace = profile.draw(rng, pace)
+            ratios.append(ratio)
+        counts = collections.Counter(ratios)
+        assert set(counts) == set(spread) and max(counts.values()) / min(counts.values()) < 2.0
+        assert autocorrelation(normal_scores(ratios), 1) == pytest.approx(rho, abs=0.03)
+    assert PROFILE.draw(random.Random(0), 0.4) == (1.0, 0.4)  # no spread: every step on price
+
+
+def test_a_persistent_pace_widens_the_tpot_tail_that_independent_draws_average_away():
+    """The same spread, drawn afresh each step or persisting (rho 0.9): requests' TPOT p50 stays put, its
+    p99 grows, since a request's TPOT averages its steps and slow steps now come in spells."""
+    spread = tuple(0.6 + 0.0125 * i for i in range(64))
+    figures = {}
+    for rho in (0.0, 0.9):
+        profile = dataclasses.replace(PROFILE, spread=spread, persistence=rho)
+        figures[rho] = predict(poisson_requests(300, 20.0, seed=5, output=30), profile, max_num_seqs=8)
+    assert figures[0.9]["tpot_median"] == pytest.approx(figures[0.0]["tpot_median"], rel=0.05)
+    assert figures[0.9]["tpot_p99"] > 1.1 * figures[0.0]["tpot_p99"]
+
+
 def test_a_profile_with_a_curve_and_a_spread_survives_save_and_load(tmp_path):
-    profile = dataclasses.replace(CURVED, spread=(0.9, 1.0, 1.2), warmup=(1.3, 1.1))
+    profile = dataclasses.replace(CURVED, spread=(0.9, 1.0, 1.2), warmup=(1.3, 1.1), persistence=0.9)
     profile.save(tmp_path / "profile.json")
     loaded = StepProfile.load(tmp_path / "profile.json")
     assert loaded == profile and loaded.step_time(7, 3, 99) == CURVED.step_time(7, 3, 99)

@@ -141,9 +141,10 @@ st.download_button("Download the requests (CSV)", table.to_csv(index=False), "cl
 st.subheader("The simulator against the real engine")
 st.caption("The same small workload twice: once through the real engine here (one replica, or two in processes of "
            "their own behind round robin; wall-clock arrivals, random-token prompts), once through the simulator on "
-           "the step costs measured from the engine, each step drawing its time from the spread the measurement saw "
-           "(the median of 5 seeded simulations). The simulator aims to land within 15% of the real figures; the "
-           "real engine itself varies from run to run on a shared machine, so run it a few times.")
+           "the step costs measured from the engine, each step drawing its time from the spread the measurement saw, "
+           "slow steps following slow ones as they did (the median of 5 seeded simulations). The simulator aims to "
+           "land within 15% of the real figures; the real engine itself varies from run to run on a shared machine, "
+           "so run it a few times.")
 bundled = [mdl for mdl in model_choices() if mdl in bundled_models()]
 r = st.columns([1, 1, 1, 1, 2])
 real_model = r[0].selectbox("Model (real run)", bundled, key="k_cluster_real_model")

@@ -59,10 +59,10 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
     calibration of its own that its simulation uses; the error is the median simulated figure's against
     the median real one, beside the real runs' own spread. Each simulated figure is itself the median of
     a few seeded simulations (`predict`): a measured profile draws each step's time from the spread the
-    calibration measured, as real steps vary. Two checks split the error in its parts: the
-    simulator on a profile fitted to the real run's own steps (its batching and queueing alone, the
-    machine's drift taken out), and a row per load for the step model alone (each real step against its
-    price, times its warmup factor if it ran soon after an idle pause)."""
+    calibration measured, at a pace that persists from step to step as the measured one did. Two checks
+    split the error in its parts: the simulator on a profile fitted to the real run's own steps (its
+    batching and queueing alone, the machine's drift taken out), and a row per load for the step model
+    alone (each real step against its price, times its warmup factor if it ran soon after an idle pause)."""
     alone = alone_seconds(profile)
     knobs = replica_knobs(engine)
     rows = []

@@ -3,8 +3,9 @@
 Replays a calibration workload (a burst, then Poisson arrivals) through the engine and fits
 t = fixed + tokens(prefill tokens + decoding sequences) + c * context tokens to its steps, with
 tokens(N) a rising curve through step sizes of 2, 3, 4, 8, 16, ... tokens (minillm/sim/profile.py),
-what the steps after an idle pause cost over warm ones, and how far the steps stray from their fitted price (the
-spread the simulator draws from). `--json PATH` writes a file `StepProfile.load(PATH)` reads.
+what the steps after an idle pause cost over warm ones, how far the steps stray from their fitted price (the
+spread the simulator draws from), and how alike consecutive steps' strays are (the persistence of its pace).
+`--json PATH` writes a file `StepProfile.load(PATH)` reads.
 """
 from dataclasses import asdict
 
@@ -34,7 +35,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     if profile.spread:
         print(f"how far the steps strayed from that price (the spread the simulator draws from): 5% of steps took "
               f"at most {profile.strays(0.05):.0%} of it, half at most {profile.strays(0.5):.0%}, 95% at most "
-              f"{profile.strays(0.95):.0%}")
+              f"{profile.strays(0.95):.0%}; a step keeps {profile.persistence:.2f} of the last one's pace (slow steps "
+              f"come in spells: minillm/sim/pace.py)")
     figures = {"model": model, "profile": asdict(profile)}
     write_json(json_path, "profile", figures, conditions)
     return figures

@@ -20,7 +20,8 @@ takes longer when the machine is busy elsewhere, a cache is cold, the OS takes t
 simulated step costs its price times a ratio drawn from those measured, so the simulator's queues
 see the variance that lengthens waits (the Pollaczek-Khinchine formula: an M/G/1 queue's mean wait
 grows with the service time's second moment, not its mean alone). A deterministic model of the same
-mean predicts the tails (TTFT and TPOT p99) short.
+mean predicts the tails (TTFT and TPOT p99) short. Nor do real steps stray independently: a slow
+step is followed by slow ones, which `persistence` keeps (minillm/sim/pace.py).
 
 `fit` finds the coefficients by least squares from measured steps of the real engine
 (`python -m minillm.bench profile`); `from_roofline` predicts them for a real model on real
@@ -34,6 +35,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
+
+from minillm.sim.pace import next_pace, persistence, quantile
 
 # Step sizes in tokens where a measured curve has its points: dense where the matmuls change regime,
 # an octave apart above (closer points fit the machine's noise, not its costs).
@@ -55,6 +58,7 @@ class StepProfile:
     #   tokens(N) / (N - 1) at its last point: the slope it goes on with past that point.
     spread: tuple[float, ...] = ()  # measured: real step time / price, equally likely values (empty: exact)
     warmup: tuple[float, ...] = ()  # measured: a step's cost after an idle pause over a warm step's, by WARMUP_BINS
+    persistence: float = 0.0        # measured: how much of a step's pace the next step keeps (AR(1) rho, pace.py)
 
     def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
         object.__setattr__(self, "token_curve", tuple((int(n), float(s)) for n, s in self.token_curve))
@@ -65,6 +69,8 @@ class StepProfile:
         if any(r <= 0 for r in self.warmup) or len(self.warmup) > len(WARMUP_BINS):
             raise ValueError(f"a profile's warmup holds at most {len(WARMUP_BINS)} factors, each > 0; "
                              f"got {self.warmup}")
+        if not 0 <= self.persistence < 1:
+            raise ValueError(f"a profile's persistence must be in [0, 1), got {self.persistence}")
         object.__setattr__(self, "_sizes", [n for n, _ in self.token_curve])  # for bisect: every step looks here
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
@@ -80,9 +86,16 @@ class StepProfile:
         i = bisect.bisect_right(WARMUP_BINS, steps_since_idle)
         return self.warmup[i] if i < len(self.warmup) else 1.0
 
-    def draw(self, rng: random.Random) -> float:
-        """What one step costs relative to its price: a ratio drawn from the spread (1 without one)."""
-        return rng.choice(self.spread) if self.spread else 1.0
+    def draw(self, rng: random.Random, pace: float = 0.0) -> tuple[float, float]:
+        """What one step costs relative to its price, and the pace it leaves for the next (pace.py): the
+        spread's value at the next pace, which keeps `persistence` of the last one (0: every step drawn
+        afresh from the spread). Without a spread: (1, pace)."""
+        if not self.spread:
+            return 1.0, pace
+        if not self.persistence:
+            return rng.choice(self.spread), pace
+        pace = next_pace(pace, self.persistence, rng)
+        return quantile(self.spread, pace), pace
 
     def strays(self, share: float) -> float:
         """The ratio to its price that `share` of the measured steps stayed under (1 without a spread)."""
@@ -101,6 +114,7 @@ class StepProfile:
                 f"step's (steps {', '.join(warmup_bins(len(self.warmup)))})" if self.warmup else "")
         spread = (f"; 90% of steps take {self.strays(0.05):.0%} to {self.strays(0.95):.0%} of that"
                   if self.spread else "")
+        spread += f", and a step keeps {self.persistence:.2f} of the last one's pace" if self.persistence else ""
         return (f"{1e3 * self.fixed:.2f} ms a step of one token, {1e3 * first:.2f} ms more at {two} tokens, "
                 f"{1e3 * total:.1f} ms more at {last}, {1e6 * self.per_decode_seq:.0f} µs a token past that, "
                 f"{context}{spread}{cold}")
@@ -124,7 +138,8 @@ class StepProfile:
         many short decode steps (and so TPOT). Every coefficient is kept >= 0 and the curve rising
         (a step never costs less for computing more tokens): the unknowns are the curve's increments,
         solved by non-negative least squares. A point no step informs is dropped. The spread is the
-        quantiles of each step's measured time over its fitted price."""
+        quantiles of each step's measured time over its fitted price; the persistence, how alike those
+        ratios are from step to step (steps in the order they ran)."""
         if len(steps) < 4:
             raise ValueError(f"fitting a step profile needs at least 4 measured steps, got {len(steps)}")
         if any(t <= 0 for *_, t in steps):
@@ -146,7 +161,8 @@ class StepProfile:
         prices = [fitted.step_time(p, d, c) for p, d, c, _ in steps]
         ratios = torch.tensor([t / price for (*_, t), price in zip(steps, prices) if price > 0], dtype=torch.float64)
         points = (torch.arange(SPREAD_POINTS, dtype=torch.float64) + 0.5) / SPREAD_POINTS
-        return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()) if len(ratios) else ())
+        return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()) if len(ratios) else (),
+                                   persistence=persistence(ratios.tolist()))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")

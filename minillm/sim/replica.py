@@ -4,8 +4,9 @@ Each step: every running decode computes one token, then the waiting queue is ad
 first served while the step's token budget, the sequence cap and the KV blocks allow; a prompt too
 long for what is left of the budget is chunked over several steps. The step lasts what the
 StepProfile says (its price, times the profile's warmup factor in the first steps after the replica
-was idle, times a ratio drawn from the profile's measured spread if it has one, by the replica's own
-seeded generator, so a simulation repeats exactly); its decodes (and the
+was idle, times a ratio drawn from the profile's measured spread if it has one, at a pace that persists from
+step to step as the measured one did, by the replica's own seeded generator, so a simulation repeats
+exactly); its decodes (and the
 prompts it finished) get their token when it ends. A prefix the replica computed before (a shared
 system prompt, an agent session's earlier calls) is found in its prefix cache and not computed again.
 """
@@ -68,6 +69,7 @@ class Replica:
         self.prefix_capacity = kv_blocks * block_size // 2 if prefix_cache_tokens is None else prefix_cache_tokens
         self.role, self.handoff = role, handoff
         self.rng = random.Random(f"replica {index}, seed {seed}")  # draws each step's share of the spread
+        self.pace = self.rng.gauss(0.0, 1.0) if profile.persistence and profile.spread else 0.0  # (pace.py)
         self.busy_time = 0.0
         self.steps = 0
         self.since_idle = 0     # steps since the replica last went idle (a cold replica's steps cost more)
@@ -153,8 +155,9 @@ class Replica:
                 yield self._wake
                 self.since_idle = 0
             prefill, decode_seqs, context, sampled = self._schedule()  # never empty: a lone request always fits
-            duration = (self.profile.step_time(prefill, decode_seqs, context) * self.profile.cold(self.since_idle)
-                        * self.profile.draw(self.rng))
+            ratio, self.pace = self.profile.draw(self.rng, self.pace)
+            price = self.profile.step_time(prefill, decode_seqs, context)
+            duration = price * self.profile.cold(self.since_idle) * ratio
             yield self.env.timeout(duration)
             self.busy_time += duration
             self.steps += 1
