@@ -330,6 +330,37 @@ def test_a_persistent_pace_keeps_the_spread_and_makes_consecutive_steps_alike():
     assert PROFILE.draw(random.Random(0), 0.4) == (1.0, 0.4)  # no spread: every step on price
 
 
+def test_long_steps_keep_a_spread_of_their_own_and_draw_from_it():
+    """Short steps (decodes) jittered +-30%, long ones (prompts of 100+ tokens, many one-token steps' price)
+    +-5%: the fit keeps a narrow long_spread beside the wide spread, and a simulated step draws from the
+    one its price calls for; with too few long steps measured there is no long_spread."""
+    from minillm.sim.profile import LONG_STEP
+    rng = random.Random(12)
+    work = [(rng.randrange(100, 400), 0, 0) if rng.random() < 0.2 else (0, rng.randrange(1, 4), rng.randrange(1000))
+            for _ in range(1000)]
+    jitter = {True: (0.95, 1.0, 1.05), False: (0.7, 1.0, 1.3)}
+    steps = [(p, d, c, CURVED.step_time(p, d, c) * rng.choice(jitter[p > 0])) for p, d, c in work]
+    fitted = StepProfile.fit(steps)
+    assert all(CURVED.step_time(p, 0, 0) >= LONG_STEP * CURVED.fixed for p in range(100, 400))
+    assert all(CURVED.step_time(0, d, c) < LONG_STEP * CURVED.fixed for d in range(1, 4) for c in (0, 999))
+    assert fitted.long_spread[-1] / fitted.long_spread[0] == pytest.approx(1.05 / 0.95, rel=0.03)
+    assert fitted.spread[-1] / fitted.spread[0] > 1.7
+    assert "for steps of 3 times it or more" in fitted.describe()
+    few = StepProfile.fit([s for s in steps if s[0] == 0] + [s for s in steps if s[0] > 0][:20])
+    assert few.long_spread == () and few.spread
+    profile = dataclasses.replace(PROFILE, spread=(0.5,), long_spread=(1.5,))
+    long, short = LONG_STEP * PROFILE.fixed, 0.99 * LONG_STEP * PROFILE.fixed
+    for rho in (0.0, 0.8):
+        p = dataclasses.replace(profile, persistence=rho)
+        assert p.draw(random.Random(0), 0.0, long)[0] == 1.5 and p.draw(random.Random(0), 0.0, short)[0] == 0.5
+    a = SimRequest(0.0, 300, 2)  # a long prompt step, then a short decode step
+    simulate([a], profile)
+    assert a.token_times == pytest.approx([1.5 * PROFILE.step_time(300, 0, 0),
+                                           1.5 * PROFILE.step_time(300, 0, 0) + 0.5 * PROFILE.step_time(0, 1, 301)])
+    with pytest.raises(ValueError, match="long_spread must be > 0"):
+        dataclasses.replace(PROFILE, spread=(1.0,), long_spread=(0.0,))
+
+
 def test_a_persistent_pace_widens_the_tpot_tail_that_independent_draws_average_away():
     """The same spread, drawn afresh each step or persisting (rho 0.9): requests' TPOT p50 stays put, its
     p99 grows, since a request's TPOT averages its steps and slow steps now come in spells."""
@@ -343,7 +374,8 @@ def test_a_persistent_pace_widens_the_tpot_tail_that_independent_draws_average_a
 
 
 def test_a_profile_with_a_curve_and_a_spread_survives_save_and_load(tmp_path):
-    profile = dataclasses.replace(CURVED, spread=(0.9, 1.0, 1.2), warmup=(1.3, 1.1), persistence=0.9)
+    profile = dataclasses.replace(CURVED, spread=(0.9, 1.0, 1.2), long_spread=(0.95, 1.1), warmup=(1.3, 1.1),
+                                  persistence=0.9)
     profile.save(tmp_path / "profile.json")
     loaded = StepProfile.load(tmp_path / "profile.json")
     assert loaded == profile and loaded.step_time(7, 3, 99) == CURVED.step_time(7, 3, 99)

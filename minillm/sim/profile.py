@@ -20,7 +20,10 @@ takes longer when the machine is busy elsewhere, a cache is cold, the OS takes t
 simulated step costs its price times a ratio drawn from those measured, so the simulator's queues
 see the variance that lengthens waits (the Pollaczek-Khinchine formula: an M/G/1 queue's mean wait
 grows with the service time's second moment, not its mean alone). A deterministic model of the same
-mean predicts the tails (TTFT and TPOT p99) short. Nor do real steps stray independently: a slow
+mean predicts the tails (TTFT and TPOT p99) short. Long steps stray less, relatively (a pause of
+the core is a smaller share of them), so those that cost LONG_STEP one-token steps or more keep a
+spread of their own (`long_spread`): with one spread for all, every long prefill would draw the
+short steps' wide ratios, and TTFT p99 came out long. Nor do real steps stray independently: a slow
 step is followed by slow ones, which `persistence` keeps (minillm/sim/pace.py).
 
 `fit` finds the coefficients by least squares from measured steps of the real engine
@@ -42,6 +45,7 @@ from minillm.sim.pace import next_pace, persistence, quantile
 # an octave apart above (closer points fit the machine's noise, not its costs).
 KNOTS = (2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 SPREAD_POINTS = 64  # a fitted profile's spread: the measured ratios' quantiles at (k + 1/2) / 64
+LONG_STEP = 3.0     # a step priced at this many one-token steps or more draws from the long steps' spread
 WARMUP_BINS = (1, 2, 4, 8, 16, 32)  # warmup[i]: the steps k after an idle pause with k < WARMUP_BINS[i] (and not
 #   an earlier bin): k = 0 (the step that ends the pause), 1, 2-3, 4-7, 8-15, 16-31; from 32 on a step is warm
 
@@ -57,15 +61,17 @@ class StepProfile:
     #   With a curve, per_prefill_token and per_decode_seq both hold its mean cost of a token,
     #   tokens(N) / (N - 1) at its last point: the slope it goes on with past that point.
     spread: tuple[float, ...] = ()  # measured: real step time / price, equally likely values (empty: exact)
+    long_spread: tuple[float, ...] = ()  # measured: the same, of the long steps alone (empty: they draw `spread`)
     warmup: tuple[float, ...] = ()  # measured: a step's cost after an idle pause over a warm step's, by WARMUP_BINS
     persistence: float = 0.0        # measured: how much of a step's pace the next step keeps (AR(1) rho, pace.py)
 
     def __post_init__(self) -> None:  # JSON gives lists: keep the curve a hashable tuple of pairs
         object.__setattr__(self, "token_curve", tuple((int(n), float(s)) for n, s in self.token_curve))
         object.__setattr__(self, "spread", tuple(float(r) for r in self.spread))
+        object.__setattr__(self, "long_spread", tuple(float(r) for r in self.long_spread))
         object.__setattr__(self, "warmup", tuple(float(r) for r in self.warmup))
-        if any(r <= 0 for r in self.spread):
-            raise ValueError("every ratio of a profile's spread must be > 0")
+        if any(r <= 0 for r in self.spread + self.long_spread):
+            raise ValueError("every ratio of a profile's spread and long_spread must be > 0")
         if any(r <= 0 for r in self.warmup) or len(self.warmup) > len(WARMUP_BINS):
             raise ValueError(f"a profile's warmup holds at most {len(WARMUP_BINS)} factors, each > 0; "
                              f"got {self.warmup}")
@@ -86,16 +92,17 @@ class StepProfile:
         i = bisect.bisect_right(WARMUP_BINS, steps_since_idle)
         return self.warmup[i] if i < len(self.warmup) else 1.0
 
-    def draw(self, rng: random.Random, pace: float = 0.0) -> tuple[float, float]:
-        """What one step costs relative to its price, and the pace it leaves for the next (pace.py): the
-        spread's value at the next pace, which keeps `persistence` of the last one (0: every step drawn
-        afresh from the spread). Without a spread: (1, pace)."""
+    def draw(self, rng: random.Random, pace: float = 0.0, price: float = 0.0) -> tuple[float, float]:
+        """What one step of that price costs relative to it, and the pace it leaves for the next (pace.py):
+        the spread's value (the long steps' if it is one) at the next pace, which keeps `persistence` of
+        the last one (0: every step drawn afresh). Without a spread: (1, pace)."""
         if not self.spread:
             return 1.0, pace
+        table = self.long_spread if self.long_spread and price >= LONG_STEP * self.fixed else self.spread
         if not self.persistence:
-            return rng.choice(self.spread), pace
+            return rng.choice(table), pace
         pace = next_pace(pace, self.persistence, rng)
-        return quantile(self.spread, pace), pace
+        return quantile(table, pace), pace
 
     def strays(self, share: float) -> float:
         """The ratio to its price that `share` of the measured steps stayed under (1 without a spread)."""
@@ -114,6 +121,9 @@ class StepProfile:
                 f"step's (steps {', '.join(warmup_bins(len(self.warmup)))})" if self.warmup else "")
         spread = (f"; 90% of steps take {self.strays(0.05):.0%} to {self.strays(0.95):.0%} of that"
                   if self.spread else "")
+        if self.long_spread:
+            spread += (f" ({self.long_spread[3]:.0%} to {self.long_spread[-4]:.0%} for steps of {LONG_STEP:g} times it "
+                       "or more)")
         spread += f", and a step keeps {self.persistence:.2f} of the last one's pace" if self.persistence else ""
         return (f"{1e3 * self.fixed:.2f} ms a step of one token, {1e3 * first:.2f} ms more at {two} tokens, "
                 f"{1e3 * total:.1f} ms more at {last}, {1e6 * self.per_decode_seq:.0f} µs a token past that, "
@@ -138,8 +148,9 @@ class StepProfile:
         many short decode steps (and so TPOT). Every coefficient is kept >= 0 and the curve rising
         (a step never costs less for computing more tokens): the unknowns are the curve's increments,
         solved by non-negative least squares. A point no step informs is dropped. The spread is the
-        quantiles of each step's measured time over its fitted price; the persistence, how alike those
-        ratios are from step to step (steps in the order they ran)."""
+        quantiles of each step's measured time over its fitted price (of the long steps apart, if at least
+        half SPREAD_POINTS were measured); the persistence, how alike those ratios are from step to step
+        (steps in the order they ran)."""
         if len(steps) < 4:
             raise ValueError(f"fitting a step profile needs at least 4 measured steps, got {len(steps)}")
         if any(t <= 0 for *_, t in steps):
@@ -161,7 +172,11 @@ class StepProfile:
         prices = [fitted.step_time(p, d, c) for p, d, c, _ in steps]
         ratios = torch.tensor([t / price for (*_, t), price in zip(steps, prices) if price > 0], dtype=torch.float64)
         points = (torch.arange(SPREAD_POINTS, dtype=torch.float64) + 0.5) / SPREAD_POINTS
+        long = torch.tensor([t / price for (*_, t), price in zip(steps, prices)
+                             if price > 0 and price >= LONG_STEP * fitted.fixed], dtype=torch.float64)
         return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()) if len(ratios) else (),
+                                   long_spread=tuple(torch.quantile(long, points).tolist())
+                                   if len(long) >= SPREAD_POINTS // 2 else (),
                                    persistence=persistence(ratios.tolist()))
 
     def save(self, path: str | Path) -> None:

@@ -155,8 +155,8 @@ class Replica:
                 yield self._wake
                 self.since_idle = 0
             prefill, decode_seqs, context, sampled = self._schedule()  # never empty: a lone request always fits
-            ratio, self.pace = self.profile.draw(self.rng, self.pace)
             price = self.profile.step_time(prefill, decode_seqs, context)
+            ratio, self.pace = self.profile.draw(self.rng, self.pace, price)
             duration = price * self.profile.cold(self.since_idle) * ratio
             yield self.env.timeout(duration)
             self.busy_time += duration
