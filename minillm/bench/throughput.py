@@ -8,7 +8,7 @@ in the CPU's cache, a step's cost grows with its batch, and batching policies di
 Sequential, much slower, is timed on the first 16 requests only (tokens/s hardly depends on
 how many it runs).
 
-Continuous and static batching run at every batch size of the sweep (4 to 32; 4 and 16 with
+Continuous and static batching run at every batch size of the sweep (4 to 32; 4 and 8 with
 --quick), the two back to back in alternating order. Every workload holds at least twice as many
 requests as the largest batch, with output lengths spread well below their cap, so a static batch
 has members that finish early and continuous batching has slots to refill: with all requests in
@@ -49,7 +49,7 @@ class Sweep:
 
 
 PROMPTS = dict(max_prompt=320, median_prompt=96)  # prompt lengths, log-normal from 8 tokens, in every sweep
-QUICK = Sweep(requests=32, batch_sizes=(4, 16), max_output=64, median_output=24)
+QUICK = Sweep(requests=16, batch_sizes=(4, 8), max_output=48, median_output=16)
 FULL = Sweep(requests=64, batch_sizes=(4, 8, 16, 32), max_output=192, median_output=64)
 
 
