@@ -345,7 +345,10 @@ def test_long_steps_keep_a_spread_of_their_own_and_draw_from_it():
     assert all(CURVED.step_time(0, d, c) < LONG_STEP * CURVED.fixed for d in range(1, 4) for c in (0, 999))
     assert fitted.long_spread[-1] / fitted.long_spread[0] == pytest.approx(1.05 / 0.95, rel=0.03)
     assert fitted.spread[-1] / fitted.spread[0] > 1.7
-    assert "for steps of 3 times it or more" in fitted.describe()
+    assert "for steps priced at 3 one-token steps or more" in fitted.describe()
+    assert (fitted.strays(0, long=True), fitted.strays(1, long=True)) == (fitted.long_spread[0], fitted.long_spread[-1])
+    one_each = dataclasses.replace(CURVED, spread=(1.0,), long_spread=(1.5,))
+    assert "(150% to 150% for steps priced at 3" in one_each.describe()
     few = StepProfile.fit([s for s in steps if s[0] == 0] + [s for s in steps if s[0] > 0][:20])
     assert few.long_spread == () and few.spread
     profile = dataclasses.replace(PROFILE, spread=(0.5,), long_spread=(1.5,))

@@ -14,7 +14,7 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.sim.calibrate import CALIBRATION_REQUESTS, measure_profile
-from minillm.sim.profile import warmup_bins
+from minillm.sim.profile import LONG_STEP, warmup_bins
 
 
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
@@ -37,6 +37,9 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
               f"at most {profile.strays(0.05):.0%} of it, half at most {profile.strays(0.5):.0%}, 95% at most "
               f"{profile.strays(0.95):.0%}; a step keeps {profile.persistence:.2f} of the last one's pace (slow steps "
               f"come in spells: minillm/sim/pace.py)")
+    if profile.long_spread:
+        print(f"the long steps alone (priced at {LONG_STEP:g} one-token steps or more), which stray less: 5% took at "
+              f"most {profile.strays(0.05, long=True):.0%}, 95% at most {profile.strays(0.95, long=True):.0%}")
     figures = {"model": model, "profile": asdict(profile)}
     write_json(json_path, "profile", figures, conditions)
     return figures

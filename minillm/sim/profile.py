@@ -104,11 +104,13 @@ class StepProfile:
         pace = next_pace(pace, self.persistence, rng)
         return quantile(table, pace), pace
 
-    def strays(self, share: float) -> float:
-        """The ratio to its price that `share` of the measured steps stayed under (1 without a spread)."""
+    def strays(self, share: float, long: bool = False) -> float:
+        """The ratio to its price that `share` of the measured steps (long: of the long steps) stayed under
+        (1 without a spread)."""
         if not 0 <= share <= 1:
             raise ValueError(f"share must be in [0, 1], got {share}")
-        return self.spread[min(int(share * len(self.spread)), len(self.spread) - 1)] if self.spread else 1.0
+        table = self.long_spread if long else self.spread
+        return table[min(int(share * len(table)), len(table) - 1)] if table else 1.0
 
     def describe(self) -> str:
         """The costs in words."""
@@ -122,8 +124,8 @@ class StepProfile:
         spread = (f"; 90% of steps take {self.strays(0.05):.0%} to {self.strays(0.95):.0%} of that"
                   if self.spread else "")
         if self.long_spread:
-            spread += (f" ({self.long_spread[3]:.0%} to {self.long_spread[-4]:.0%} for steps of {LONG_STEP:g} times it "
-                       "or more)")
+            spread += (f" ({self.strays(0.05, long=True):.0%} to {self.strays(0.95, long=True):.0%} for steps priced "
+                       f"at {LONG_STEP:g} one-token steps or more)")
         spread += f", and a step keeps {self.persistence:.2f} of the last one's pace" if self.persistence else ""
         return (f"{1e3 * self.fixed:.2f} ms a step of one token, {1e3 * first:.2f} ms more at {two} tokens, "
                 f"{1e3 * total:.1f} ms more at {last}, {1e6 * self.per_decode_seq:.0f} µs a token past that, "
