@@ -563,12 +563,14 @@ fig.show()
 # Below, the bundled `tiny` model is measured on this machine (a few seconds), then one replica
 # serving the same Poisson workload is simulated three ways (`predict` takes the median of 5 seeded
 # runs): as measured, with the spread and its persistence; with the spread drawn afresh each step;
-# and every step costing its price times the spread's mean: the same mean, no variance. (Without the
+# and every step costing its price times the spread's mean (a measured profile keeps the long steps'
+# spread apart, as they stray less): the same mean, no variance. (Without the
 # spread, `python -m minillm.bench cluster` put the tails of its real runs up to a quarter short;
 # without the persistence, its TPOT p99 on a run's own steps up to a third short.)
 
 # %%
 import dataclasses
+import statistics
 
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
@@ -580,10 +582,12 @@ measured = measure_profile(engine, requests=24)
 print(f"measured: {measured.describe()}")
 work = workload(300, 1.5 / alone_seconds(measured), seed=3)  # 1.5x what one request at a time could serve
 tails = {}
-mean = sum(measured.spread) / len(measured.spread)  # a step's mean cost relative to its price
+constant = dataclasses.replace(  # each step its spread's mean cost relative to its price (long steps their own)
+    measured, spread=(statistics.fmean(measured.spread),),
+    long_spread=(statistics.fmean(measured.long_spread),) if measured.long_spread else ())
 for name, profile in (("as measured", measured),
                       ("spread drawn afresh", dataclasses.replace(measured, persistence=0.0)),
-                      ("every step its mean cost", dataclasses.replace(measured, spread=(mean,)))):
+                      ("every step its mean cost", constant)):
     tails[name] = predict(work, profile, **replica_knobs(engine))
     t = tails[name]
     print(f"{name:>28}: TTFT p50 {t['ttft_median'] * 1e3:5.1f} ms, p99 {t['ttft_p99'] * 1e3:5.1f} ms; "

@@ -49,7 +49,7 @@ SLO = {"ttft": 1.0, "tpot": 0.05}
 LOADS = [("light", 0.4, 1), ("heavy", 1.5, 1), ("2 replicas", 1.5, 2)]  # (name, utilisation a replica, replicas)
 REPEATS = 3  # real runs of each load (each after a calibration of its own): the figures are their medians
 REQUESTS = {True: 24, False: 180}  # requests a replica in each real run, quick or not: the p99 of 60 requests lies
-#   between their two largest, and swung by 60% and more from run to run here; of 180, by about 10-20%
+#   between their two largest, and swung by 60% and more from run to run here; of 180, by about 20% (once 87%)
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:

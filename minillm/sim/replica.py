@@ -4,11 +4,11 @@ Each step: every running decode computes one token, then the waiting queue is ad
 first served while the step's token budget, the sequence cap and the KV blocks allow; a prompt too
 long for what is left of the budget is chunked over several steps. The step lasts what the
 StepProfile says (its price, times the profile's warmup factor in the first steps after the replica
-was idle, times a ratio drawn from the profile's measured spread if it has one, at a pace that persists from
-step to step as the measured one did, by the replica's own seeded generator, so a simulation repeats
-exactly); its decodes (and the
-prompts it finished) get their token when it ends. A prefix the replica computed before (a shared
-system prompt, an agent session's earlier calls) is found in its prefix cache and not computed again.
+was idle, times a ratio drawn from the profile's measured spread if it has one, at a pace that
+persists from step to step as the measured one did, by the replica's own seeded generator, so a
+simulation repeats exactly); its decodes (and the prompts it finished) get their token when it ends.
+A prefix the replica computed before (a shared system prompt, an agent session's earlier calls) is
+found in its prefix cache and not computed again.
 """
 import random
 from collections import OrderedDict
