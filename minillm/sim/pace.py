@@ -59,6 +59,11 @@ def next_pace(z: float, rho: float, rng: random.Random) -> float:
     return rho * z + math.sqrt(1.0 - rho * rho) * rng.gauss(0.0, 1.0)
 
 
+def at_share(table: tuple[float, ...], share: float) -> float:
+    """The value of a table of equally likely values, ascending, that `share` of the draws stay under."""
+    return table[min(int(share * len(table)), len(table) - 1)]
+
+
 def quantile(table: tuple[float, ...], z: float) -> float:
-    """The table's (equally likely values, ascending) value at the pace's normal quantile Phi(z)."""
-    return table[min(int(NORMAL.cdf(z) * len(table)), len(table) - 1)]
+    """The table's value at the pace's normal quantile Phi(z)."""
+    return at_share(table, NORMAL.cdf(z))

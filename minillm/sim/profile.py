@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.sim.pace import next_pace, persistence, quantile
+from minillm.sim.pace import at_share, next_pace, persistence, quantile
 
 # Step sizes in tokens where a measured curve has its points: dense where the matmuls change regime,
 # an octave apart above (closer points fit the machine's noise, not its costs).
@@ -110,7 +110,7 @@ class StepProfile:
         if not 0 <= share <= 1:
             raise ValueError(f"share must be in [0, 1], got {share}")
         table = self.long_spread if long else self.spread
-        return table[min(int(share * len(table)), len(table) - 1)] if table else 1.0
+        return at_share(table, share) if table else 1.0
 
     def describe(self) -> str:
         """The costs in words."""
@@ -171,11 +171,10 @@ class StepProfile:
         curve = tuple(zip(knots, torch.tensor(coef[2:], dtype=torch.float64).cumsum(0).tolist()))
         slope = curve[-1][1] / (curve[-1][0] - 1) if curve else 0.0  # past the curve: its mean cost of a token
         fitted = cls(coef[0], slope, slope, coef[1], source=source, token_curve=curve or ((2, 0.0),))
-        prices = [fitted.step_time(p, d, c) for p, d, c, _ in steps]
-        ratios = torch.tensor([t / price for (*_, t), price in zip(steps, prices) if price > 0], dtype=torch.float64)
+        priced = [(t / price, price) for p, d, c, t in steps if (price := fitted.step_time(p, d, c)) > 0]
+        ratios = torch.tensor([r for r, _ in priced], dtype=torch.float64)
+        long = torch.tensor([r for r, price in priced if price >= LONG_STEP * fitted.fixed], dtype=torch.float64)
         points = (torch.arange(SPREAD_POINTS, dtype=torch.float64) + 0.5) / SPREAD_POINTS
-        long = torch.tensor([t / price for (*_, t), price in zip(steps, prices)
-                             if price > 0 and price >= LONG_STEP * fitted.fixed], dtype=torch.float64)
         return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()) if len(ratios) else (),
                                    long_spread=tuple(torch.quantile(long, points).tolist())
                                    if len(long) >= SPREAD_POINTS // 2 else (),
