@@ -286,6 +286,33 @@ def test_fit_profile_recovers_a_known_warmup_and_the_warm_price():
     assert fitted.strays(0.02) > 0.93 and fitted.strays(0.98) < 1.07
 
 
+def test_a_calibration_runs_prompts_of_every_length_alone_after_idle_pauses():
+    """calibration_workload: a burst and a trickle of `requests`, then half as many lone prompts with short
+    answers. Simulated on a replica priced like the tiny model here, most lone prompts find it idle and run
+    by themselves, over the whole range of prompt lengths; the burst and the trickle alone give few such
+    steps (which is why the lone prompts are there: a light load is made of them)."""
+    from minillm.sim.calibrate import calibration_workload
+    work = calibration_workload(requests=48, seed=1)
+    burst, trickle, lone = work[:24], work[24:48], work[48:]
+    assert len(work) == 72 and {r.arrival for r in burst} == {0.0}
+    assert len({r.request_id for r in work}) == 72
+    assert min(r.arrival for r in lone) > max(r.arrival for r in trickle) + 0.9
+    assert all(2 <= r.output_tokens <= 8 for r in lone) and all(r.output_tokens >= 8 for r in trickle)
+    here = StepProfile(fixed=0.0035, per_prefill_token=1.5e-4, per_decode_seq=1e-3, per_context_token=1e-6)
+    done = simulate(copies(work), here).requests
+
+    def alone(phase: list[SimRequest]) -> list[SimRequest]:
+        """The requests of a phase that arrived to an idle replica and ran their prompt by themselves."""
+        ran = {r.request_id: r for r in done}
+        return [ran[r.request_id] for r in phase
+                if all(o.token_times[-1] <= r.arrival or o.arrival >= ran[r.request_id].token_times[0]
+                       for o in done if o.request_id != r.request_id)]
+    lone_alone = alone(lone)
+    assert len(lone_alone) >= 0.6 * len(lone)
+    assert min(r.prompt_tokens for r in lone_alone) < 50 and max(r.prompt_tokens for r in lone_alone) > 150
+    assert len(alone(burst + trickle)) <= 0.2 * len(lone_alone)
+
+
 def ar1_ratios(rho: float, n: int, seed: int) -> list[float]:
     """n step ratios whose normal scores follow an AR(1) process of coefficient rho, each a log-normal draw."""
     rng, z, out = random.Random(seed), 0.0, []
