@@ -47,16 +47,17 @@ SLO = {"ttft": 1.0, "tpot": 0.05}
 
 
 LOADS = [("light", 0.4, 1), ("heavy", 1.5, 1), ("2 replicas", 1.5, 2)]  # (name, utilisation a replica, replicas)
-REPEATS = {True: 3, False: 6}  # real runs of each load, quick or not (each after a calibration of its own): the
+REPEATS = {True: 1, False: 6}  # real runs of each load, quick or not (each after a calibration of its own): the
 #   figures are their medians. This machine's speed moves by 20% and more between a calibration and its run; a
-#   median of six such pairs landed within 14% where one of three missed by up to 23% (the same recordings)
+#   median of six such pairs landed within 14% where one of three missed by up to 23% (the same recordings).
+#   A quick run is a smoke run: one pair a load, whose p99s of 24 requests are near their maxima
 REQUESTS = {True: 24, False: 90}  # requests a replica in each real run, quick or not
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
     """Real runs against simulated ones at a light and a heavy load on one replica, and the heavy load on
     each of two replicas in processes of their own behind round robin (rates from `profile`). This
-    machine's speed drifts from minute to minute, so each real run is repeated, each right after a
+    machine's speed drifts from minute to minute, so a full run repeats each real run, each right after a
     calibration of its own that its simulation uses; the error is the median simulated figure's against
     the median real one, beside the real runs' own spread. Each simulated figure is itself the median of
     a few seeded simulations (`predict`): a measured profile draws each step's time from the spread the
@@ -98,7 +99,8 @@ def comparison_rows(load: str, reals: list[dict], sims: list[dict], own_sims: li
         real = statistics.median(values)
         sim, own = (statistics.median(r[key] * scale for r in runs) for runs in (sims, own_sims))
         rows.append({"load": load, "figure": label, "real": real,
-                     "real runs spread": f"{(values[-1] - values[0]) / real:.0%}", "simulated": sim,
+                     "real runs spread": f"{(values[-1] - values[0]) / real:.0%}" if len(values) > 1 else "-",
+                     "simulated": sim,
                      "error": f"{(sim - real) / real:+.1%}", "on the run's own steps": own,
                      "its error": f"{(own - real) / real:+.1%}"})
     rows.append({"load": load, "figure": f"a step's time ({len(step_errors)} steps)", "real": "-",
@@ -211,14 +213,16 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         bar.update()
     print(machine_line(conditions))
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
+    runs = f"the median of {REPEATS[quick]} runs" if REPEATS[quick] > 1 else "one run"
     print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "
-                        f"processes of their own behind round robin; real: the median of {REPEATS[quick]} runs of "
-                        f"{REQUESTS[quick]} requests a replica)")
+                        f"processes of their own behind round robin; real: {runs} of {REQUESTS[quick]} requests "
+                        f"a replica)")
     figures_checked = [r for r in checks if r["real"] != "-"]
     worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in figures_checked)
     worst_own = max(abs(r["on the run's own steps"] - r["real"]) / r["real"] for r in figures_checked)
+    smoke = "; a quick run is a smoke run, its p99s of few requests near their maxima" if quick else ""
     print(f"largest error: {worst:.1%} calibrated before each run, {worst_own:.1%} on each run's own steps "
-          f"(aim: within 15%)")
+          f"(aim: within 15%{smoke})")
     print_table([{"router": name, "prefix hits": f"{f['prefix_hit_rate']:.1%}",
                   "router's estimate": f"{f['router_hit_estimate']:.1%}", "TTFT p50 ms": f["ttft_p50_s"] * 1e3,
                   "TTFT p99 ms": f["ttft_p99_s"] * 1e3, "output tok/s": f["output_tok_s"],
