@@ -1,7 +1,7 @@
 """The step profile of the real engine, for the cluster simulator: what a step costs by its work.
 
-Replays a calibration workload (a burst, then Poisson arrivals) through the engine and fits
-t = fixed + tokens(prefill tokens + decoding sequences) + c * context tokens to its steps, with
+Replays a calibration workload (a burst, a trickle, then lone prompts: minillm/sim/calibrate.py) through
+the engine and fits t = fixed + tokens(prefill tokens + decoding sequences) + c * context tokens to its steps, with
 tokens(N) a rising curve through step sizes of 2, 3, 4, 8, 16, ... tokens (minillm/sim/profile.py),
 what the steps after an idle pause cost over warm ones, how far the steps stray from their fitted price (the
 spread the simulator draws from), and how alike consecutive steps' strays are (the persistence of its pace).

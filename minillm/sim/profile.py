@@ -92,13 +92,17 @@ class StepProfile:
         i = bisect.bisect_right(WARMUP_BINS, steps_since_idle)
         return self.warmup[i] if i < len(self.warmup) else 1.0
 
+    def is_long(self, price: float) -> bool:
+        """Whether a step of that price is a long one: LONG_STEP one-token steps or more (its own spread)."""
+        return price >= LONG_STEP * self.fixed
+
     def draw(self, rng: random.Random, pace: float = 0.0, price: float = 0.0) -> tuple[float, float]:
         """What one step of that price costs relative to it, and the pace it leaves for the next (pace.py):
         the spread's value (the long steps' if it is one) at the next pace, which keeps `persistence` of
         the last one (0: every step drawn afresh). Without a spread: (1, pace)."""
         if not self.spread:
             return 1.0, pace
-        table = self.long_spread if self.long_spread and price >= LONG_STEP * self.fixed else self.spread
+        table = self.long_spread if self.long_spread and self.is_long(price) else self.spread
         if not self.persistence:
             return rng.choice(table), pace
         pace = next_pace(pace, self.persistence, rng)
@@ -172,13 +176,14 @@ class StepProfile:
         slope = curve[-1][1] / (curve[-1][0] - 1) if curve else 0.0  # past the curve: its mean cost of a token
         fitted = cls(coef[0], slope, slope, coef[1], source=source, token_curve=curve or ((2, 0.0),))
         priced = [(t / price, price) for p, d, c, t in steps if (price := fitted.step_time(p, d, c)) > 0]
-        ratios = torch.tensor([r for r, _ in priced], dtype=torch.float64)
-        long = torch.tensor([r for r, price in priced if price >= LONG_STEP * fitted.fixed], dtype=torch.float64)
+        in_order = [r for r, _ in priced]
+        ratios = torch.tensor(in_order, dtype=torch.float64)
+        long = torch.tensor([r for r, price in priced if fitted.is_long(price)], dtype=torch.float64)
         points = (torch.arange(SPREAD_POINTS, dtype=torch.float64) + 0.5) / SPREAD_POINTS
         return dataclasses.replace(fitted, spread=tuple(torch.quantile(ratios, points).tolist()) if len(ratios) else (),
                                    long_spread=tuple(torch.quantile(long, points).tolist())
                                    if len(long) >= SPREAD_POINTS // 2 else (),
-                                   persistence=persistence(ratios.tolist()))
+                                   persistence=persistence(in_order))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
