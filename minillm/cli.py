@@ -111,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
               f"({done['output_throughput']:.1f} tokens/s)")
         return 0
     if args.what == "heads":
-        from minillm.spec.train_heads import train_heads
+        from minillm.training.heads import train_heads
         train_heads(args.model, args.heads, args.steps, seed=args.seed, out=args.out,
                     continuations=args.continuations)
     elif args.what == "distill":
-        from minillm.spec.train_distill import train_distill
+        from minillm.training.draft import train_distill
         train_distill(args.draft, args.target, args.steps, seed=args.seed, out=args.out)
     else:
         from minillm.models.registry import BUNDLED_DIR
-        from minillm.train import train_all
+        from minillm.training.bundled import train_all
         train_all(args.out or BUNDLED_DIR, args.models, seed=args.seed, bf16=args.precision == "bf16")
     return 0
 

@@ -29,8 +29,8 @@ class Components:
     continuous_step: Callable | None = None   # engine/policy.continuous_step(sched, budget, max_num_seqs, chunked)
     static_step: Callable | None = None       # engine/policy.static_step(sched, max_num_seqs)
     make_room: Callable | None = None         # engine/policy.make_room(sched, seq, num_tokens)
-    verify: Callable | None = None            # spec/verify.verify(logits, proposals, q, temperature, top_k, top_p, gen)
-    propose_ngram: Callable | None = None     # spec/ngram.propose_ngram(token_ids, n, k)
+    verify: Callable | None = None            # speculative/verify.verify(logits, proposals, q, temp, top_k, top_p, gen)
+    propose_ngram: Callable | None = None     # speculative/ngram.propose_ngram(token_ids, n, k)
     quantize_int8: Callable | None = None     # quant/codecs.quantize_int8(w) -> (q, scale)
     quantize_int4: Callable | None = None     # quant/codecs.quantize_int4(w, group_size) -> (codes, scale, zero)
     pack_int4: Callable | None = None         # quant/codecs.pack_int4(codes) -> packed
@@ -53,7 +53,7 @@ OFFLOAD_KINDS = ("host", "disk")  # cache/offload.py's tiers
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding: before each step a proposer guesses up to k tokens per decoding
-    sequence, and the target verifies them all in that step's forward (minillm/spec/)."""
+    sequence, and the target verifies them all in that step's forward (minillm/speculative/)."""
     method: str                  # ngram (prompt lookup) | draft (a smaller model) | heads (multi-token prediction)
     k: int = 4                   # proposals per sequence and step
     ngram: int = 3               # ngram: the longest n-gram looked up (shorter ones are tried too)
@@ -92,7 +92,7 @@ class EngineConfig:
     quantization: QuantConfig | None = None  # weight-only quantization (None: the checkpoint's own weights)
     profile_attention: bool = False      # time attention apart in each step (a clock read per layer)
     compile_decode: bool = False         # torch.compile decode steps (engine/compiled.py): minutes to compile first
-    tensor_parallel_size: int = 1        # ranks sharing each layer's heads and MLP (minillm/dist); >1 starts workers
+    tensor_parallel_size: int = 1        # ranks sharing each layer's heads and MLP (distributed/); >1 starts workers
     components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
     def __post_init__(self) -> None:

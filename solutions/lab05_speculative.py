@@ -34,7 +34,7 @@
 # and signatures. Run each `check(...)` cell for feedback. `make grade LAB=05` grades the notebook,
 # and like `check("5.E")` near the end it runs your verifier and your proposer **inside the real
 # engine** and compares the tokens it generates with those of the engine's own.
-# `minillm/spec/` holds the engine's version (`verify.py`, `ngram.py`, `theory.py`, `distill.py`):
+# `minillm/speculative/` holds the engine's version (`verify.py`, `ngram.py`, `theory.py`, `distill.py`):
 # read it after you finish.
 
 # %% tags=["setup"]
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minillm.labkit import check
-from minillm.spec.verify import target_probs
+from minillm.speculative.verify import target_probs
 
 # %%
 import time
@@ -54,7 +54,7 @@ from plotly.subplots import make_subplots
 from minillm import LLM, SamplingParams
 from minillm.config import Components, SpeculativeConfig
 from minillm.models.registry import BUNDLED_DIR
-from minillm.spec.heads import HEADS_FILE
+from minillm.speculative.heads import HEADS_FILE
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
 
@@ -714,4 +714,4 @@ fig.show()
 #   report says is accepted 85 to 90% of the time, close to doubling decode speed.
 # * **Draft models** in production share the target's tokenizer, are often distilled from it, and
 #   are 10 to 100 times smaller; the draft's own KV cache has to be rolled back with the target's,
-#   as `minillm/spec/draft.py` does.
+#   as `minillm/speculative/draft.py` does.

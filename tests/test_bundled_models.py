@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.modelcard import SAMPLE_PROMPTS, SAMPLE_TOKENS
 from minillm.models.registry import BUNDLED_DIR, bundled_models
 from minillm.tokenizer import Tokenizer
+from minillm.training.modelcard import SAMPLE_PROMPTS, SAMPLE_TOKENS
 
 NAMES = ["tiny", "pico"]
 
@@ -36,7 +36,7 @@ def test_default_llm_is_tiny_and_names_resolve():
 
 @pytest.fixture(scope="module")
 def corpus():
-    from minillm.train import corpus_split, encode_corpus
+    from minillm.training.corpus import corpus_split, encode_corpus
     train, heldout, digest = corpus_split()
     if digest != log_of(NAMES[0])["heldout_digest"]:
         pytest.skip(f"this Python's standard library differs from the one the models were trained on "
@@ -47,14 +47,14 @@ def corpus():
 
 
 def test_unigram_baseline_in_the_card_reproduces(corpus):
-    from minillm.train import VOCAB_SIZE, unigram_perplexity
+    from minillm.training.bundled import VOCAB_SIZE, unigram_perplexity
     got = unigram_perplexity(corpus[0], corpus[1], VOCAB_SIZE)
     assert got == pytest.approx(log_of(NAMES[0])["unigram_perplexity"], rel=0.01)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_heldout_perplexity_in_the_card_reproduces(name, corpus):
-    from minillm.train import heldout_perplexity
+    from minillm.training.bundled import heldout_perplexity
     torch.manual_seed(0)
     ppl = heldout_perplexity(LLM(name).model, corpus[1])
     assert ppl == pytest.approx(log_of(name)["heldout_perplexity"], rel=0.01)

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (minillm/dist/disagg.py): two worker processes, KV moved over gloo.
+"""Prefill/decode disaggregation (minillm/distributed/disagg.py): two worker processes, KV moved over gloo.
 
 References: the colocated LLM.generate (the same tokens), Hugging Face transformers' own KV cache
 (the K/V that arrive), the model's config.json (the bytes formula), the slot formula of the pool.
@@ -13,9 +13,9 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.cache.paged import PagedKVPool
-from minillm.dist.disagg import DisaggregatedLLM
-from minillm.dist.handoff import digest
-from minillm.dist.kv_transfer import pack_kv, unpack_kv
+from minillm.distributed.disagg import DisaggregatedLLM
+from minillm.distributed.handoff import digest
+from minillm.distributed.kv_transfer import pack_kv, unpack_kv
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
 

@@ -14,18 +14,17 @@ from minillm import LLM, SamplingParams
 from minillm.config import SpeculativeConfig
 from minillm.models.loader import load_model
 from minillm.models.registry import BUNDLED_DIR
-from minillm.spec.distill import distill_loss
-from minillm.spec.heads import HEADS_FILE, SpecHeads, load_heads
-from minillm.spec.train_heads import (
+from minillm.speculative.distill import distill_loss
+from minillm.speculative.heads import HEADS_FILE, SpecHeads, load_heads
+from minillm.training.corpus import encode_corpus, spread_rows
+from minillm.training.heads import (
     HeadsSchedule,
     fit_heads,
     greedy_continuations,
     heads_accuracy,
     heads_losses,
-    spread_rows,
     training_rows,
 )
-from minillm.train import encode_corpus
 
 TINY, PICO, DISTILLED = BUNDLED_DIR / "tiny", BUNDLED_DIR / "pico", BUNDLED_DIR / "pico-distilled"
 

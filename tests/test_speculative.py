@@ -8,10 +8,10 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.config import Components, SpeculativeConfig
-from minillm.spec.heads import SpecHeads, save_heads
-from minillm.spec.ngram import propose_ngram
-from minillm.spec.theory import acceptance_rate, expected_tokens_per_forward
-from minillm.spec.verify import target_probs, verify
+from minillm.speculative.heads import SpecHeads, save_heads
+from minillm.speculative.ngram import propose_ngram
+from minillm.speculative.theory import acceptance_rate, expected_tokens_per_forward
+from minillm.speculative.verify import target_probs, verify
 from minillm.utils import cdiv
 
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""Tensor parallelism (minillm/dist): the sharding functions against the unsharded matmul, shards
+"""Tensor parallelism (minillm/distributed): the sharding functions against the unsharded matmul, shards
 run in threads against the whole model, and TP=2 over gloo processes against TP=1 (greedy tokens
 identical, logits within float rounding), the all-reduce count against its closed form, and a
 killed worker against a hang."""
@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.dist.comm import allreduce_bytes_per_token, ring_bytes_per_rank
-from minillm.dist.parallel_linear import (
+from minillm.distributed.comm import allreduce_bytes_per_token, ring_bytes_per_rank
+from minillm.distributed.parallel_linear import (
     ColumnParallelLinear,
     RowParallelLinear,
     row_parallel,
     shard_columns,
     shard_rows,
 )
-from minillm.dist.tp_model import shard_model, tp_config
+from minillm.distributed.tp_model import shard_model, tp_config
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 

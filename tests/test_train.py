@@ -4,7 +4,7 @@ import torch
 
 from minillm.models.loader import load_model
 from minillm.models.registry import BUNDLED_DIR
-from minillm.train import batch_loss
+from minillm.training.bundled import batch_loss
 
 
 def test_a_training_step_reaches_every_parameter_and_lowers_the_loss():

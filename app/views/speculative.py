@@ -33,8 +33,8 @@ st.markdown("A cheap proposer guesses the next k tokens and the target model che
             "come out of one read. Verification keeps the output the target's own: the same tokens when greedy, "
             "the same distribution when sampling.")
 st.caption(":material/menu_book: Taught in **lab 05, speculative decoding**: `labs/lab05_speculative.ipynb` (open the "
-           "labs with `make lab`). The engine's side is in `minillm/spec/`: the proposers (`ngram.py`, `draft.py`, "
-           "`heads.py`), verification (`verify.py`) and the theory (`theory.py`).")
+           "labs with `make lab`). The engine's side is in `minillm/speculative/`: the proposers (`ngram.py`, "
+           "`draft.py`, `heads.py`), verification (`verify.py`) and the theory (`theory.py`).")
 
 models = model_choices()
 for name, value in {**DEFAULTS, "model": models[0] if models else "tiny"}.items():

@@ -4,7 +4,7 @@ import html
 
 import plotly.graph_objects as go
 
-from minillm.spec.theory import expected_tokens_per_forward
+from minillm.speculative.theory import expected_tokens_per_forward
 from visualizer.spec_run import Segment
 
 ACCEPTED = "background:#d3f9d8;color:#2b8a3e;border-radius:3px"

@@ -15,9 +15,9 @@ from minillm.config import Components, SpeculativeConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
-from minillm.spec.heads import HEADS_FILE
-from minillm.spec.speculator import SpecStats
-from minillm.spec.theory import expected_tokens_per_forward
+from minillm.speculative.heads import HEADS_FILE
+from minillm.speculative.speculator import SpecStats
+from minillm.speculative.theory import expected_tokens_per_forward
 from minillm.state import StepEvent, Verification
 from minillm.utils import cdiv
 

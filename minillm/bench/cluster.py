@@ -18,8 +18,8 @@ from functools import partial
 from minillm.bench import print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
-from minillm.dist.disagg_measure import measure_disaggregation
-from minillm.dist.measure import measure_tp_communication
+from minillm.distributed.disagg_measure import measure_disaggregation
+from minillm.distributed.measure import measure_tp_communication
 from minillm.engine.engine import LLMEngine
 from minillm.perf import PROFILES, kv_bytes_per_token, model_shape
 from minillm.serve.router_measure import measure_routing

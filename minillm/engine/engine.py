@@ -20,7 +20,7 @@ import torch
 
 from minillm.cache import make_cache_manager
 from minillm.config import Components, EngineConfig
-from minillm.dist.driver import TensorParallelDriver
+from minillm.distributed.driver import TensorParallelDriver
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
 from minillm.models.config import ModelConfig
@@ -31,8 +31,8 @@ from minillm.quant import QuantizedLinear, QuantOps, quantize_model
 from minillm.quant.awq import apply_awq, calibration_rows
 from minillm.quant.linear import int4_linear_triton
 from minillm.sampling import SamplingParams, sample_requests, token_logprobs
-from minillm.spec.proposers import make_proposer
-from minillm.spec.speculator import Speculator
+from minillm.speculative.proposers import make_proposer
+from minillm.speculative.speculator import Speculator
 from minillm.state import (
     CacheKind,
     FinishReason,
@@ -83,7 +83,7 @@ def quantized(model: torch.nn.Module, config: EngineConfig, shared: bool, model_
 
 class PrefilledPrompt(NamedTuple):
     """A request whose prompt one engine computed, on its way to another that decodes it
-    (LLMEngine.hand_off -> LLMEngine.add_prefilled; dist/disagg.py moves it between processes)."""
+    (LLMEngine.hand_off -> LLMEngine.add_prefilled; distributed/disagg.py moves it between processes)."""
     prompt_ids: list[int]
     first_tokens: list[int]                        # per sample: the token sampled after the prompt
     kv: Any                                        # the prompt's K/V, as the caller's pack returned them
@@ -101,7 +101,7 @@ class LLMEngine:
         self.device, self.dtype = config.torch_device, config.torch_dtype
         self.model = model if model is not None else load_model(self.model_dir, self.dtype, self.device)
         self.model = quantized(self.model, config, model is not None, self.model_dir)
-        if config.tensor_parallel_size > 1:  # this process becomes rank 0, workers run the other shards (dist/)
+        if config.tensor_parallel_size > 1:  # this process becomes rank 0, workers run the other shards (distributed/)
             self.model = TensorParallelDriver(self.model, self.model_dir, config)
         self.model_config: ModelConfig = self.model.config
         self.tokenizer = Tokenizer(self.model_dir)
@@ -212,7 +212,7 @@ class LLMEngine:
             raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.kv_cache.value!r}")
         return self.cache
 
-    # -- disaggregated serving (dist/disagg.py): one engine prefills, another decodes ----------
+    # -- disaggregated serving (distributed/disagg.py): one engine prefills, another decodes ----------
     def hand_off(self, request_id: str, pack: Callable) -> PrefilledPrompt:
         """Give away a request whose prompt was computed in the latest step (its samples have
         their first tokens) so that another engine decodes it: pack(pool, blocks, num_prompt_tokens)

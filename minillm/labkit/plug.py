@@ -57,9 +57,10 @@ SERVING_PARTS = {
     "admit": "8.5",
     "LoopBreaker": "8.8",
 }
-# Parts of lab 09 plugged into the scaling pieces: the tensor-parallel layers' weight cuts (dist/parallel_linear.py)
-# and an MLP over simulated ranks, the KV transfer between two engines' pools, a routing policy (a class: the
-# simulator and the router make their own), the simulator's autoscaling rule.
+# Parts of lab 09 plugged into the scaling pieces: the tensor-parallel layers' weight cuts
+# (distributed/parallel_linear.py) and an MLP over simulated ranks, the KV transfer between two engines'
+# pools, a routing policy (a class: the simulator and the router make their own), the simulator's
+# autoscaling rule.
 SCALING_PARTS = {
     "shard_columns": "9.1",
     "shard_rows": "9.1",

@@ -24,6 +24,20 @@ class AttentionContext:
         raise NotImplementedError
 
 
+class PackedRows(AttentionContext):
+    """Training batches are [batch, seq_len] rows of equal length, flattened for the model."""
+
+    def __init__(self, batch: int, seq_len: int) -> None:
+        self.batch, self.seq_len = batch, seq_len
+
+    def attend(self, layer_idx, q, k, v):
+        b, t = self.batch, self.seq_len
+        out = F.scaled_dot_product_attention(
+            q.view(b, t, *q.shape[1:]).transpose(1, 2), k.view(b, t, *k.shape[1:]).transpose(1, 2),
+            v.view(b, t, *v.shape[1:]).transpose(1, 2), is_causal=True, enable_gqa=True)
+        return out.transpose(1, 2).reshape(q.shape)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention of the last q_len positions of a sequence over all kv_len positions of it.
 

@@ -15,11 +15,11 @@ o_proj is left alone: its input channels come from value heads shared by several
 """
 import torch
 
+from minillm.layers.attention import PackedRows
 from minillm.quant.codecs import dequantize_int4, quantize_int4
 from minillm.quant.config import QuantConfig
 from minillm.quant.eval import corpus_tokens
-from minillm.spec.train_heads import spread_rows
-from minillm.train import PackedRows
+from minillm.training.corpus import spread_rows
 
 GRID = 20  # alphas tried: 0, 1/GRID, ..., 1 - 1/GRID
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from minillm.spec.train_heads import spread_rows
-from minillm.train import PackedRows, corpus_split, encode_corpus
+from minillm.layers.attention import PackedRows
+from minillm.training.corpus import corpus_split, encode_corpus, spread_rows
 
 
 @dataclass(frozen=True)

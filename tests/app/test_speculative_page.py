@@ -8,8 +8,8 @@ from conftest import APP, errors, figures
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.labkit.notebook import learner_copy, read_source, to_json
-from minillm.spec.heads import HEADS_FILE, SpecHeads, save_heads
-from minillm.spec.theory import expected_tokens_per_forward
+from minillm.speculative.heads import HEADS_FILE, SpecHeads, save_heads
+from minillm.speculative.theory import expected_tokens_per_forward
 from visualizer import spec_run
 from visualizer.spec_charts import ACCEPTED, BOX, OWN, REJECTED, UNREACHED, marked_text
 from visualizer.spec_run import Segment, chosen_prompts, engine_config, run_prompts

@@ -2,7 +2,7 @@
 
 Oracles: the formulas of Leviathan et al. 2023 and Chen et al. 2023 (the rejection rule, the
 residual, tokens per forward), computed here from first principles; minillm's prompt lookup
-(minillm/spec/ngram.py); PyTorch's kl_div for the distillation loss; and for 5.E the real engine
+(minillm/speculative/ngram.py); PyTorch's kl_div for the distillation loss; and for 5.E the real engine
 with the notebook's verifier and proposer against the engine with its own.
 
 Sampling is graded by its distribution, never by the exact random numbers a verifier draws (the
@@ -21,8 +21,8 @@ from minillm.labkit import exercise
 from minillm.labkit.endtoend import MODEL, check_against_reference
 from minillm.labkit.fixtures import assert_close, randn
 from minillm.labkit.plug import lab_components
-from minillm.spec.ngram import propose_ngram as reference_propose_ngram
-from minillm.spec.verify import target_probs
+from minillm.speculative.ngram import propose_ngram as reference_propose_ngram
+from minillm.speculative.verify import target_probs
 
 EXERCISES = {"5.1": "accept", "5.2": "residual", "5.3": "verify", "5.4": "propose_ngram",
              "5.5": "expected_tokens_per_forward", "5.6": "distill_loss",

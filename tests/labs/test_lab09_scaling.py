@@ -1,10 +1,10 @@
 """Grader of lab 09, scaling out.
 
 Oracles: torch.tensor_split (shards), the unsharded SwiGLU MLP and the real model's layers, the
-engine's communication formulas (minillm/dist/comm.py), the pool's own slots read one by one, and
+engine's communication formulas (minillm/distributed/comm.py), the pool's own slots read one by one, and
 the engine's reference parts (minillm/sim/routing.py's PrefixAware, the spec of the autoscaling rule
 written out here). For 9.E the learner's parts run inside the real pieces: a tensor-parallel shard of
-the bundled model (minillm/dist/tp_model.py) on two ranks in threads, two engines' KV pools, the
+the bundled model (minillm/distributed/tp_model.py) on two ranks in threads, two engines' KV pools, the
 cluster simulator and the router's replica picker.
 """
 import contextlib
@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minillm.dist.parallel_linear as parallel_linear
+import minillm.distributed.parallel_linear as parallel_linear
 from minillm import LLM, SamplingParams
-from minillm.dist.comm import allreduce_bytes_per_token, ring_bytes_per_rank
-from minillm.dist.tp_model import shard_model
+from minillm.distributed.comm import allreduce_bytes_per_token, ring_bytes_per_rank
+from minillm.distributed.tp_model import shard_model
 from minillm.labkit import exercise
 from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_parts
@@ -286,7 +286,7 @@ def test_autoscale_rule_matches_the_spec_on_random_states(lab):
 @exercise("9.6")
 def test_allreduce_bytes_match_the_engines_formulas(lab):
     """for the public model shapes, world 1 to 8 and 2- or 4-byte values: the ring bytes per rank of the
-    engine's per-token all-reduce payload (minillm/dist/comm.py)"""
+    engine's per-token all-reduce payload (minillm/distributed/comm.py)"""
     for name in ("SmolLM2-135M", "Qwen2.5-0.5B", "Llama-3.1-8B", "Llama-3.1-70B", "tiny"):
         cfg = model_shape(name)
         for world in range(1, 9):
@@ -346,7 +346,7 @@ def learner_shards(parts: dict):
 
 @exercise("9.E", timeout=120)
 def test_your_shards_build_a_real_tensor_parallel_model(lab):
-    ("tiny sharded over 2 ranks by the engine's tensor-parallel model (minillm/dist/tp_model.py) with your "
+    ("tiny sharded over 2 ranks by the engine's tensor-parallel model (minillm/distributed/tp_model.py) with your "
      "shard_columns and shard_rows, the ranks running in two threads with a real all-reduce between them: "
      "the logits of a 12-token prompt equal the unsharded model's, after 2 all-reduces per layer")
     parts = lab_parts(lab, "09")

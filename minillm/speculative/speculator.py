@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from minillm.config import Components, SpeculativeConfig
-from minillm.spec.verify import verify
+from minillm.speculative.verify import verify
 from minillm.state import ScheduledSeq, Sequence, Verification
 
 

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from minillm.spec.verify import target_probs
+from minillm.speculative.verify import target_probs
 from minillm.state import Sequence
 
 HEADS_FILE = "spec_heads.safetensors"

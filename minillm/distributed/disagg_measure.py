@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from minillm.dist.disagg import DisaggregatedLLM
+from minillm.distributed.disagg import DisaggregatedLLM
 from minillm.llm import LLM
 from minillm.perf.measure import machine
 from minillm.perf.serving import percentile

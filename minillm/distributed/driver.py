@@ -19,9 +19,9 @@ from torch import nn
 
 from minillm.cache.paged import PagedContext, PagedKVPool
 from minillm.config import EngineConfig
-from minillm.dist.comm import AllReduceMeter
-from minillm.dist.tp_model import shard_model, tp_config
-from minillm.dist.workers import WorkerGroup
+from minillm.distributed.comm import AllReduceMeter
+from minillm.distributed.tp_model import shard_model, tp_config
+from minillm.distributed.workers import WorkerGroup
 
 MIRRORED_POOL_OPS = ("zero_blocks", "copy_block")  # what the scheduler does to a pool between forwards
 

@@ -11,7 +11,7 @@ latency stalls behind it. Here the prefill worker computes prompts only and the 
 decodes only, so each can be sized and batched for its own phase; the price is moving every
 prompt's KV cache from one to the other: P tokens * layers * 2 * kv_heads * head_dim * dtype bytes.
 
-Transport: torch.distributed send/recv (dist/handoff.py), not shared memory: it is the call that
+Transport: torch.distributed send/recv (distributed/handoff.py), not shared memory: it is the call that
 moves KV between GPUs and machines (NCCL), so the lab measures the real cost of the wire, where
 shared memory would only work within one host. Control travels on pipes (disagg_worker.py).
 
@@ -31,10 +31,10 @@ from multiprocessing.connection import wait
 
 import torch.distributed as dist
 
-from minillm.llm import paired
 from minillm.config import EngineConfig
-from minillm.dist.disagg_worker import receive, send
-from minillm.dist.handoff import DECODE_RANK, PREFILL_RANK
+from minillm.distributed.disagg_worker import receive, send
+from minillm.distributed.handoff import DECODE_RANK, PREFILL_RANK
+from minillm.llm import paired
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams
@@ -65,7 +65,7 @@ class DisaggregatedLLM:
         self._conns, self._procs = {}, {}
         for rank in NAMES:
             ours, theirs = mp.Pipe()  # a socket pair: the worker gets its end by file descriptor
-            self._procs[rank] = subprocess.Popen([sys.executable, "-m", "minillm.dist.disagg_worker",
+            self._procs[rank] = subprocess.Popen([sys.executable, "-m", "minillm.distributed.disagg_worker",
                                                   str(theirs.fileno())], pass_fds=[theirs.fileno()])
             theirs.close()
             self._conns[rank] = ours

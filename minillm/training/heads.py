@@ -13,7 +13,7 @@ their guesses survive verification.
 
 The helpers both speculative trainings share live here too: the corpus in a model's tokens,
 random training windows, the learning-rate schedule, and the acceptance rate measured through
-the engine on held-out prompts (`train_distill.py` imports them).
+the engine on held-out prompts (`training/draft.py` imports them).
 """
 import json
 import math
@@ -28,11 +28,12 @@ from tokenizers import Tokenizer as HFTokenizer
 from tqdm.auto import tqdm
 
 from minillm.config import SpeculativeConfig
+from minillm.layers.attention import PackedRows
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.perf import machine
-from minillm.spec.heads import HEADS_FILE, SpecHeads, save_heads
-from minillm.train import PackedRows, corpus_split, encode_corpus
+from minillm.speculative.heads import HEADS_FILE, SpecHeads, save_heads
+from minillm.training.corpus import corpus_split, encode_corpus, random_rows, spread_rows
 
 PROMPTS, PROMPT_TOKENS, MAX_TOKENS = 32, 64, 64  # held-out prompts the acceptance rate is measured on
 
@@ -55,18 +56,6 @@ def corpus_ids(model_dir: Path) -> tuple[torch.Tensor, torch.Tensor, str]:
     train, heldout, digest = corpus_split()
     tok = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
     return encode_corpus(tok, train), encode_corpus(tok, heldout), digest
-
-
-def random_rows(ids: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    """[batch, length] windows of ids at random offsets."""
-    starts = torch.randint(0, len(ids) - length, (batch,), generator=gen)
-    return torch.stack([ids[s:s + length] for s in starts.tolist()])
-
-
-def spread_rows(ids: torch.Tensor, count: int, length: int) -> torch.Tensor:
-    """[count, length] windows evenly spread over ids (the same ones every run)."""
-    starts = torch.linspace(0, len(ids) - length, count).long()
-    return torch.stack([ids[s:s + length] for s in starts.tolist()])
 
 
 @torch.no_grad()

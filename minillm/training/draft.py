@@ -17,24 +17,24 @@ import torch
 from tqdm.auto import tqdm
 
 from minillm.config import SpeculativeConfig
+from minillm.layers.attention import PackedRows
 from minillm.models.export import save_checkpoint
 from minillm.models.loader import load_model
 from minillm.models.registry import BUNDLED_DIR, resolve_model_path
 from minillm.perf import machine
-from minillm.spec.distill import distill_loss
-from minillm.spec.draft import check_same_vocabulary
-from minillm.spec.train_heads import (
+from minillm.speculative.distill import distill_loss
+from minillm.speculative.draft import check_same_vocabulary
+from minillm.tokenizer import Tokenizer
+from minillm.training.bundled import heldout_perplexity
+from minillm.training.corpus import random_rows, spread_rows
+from minillm.training.heads import (
     MAX_TOKENS,
     PROMPT_TOKENS,
     corpus_ids,
     heldout_prompts,
     learning_rate,
     measure_speculation,
-    random_rows,
-    spread_rows,
 )
-from minillm.tokenizer import Tokenizer
-from minillm.train import PackedRows, heldout_perplexity
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ The bundled corpus's train split (the Python standard library's source, held-out
 `{info['heldout_digest']}`): {s['steps']} steps of {s['batch']} windows x {s['seq_len']} tokens
 ({info['train_tokens_seen']:,} tokens, about {info['train_tokens_seen'] / info['train_tokens']:.1f} epochs),
 starting from `{info['draft']}`'s weights. Loss: KL(`{info['target']}` || draft) over every position, at temperature
-{s['temperature']:g} (`minillm.spec.distill.distill_loss`); the target is frozen. AdamW (betas 0.9, 0.95,
+{s['temperature']:g} (`minillm.speculative.distill.distill_loss`); the target is frozen. AdamW (betas 0.9, 0.95,
 weight decay 0.1 on matrices), peak learning rate {s['lr']}, {s['warmup']} warm-up steps then cosine decay to
 10%, gradient clipping at 1.0, seed {info['seed']}, fp32. Took {info['train_seconds'] / 60:.1f} minutes on
 {info['machine']}.

@@ -2,7 +2,7 @@
 import torch
 
 from minillm.config import Components, SpeculativeConfig
-from minillm.spec.ngram import propose_ngram
+from minillm.speculative.ngram import propose_ngram
 from minillm.state import Sequence
 
 
@@ -29,7 +29,7 @@ def make_proposer(config: SpeculativeConfig, target, components: Components):
     if config.method == "ngram":
         return NgramProposer(config.ngram, components.propose_ngram or propose_ngram)
     if config.method == "draft":
-        from minillm.spec.draft import DraftProposer
+        from minillm.speculative.draft import DraftProposer
         return DraftProposer(config.draft_model, target)
-    from minillm.spec.heads import HeadsProposer
+    from minillm.speculative.heads import HeadsProposer
     return HeadsProposer(config.heads, target)

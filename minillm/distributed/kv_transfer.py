@@ -1,6 +1,6 @@
 """KV transfer: a sequence's K/V, copied out of one paged pool into one buffer, and into another pool.
 
-In disaggregated serving (dist/disagg.py) the prefill worker computes a prompt, and the decode
+In disaggregated serving (distributed/disagg.py) the prefill worker computes a prompt, and the decode
 worker continues it. What moves between them is the prompt's KV cache: for each of its P tokens,
 the key and the value of every layer. The pools of the two workers are laid out alike, but the
 blocks differ (each pool hands out its own), so the sender packs the tokens into one contiguous

@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from minillm.dist.parallel_linear import AllReduce, ColumnParallelLinear, RowParallelLinear
+from minillm.distributed.parallel_linear import AllReduce, ColumnParallelLinear, RowParallelLinear
 from minillm.models.config import ModelConfig
 
 SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")

@@ -12,7 +12,7 @@ from minillm.cache.paged import PagedCacheManager
 from minillm.engine.runner import ModelRunner
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
-from minillm.spec.verify import target_probs
+from minillm.speculative.verify import target_probs
 from minillm.state import Phase, ScheduledSeq, Sequence
 from minillm.tokenizer import Tokenizer
 

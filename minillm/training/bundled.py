@@ -6,11 +6,9 @@ Llama-architecture decoders built from minillm's own model code, sharing that to
 `tiny` (the target) and `pico` (its draft for speculative decoding). Everything is seeded and the
 schedule is a fixed number of steps, so the same machine reproduces the same weights.
 """
-import hashlib
 import json
 import math
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,15 +17,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minillm.layers.attention import AttentionContext
-from minillm.modelcard import write_card
+from minillm.layers.attention import PackedRows
 from minillm.models.config import ModelConfig
 from minillm.models.export import save_checkpoint
 from minillm.models.llama import LlamaForCausalLM
 from minillm.perf import machine
+from minillm.training.corpus import EOT, corpus_split, encode_corpus
+from minillm.training.modelcard import write_card
 
-EOT = "<|endoftext|>"
-EXCLUDED_DIRS = {"test", "tests", "idlelib", "site-packages"}
 # 4096 tokens: large enough that common identifiers and indentation runs are single tokens
 # (about 3.4 bytes a token on this corpus), small enough that the embedding stays a modest share of
 # a few-million-parameter model and the output softmax is not what decode time is spent on.
@@ -54,33 +51,6 @@ PRESETS = {
 }
 
 
-def stdlib_files() -> list[tuple[str, Path]]:
-    """(path relative to the stdlib, path) of every stdlib .py file outside tests and IDLE, sorted."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root)
-        if not EXCLUDED_DIRS & set(rel.parts[:-1]):
-            files.append((rel.as_posix(), p))
-    return files
-
-
-def is_heldout(rel: str) -> bool:
-    """About 5% of files, chosen by a hash of the path: the same split on every machine."""
-    return hashlib.sha256(rel.encode()).digest()[0] < 13
-
-
-def corpus_split() -> tuple[list[str], list[str], str]:
-    """Train texts, held-out texts, and a digest of the held-out set (to tell whether it matches)."""
-    train, heldout, digest = [], [], hashlib.sha256()
-    for rel, path in stdlib_files():
-        text = path.read_text(encoding="utf-8", errors="replace")
-        (heldout if is_heldout(rel) else train).append(text)
-        if is_heldout(rel):
-            digest.update(rel.encode() + b"\0" + text.encode())
-    return train, heldout, digest.hexdigest()[:16]
-
-
 def train_tokenizer(texts: list[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
@@ -90,30 +60,6 @@ def train_tokenizer(texts: list[str]):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
     return tok
-
-
-def encode_corpus(tok, texts: list[str]) -> torch.Tensor:
-    """All files as one token stream, each followed by the end-of-text token."""
-    eot = tok.token_to_id(EOT)
-    ids = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids)
-        ids.append(eot)
-    return torch.tensor(ids, dtype=torch.long)
-
-
-class PackedRows(AttentionContext):
-    """Training batches are [batch, seq_len] rows of equal length, flattened for the model."""
-
-    def __init__(self, batch: int, seq_len: int) -> None:
-        self.batch, self.seq_len = batch, seq_len
-
-    def attend(self, layer_idx, q, k, v):
-        b, t = self.batch, self.seq_len
-        out = F.scaled_dot_product_attention(
-            q.view(b, t, *q.shape[1:]).transpose(1, 2), k.view(b, t, *k.shape[1:]).transpose(1, 2),
-            v.view(b, t, *v.shape[1:]).transpose(1, 2), is_causal=True, enable_gqa=True)
-        return out.transpose(1, 2).reshape(q.shape)
 
 
 def batch_loss(model: LlamaForCausalLM, rows: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,12 @@
     decode  (rank 1)  admits each handoff into fresh blocks of its pool (unpack_kv), the prompt
                       counted as computed, and decodes it to the end, streaming chunks to the facade.
 
-Control (requests, aborts, chunks, errors) travels on a pipe to the facade (dist/disagg.py); only
+Control (requests, aborts, chunks, errors) travels on a pipe to the facade (distributed/disagg.py); only
 the handoffs use torch.distributed. Messages from the facade: ("request", number, prompt, params),
 ("abort", number), ("stop",). To it: ("ready",), ("chunks", [StreamChunk]), ("handoff", number,
 record), ("rejected", number, message), ("crashed", traceback). A worker exits when the facade's
 end of the pipe closes, so none outlives its facade. Each is started as `python -m
-minillm.dist.disagg_worker FD` (not multiprocessing's spawn, which re-runs the caller's script).
+minillm.distributed.disagg_worker FD` (not multiprocessing's spawn, which re-runs the caller's script).
 """
 import os
 import pickle
@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from minillm.config import EngineConfig
-from minillm.dist.handoff import PREFILL_RANK, HandoffReceiver, HandoffSender, digest
-from minillm.dist.kv_transfer import pack_kv, unpack_kv
+from minillm.distributed.handoff import PREFILL_RANK, HandoffReceiver, HandoffSender, digest
+from minillm.distributed.kv_transfer import pack_kv, unpack_kv
 from minillm.engine.engine import LLMEngine
 
 IDLE_TIMEOUT = timedelta(days=30)  # a handoff may be waited for as long as no prompt arrives
@@ -144,5 +144,5 @@ def _checked(unpack, record: dict):
     return unpack_and_read
 
 
-if __name__ == "__main__":  # python -m minillm.dist.disagg_worker FD: FD is this end of the facade's pipe
+if __name__ == "__main__":  # python -m minillm.distributed.disagg_worker FD: FD is this end of the facade's pipe
     run_worker(Connection(int(sys.argv[1])))

@@ -1,6 +1,6 @@
 """measure_tp_communication: what tensor parallelism costs and buys on this machine, side by side.
 
-    python -c "from minillm.dist.measure import measure_tp_communication as m; print(m(tokens=64))"
+    python -c "from minillm.distributed.measure import measure_tp_communication as m; print(m(tokens=64))"
 
 On a CPU the ranks are processes sharing the same cores and memory bandwidth, so TP=2 is not
 faster than TP=1: each rank does half the matmul work but the two compete for the cores, and

@@ -33,14 +33,15 @@ import torch.distributed as dist
 
 from minillm.cache.paged import PagedContext, PagedKVPool
 from minillm.config import DTYPES
-from minillm.dist.comm import AllReduceMeter
-from minillm.dist.tp_model import shard_model
+from minillm.distributed.comm import AllReduceMeter
+from minillm.distributed.tp_model import shard_model
 from minillm.models.loader import load_model
 
 IDLE_TIMEOUT = timedelta(days=30)     # waiting for the next message: the engine may idle that long
 STEP_TIMEOUT = timedelta(seconds=60)  # an all-reduce inside a forward
 START_TIMEOUT = 300.0                 # seconds for the workers to start (each imports torch)
-WORKER = "from minillm.dist.workers import main; main()"  # (`-m` would run this module twice: minillm imports it)
+# `-c`, not `-m`: `-m` would run this module twice (minillm imports it)
+WORKER = "from minillm.distributed.workers import main; main()"
 
 
 class WorkerGroup:
