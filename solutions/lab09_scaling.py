@@ -249,7 +249,7 @@ fig.show()
 # The decode engine receives the prompt's K/V and writes it into **its own** blocks: block ids
 # mean nothing across machines. So the prefill side **packs** a sequence's K/V into one contiguous
 # buffer (one transfer, not one per block), and the decode side **unpacks** it into the blocks it
-# allocated. The pool is laid out as in `minillm/cache/paged.py`: per layer, blocks of
+# allocated. The pool is laid out as in `minillm/cache/pool.py`: per layer, blocks of
 # `block_size` slots, token `t` of the sequence at slot `t % block_size` of block
 # `block_table[t // block_size]`.
 #
