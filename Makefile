@@ -1,7 +1,7 @@
 # One command per job; each bootstraps the virtual environment in .venv on first use.
 #   make app     the main job: the demo on the bundled model
 #   make test    lint, then the whole test suite (what CI runs)
-#   make lint    ruff: lint and import order (configured in pyproject.toml)
+#   make lint    ruff (lint, import order), then lint-imports (the layers' contracts); both in pyproject.toml
 #   make lab     JupyterLab on the learner notebooks
 #   make grade LAB=NN   grade your notebook for lab NN
 #   make labs    regenerate the notebooks from solutions/*.py (keeps learners' edited notebooks)
@@ -36,6 +36,7 @@ app: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
 	$(PY) -m pytest -q

@@ -199,7 +199,7 @@ def _route(args) -> int:
     import signal
     import threading
 
-    from minillm.serve.fleet import Fleet, route_in_thread
+    from minillm.router.fleet import Fleet, route_in_thread
     try:
         if args.upstream:
             fleet, router = None, route_in_thread(args.upstream, port=args.port, policy=args.policy,

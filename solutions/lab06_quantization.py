@@ -39,7 +39,8 @@
 # and like `check("6.E")` below it runs your codecs and your quantized linear layer **inside the
 # real engine** and compares its logits and tokens with those of the engine's own.
 # `minillm/quant/` holds the engine's version (`codecs.py`, `linear.py`, `apply.py`, `eval.py`,
-# `sensitivity.py`): read it after you finish.
+# `sensitivity.py`; int4's packing sits in `minillm/kernels/int4_format.py`, beside the kernel of
+# lab 07 that reads it): read it after you finish.
 
 # %% tags=["setup"]
 import copy

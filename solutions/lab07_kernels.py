@@ -529,9 +529,9 @@ check("7.4")
 # in registers**, right before `tl.dot`: the float weight never exists in memory, and a
 # memory-bound decode reads 4.6 bits per weight instead of 16.
 #
-# The engine's format (`minillm/quant/codecs.py`, lab 06): `W: [out, in]` becomes codes 0..15,
-# two a byte along a row, the **even** input in the **low** nibble; a float32 scale and a uint8 zero
-# point per group of `group_size` consecutive inputs of a row:
+# The engine's format (`minillm/kernels/int4_format.py`, lab 06's packing): `W: [out, in]` becomes
+# codes 0..15, two a byte along a row, the **even** input in the **low** nibble; a float32 scale and
+# a uint8 zero point per group of `group_size` consecutive inputs of a row:
 #
 # $$W_{n,k} = (q_{n,k} - z_{n,\lfloor k/g \rfloor})\; s_{n,\lfloor k/g \rfloor},\qquad
 #   q_{n,k} = (\text{byte}_{n,\lfloor k/2 \rfloor} \gg 4\,(k \bmod 2))\ \&\ \mathtt{0xF} .$$

@@ -35,7 +35,7 @@
 # and signatures. Run each `check(...)` cell for feedback. `make grade LAB=09` grades the notebook,
 # and like `check("9.E")` near the end it runs your parts **inside the real pieces**: two ranks
 # talking over `torch.distributed` (gloo), two engines' KV pools, the cluster simulator, the
-# router's replica picker. The engine's versions are in `minillm/sim/routing.py` and
+# router's replica picker. The engine's versions are in `minillm/router/policies.py` and
 # `minillm/sim/autoscale.py` (and `minillm/distributed/`): read them after you finish.
 
 # %% tags=["setup"]
@@ -48,7 +48,7 @@ from torch import Tensor
 
 from minillm.labkit import check
 from minillm.sim.autoscale import FleetState
-from minillm.sim.routing import ReplicaView
+from minillm.router.policies import ReplicaView
 
 # %%
 import plotly.graph_objects as go
@@ -249,7 +249,7 @@ fig.show()
 # The decode engine receives the prompt's K/V and writes it into **its own** blocks: block ids
 # mean nothing across machines. So the prefill side **packs** a sequence's K/V into one contiguous
 # buffer (one transfer, not one per block), and the decode side **unpacks** it into the blocks it
-# allocated. The pool is laid out as in `minillm/cache/paged.py`: per layer, blocks of
+# allocated. The pool is laid out as in `minillm/cache/pool.py`: per layer, blocks of
 # `block_size` slots, token `t` of the sequence at slot `t % block_size` of block
 # `block_table[t // block_size]`.
 #
@@ -325,7 +325,7 @@ check("9.3")
 #
 # A router in front of many replicas sees, for each replica, its **load** (requests in flight)
 # and, from the prompts it sent there, how many of this request's prompt tokens that replica's
-# **prefix cache** likely holds (`minillm/serve/prefix_index.py` keeps the same block-hash chains as
+# **prefix cache** likely holds (`minillm/router/prefix_index.py` keeps the same block-hash chains as
 # the engine; SGLang's router keeps a radix tree). Agents make this matter: every call of a session
 # repeats the whole conversation so far. Send it back to the replica that has it and the prefill is
 # a few hundred tokens; send it anywhere else and it is thousands.
@@ -337,7 +337,7 @@ check("9.3")
 # %% [markdown]
 # ## Exercise 9.4 · A prefix-aware routing policy
 #
-# The interface of `minillm/sim/routing.py`, shared by the simulator and the real router:
+# The interface of `minillm/router/policies.py`, shared by the simulator and the real router:
 # `choose(replicas, prompt_tokens) -> index`, where `replicas[i]` is a `ReplicaView(load,
 # cached_tokens, alive)`. The rule:
 #

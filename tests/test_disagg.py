@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.cache.paged import PagedKVPool
+from minillm.cache.pool import PagedKVPool
 from minillm.distributed.disagg import DisaggregatedLLM
 from minillm.distributed.handoff import digest
 from minillm.distributed.kv_transfer import pack_kv, unpack_kv

@@ -8,7 +8,7 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.cache.offload import OffloadStore
-from minillm.cache.paged import PagedKVPool
+from minillm.cache.pool import PagedKVPool
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 LOGPROBS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=5)

@@ -1,16 +1,80 @@
-"""The package's layers depend one way (model <- cache <- engine <- facade <- app, bench, labs), and
-nothing outside the engine reads its internals: observers use StepEvents and the public methods."""
+"""The package's layers depend one way (DESIGN.md §2), and the rules an import contract cannot state.
+
+The layers themselves are import-linter contracts in pyproject.toml ([tool.importlinter], run by
+`make lint`); each contract runs here too, so a broken one fails the suite with import-linter's own
+account of the offending import chain. What stays hand-written: what a module leaves in
+sys.modules at run time, and who reads the engine's internals."""
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: import-linter brings tomli
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minillm"
+CONTRACTS = [c["id"] for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
+
+# TODO(lead): remove this mark when the engine helper's branch is merged; strict, so that the
+# first passing run after the merge fails as XPASS until it is removed.
+AFTER_ENGINE_SPLIT = pytest.mark.xfail(strict=True, reason=(
+    "passes once the engine split is merged: engine/engine.py imports quant/awq.py (which loads the corpus of "
+    "minillm.training through quant.eval) and speculative/draft.py imports engine.runner"))
 
 
-def imports(path: Path) -> set[str]:
+def run_python(*args: str) -> subprocess.CompletedProcess:
+    """`python ARGS` in a fresh interpreter that imports this checkout's minillm."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("contract", [pytest.param(c, marks=AFTER_ENGINE_SPLIT if c == "layers" else ())
+                                      for c in CONTRACTS])
+def test_import_contract_is_kept(contract):
+    lint = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    run = run_python("-c", lint, "--no-cache", "--no-logo", "--contract", contract)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+ROUTER_MODULES = ["minillm.router.policies", "minillm.router.prefix_index", "minillm.router.state",
+                  "minillm.router.metrics", "minillm.router.app", "minillm.router.fleet", "minillm.router.measure"]
+
+
+def test_the_router_and_its_command_import_without_simpy():
+    """`minillm route` needs the serve extra, not the simulator's: with SimPy made unimportable, every
+    router module and the CLI's route path (cli._route imports router.fleet) still import."""
+    code = f"""
+import sys
+sys.modules["simpy"] = None  # now `import simpy` raises ImportError, as where SimPy is not installed
+for name in {ROUTER_MODULES!r} + ["minillm.cli"]:
+    __import__(name)
+from minillm.router.fleet import Fleet, route_in_thread
+print(sorted(m for m in sys.modules if m.startswith("minillm.sim")))
+"""
+    run = run_python("-c", code)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", f"the router loaded the simulator: {run.stdout}"
+
+
+HEAVY = ("minillm.training", "minillm.quant.eval", "minillm.quant.sensitivity", "minillm.quant.cancellation")
+
+
+@AFTER_ENGINE_SPLIT
+def test_importing_the_engine_loads_no_training_evaluation_or_model_card_code():
+    code = f"import sys, minillm.engine.engine; print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
+    run = run_python("-c", code)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", f"importing the engine loaded {run.stdout.strip()}"
+
+
+def runtime_imports(path: Path) -> set[str]:
     """The minillm modules a file imports at run time (imports under `if TYPE_CHECKING:` excluded)."""
     tree = ast.parse(path.read_text())
     type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
@@ -26,40 +90,12 @@ def imports(path: Path) -> set[str]:
     return found
 
 
-def modules_under(folder: str) -> list[Path]:
-    return sorted((PACKAGE / folder).rglob("*.py"))
-
-
-@pytest.mark.parametrize("layer, forbidden", [
-    ("layers", ("minillm.models", "minillm.cache", "minillm.engine", "minillm.llm")),
-    ("models", ("minillm.cache", "minillm.engine", "minillm.llm")),
-    ("cache", ("minillm.engine", "minillm.llm", "minillm.async_llm")),
-    ("engine", ("minillm.llm", "minillm.async_llm", "minillm.bench", "minillm.labkit")),
-    ("perf", ("minillm.bench", "minillm.engine", "minillm.llm")),
-])
-def test_layers_depend_one_way(layer, forbidden):
-    wrong = {f"{p.relative_to(ROOT)} imports {m}" for p in modules_under(layer) for m in imports(p)
-             if m.startswith(forbidden)}
-    assert not wrong, sorted(wrong)
-
-
-QUANT_CORE = ("codecs.py", "config.py", "linear.py", "apply.py", "checkpoint.py")
-
-
-def test_the_quantized_layers_sit_below_the_model_loader():
-    """The loader builds quantized models, so the codecs, the layer, the policy and the checkpoint
-    format import nothing of models, cache or engine (the measurements in quant/ may)."""
-    wrong = {f"quant/{name} imports {m}" for name in QUANT_CORE for m in imports(PACKAGE / "quant" / name)
-             if m.startswith(("minillm.models", "minillm.cache", "minillm.engine", "minillm.llm", "minillm.config"))}
-    assert not wrong, sorted(wrong)
-
-
 def test_shared_state_types_import_nothing_of_the_package():
-    assert imports(PACKAGE / "state.py") == set()
+    assert runtime_imports(PACKAGE / "state.py") == set()
 
 
 def test_the_scheduler_takes_nothing_from_the_runner():
-    assert "minillm.engine.runner" not in imports(PACKAGE / "engine" / "scheduler.py")
+    assert "minillm.engine.runner" not in runtime_imports(PACKAGE / "engine" / "scheduler.py")
 
 
 INTERNALS = re.compile(r"\.(scheduler|cache_manager)\.|(?<!minillm\.)\bengine\.(cache|runner|scheduler)\b")

@@ -18,11 +18,11 @@ from fastapi.responses import StreamingResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from minillm import LLM, SamplingParams
-from minillm.serve.fleet import Fleet, route_in_thread
-from minillm.serve.prefix_index import PrefixIndex
+from minillm.router.fleet import Fleet, route_in_thread
+from minillm.router.measure import tenant_sessions
+from minillm.router.prefix_index import PrefixIndex
+from minillm.router.state import RouterState
 from minillm.serve.responses import sse
-from minillm.serve.router_measure import tenant_sessions
-from minillm.serve.router_state import RouterState
 from minillm.serve.server import app_in_thread
 
 # ~70 tokens of code: prompts built on it share whole 16-token blocks

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from minillm.router.policies import LeastLoaded, PrefixAware, ReplicaView, RoundRobin, make_policy
 from minillm.sim import SimRequest, StepProfile, simulate
 from minillm.sim.fleet_replay import _line
 from minillm.sim.plan import SEEDS, predict, summary
 from minillm.sim.replica import copies
-from minillm.sim.routing import LeastLoaded, PrefixAware, ReplicaView, RoundRobin, make_policy
 
 PROFILE = StepProfile(fixed=0.004, per_prefill_token=0.0005, per_decode_seq=0.002, per_context_token=1e-5)
 

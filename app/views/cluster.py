@@ -8,7 +8,7 @@ import streamlit as st
 from minillm.models.registry import bundled_models
 from minillm.perf import PROFILES
 from minillm.perf.shapes import shape_names
-from minillm.sim.routing import POLICIES
+from minillm.router.policies import POLICIES
 from visualizer.cluster_charts import fleet_over_time, kv_heatmap, latency_over_time, queue_bars, simulator_errors
 from visualizer.cluster_run import (
     SLO,

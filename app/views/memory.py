@@ -2,7 +2,7 @@
 import pandas as pd
 import streamlit as st
 
-from minillm.cache.paged import block_bytes
+from minillm.cache.pool import block_bytes
 from visualizer.controls import intro, live, run_controls
 from visualizer.cursor import step_cursor
 from visualizer.live_charts import block_map, request_colors

@@ -4,7 +4,7 @@ import streamlit as st
 import torch
 
 from minillm import EngineConfig
-from minillm.cache.paged import block_bytes
+from minillm.cache.pool import block_bytes
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from visualizer.engines import build_engine, model_choices

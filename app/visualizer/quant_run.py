@@ -13,7 +13,7 @@ import streamlit as st
 import torch
 
 from minillm import EngineConfig, SamplingParams
-from minillm.cache.paged import block_bytes
+from minillm.cache.pool import block_bytes
 from minillm.config import Components
 from minillm.engine.engine import LLMEngine
 from minillm.models.config import ModelConfig

@@ -20,17 +20,10 @@ from minillm import LLM, SamplingParams
 from minillm.agents import agent_workload, run_sessions
 from minillm.bench import print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
+from minillm.perf.serving import percentile
 
 BLOCK_SIZE = 16
 CONTEXT = 256  # tokens a session may grow to: sessions end ("context") sooner, so more of them fit a run
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile by linear interpolation between order statistics (numpy's default)."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo = int(pos)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
 
 
 def measure(llm: LLM, workload, max_tokens: int, offload_blocks: int | None, bar) -> dict:
@@ -46,7 +39,7 @@ def measure(llm: LLM, workload, max_tokens: int, offload_blocks: int | None, bar
         footprint[c.session_id] = max(footprint.get(c.session_id, 0), c.prompt_tokens // BLOCK_SIZE)
     whole = [c.cached_tokens >= (c.previous_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE for c in follow]
     tier = llm.engine.offload_stats() or {"bytes_moved": 0, "seconds_moving": 0.0, "blocks": 0}
-    return {"calls": len(run.calls), "ttft_median_ms": statistics.median(ttfts), "ttft_p90_ms": percentile(ttfts, 0.9),
+    return {"calls": len(run.calls), "ttft_median_ms": statistics.median(ttfts), "ttft_p90_ms": percentile(ttfts, 90),
             "hit_rate": sum(c.cached_tokens for c in follow) / sum(c.prompt_tokens for c in follow),
             "whole_prefix_share": sum(whole) / len(whole), "bytes_moved": tier["bytes_moved"],
             "seconds_moving": tier["seconds_moving"], "tier_blocks": tier["blocks"],

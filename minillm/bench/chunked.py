@@ -14,11 +14,7 @@ import torch
 from minillm import LLM, SamplingParams
 from minillm.bench import print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+from minillm.perf.serving import percentile
 
 
 def scenario(model: str, decoders: int, long_prompts: int, every: int, long_len: int, **config) -> dict:

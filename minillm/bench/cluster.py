@@ -22,7 +22,7 @@ from minillm.distributed.disagg_measure import measure_disaggregation
 from minillm.distributed.measure import measure_tp_communication
 from minillm.engine.engine import LLMEngine
 from minillm.perf import PROFILES, kv_bytes_per_token, model_shape
-from minillm.serve.router_measure import measure_routing
+from minillm.router.measure import measure_routing
 from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
 from minillm.sim.calibrate import (

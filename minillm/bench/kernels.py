@@ -7,6 +7,7 @@ peaks; paged decode attention at batch 1-64 and context 512-8k; the fused int4 m
 against the torch backend, same greedy tokens. On a CPU the kernels run in Triton's interpreter,
 whose speed means nothing: it says so, runs a correctness smoke pass of every kernel, and exits 0.
 """
+import statistics
 from functools import partial
 
 import torch
@@ -94,7 +95,7 @@ def e2e_decode(model: str, quick: bool) -> dict:
         llm = LLM(model, attention_backend=backend)
         llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up: compiles the kernels
         outs = llm.generate(prompts, params, use_tqdm=False)
-        tpot = sorted(o.metrics["tpot"] for o in outs)[len(outs) // 2]
+        tpot = statistics.median(o.metrics["tpot"] for o in outs)
         result[backend] = {"tokens_per_s": len(prompts) / tpot, "tokens": [o.token_ids for o in outs]}
     return {"model": model, "batch": len(prompts), "torch_tokens_per_s": result["torch"]["tokens_per_s"],
             "triton_tokens_per_s": result["triton"]["tokens_per_s"],

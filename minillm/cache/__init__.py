@@ -3,7 +3,8 @@ import torch
 
 from minillm.cache.base import CacheManager
 from minillm.cache.contiguous import ContiguousCacheManager
-from minillm.cache.paged import PagedCacheManager, block_bytes
+from minillm.cache.paged import PagedCacheManager
+from minillm.cache.pool import block_bytes
 from minillm.config import EngineConfig
 from minillm.models.config import ModelConfig
 from minillm.state import CacheKind

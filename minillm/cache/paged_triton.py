@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from minillm.cache.paged import PagedKVPool
+from minillm.cache.pool import PagedKVPool
 from minillm.kernels.paged_decode import paged_decode_attention
 from minillm.kernels.prefill_attention import prefill_attention
 from minillm.kernels.store_kv import store_kv

@@ -4,7 +4,8 @@
     rmsnorm.py          the residual add fused into RMSNorm (one read of each row, one write)
     softmax.py          row softmax, numerically stable; online over blocks for long rows
     matmul.py           tiled matmul with a K loop
-    int4_matmul.py      int4 dequantize fused into the matmul (the engine's packed int4 format)
+    int4_format.py      the engine's packed int4 format, read by int4_matmul (plain PyTorch, no triton)
+    int4_matmul.py      int4 dequantize fused into the matmul
     store_kv.py         write a step's K/V into the paged pool through the slot mapping
     paged_decode.py     decode attention through block tables, GQA-aware, split over long contexts
     prefill_attention.py  causal FlashAttention over a flattened batch, through block tables
@@ -12,5 +13,6 @@
 
 Without a GPU they run on the CPU in Triton's interpreter (`runtime.py` sets TRITON_INTERPRET=1
 before triton is imported): slow, but the same kernels, so their results can be checked anywhere.
-Import a kernel module only when it is needed: importing one imports triton.
+Import a kernel module only when it is needed: importing one imports triton (int4_format and
+guard do not).
 """

@@ -1,23 +1,23 @@
 """int4 dequantize fused into the matmul: y = x @ dequant(W).T + b, without ever writing the
 dequantized weight to memory.
 
-The engine's int4 format (minillm/quant/codecs.py): codes 0..15, two a byte along a row, the even
-element in the low nibble; one float32 scale and one uint8 zero point per group of `group_size`
-consecutive inputs of a row; w = (q - zero) * scale. Decode is memory-bound, so reading 4-bit
-codes (plus 5 bytes a group) instead of 16-bit weights is the speed-up; the unpacking is a few
-integer ops per weight, done in registers on the tile just loaded.
+The engine's int4 format (int4_format.py; minillm/quant/codecs.py writes it): codes 0..15, two a
+byte along a row, the even element in the low nibble; one float32 scale and one uint8 zero point
+per group of `group_size` consecutive inputs of a row; w = (q - zero) * scale. Decode is
+memory-bound, so reading 4-bit codes (plus 5 bytes a group) instead of 16-bit weights is the
+speed-up; the unpacking is a few integer ops per weight, done in registers on the tile just loaded.
 """
 import torch
 import torch.nn.functional as F
 
+from minillm.kernels.int4_format import dequantize_int4, unpack_int4
 from minillm.kernels.runtime import INTERPRETED, check_device, tl, triton
-from minillm.quant import codecs
 
 
 def int4_linear_spec(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                      bias: torch.Tensor | None) -> torch.Tensor:
     """x: [n, in]; packed: uint8 [out, ceil(in / 2)]; scale, zero: [out, in // group_size]; bias: [out] -> [n, out]"""
-    w = codecs.dequantize_int4(codecs.unpack_int4(packed, x.shape[-1]), scale, zero)  # [out, in] float32
+    w = dequantize_int4(unpack_int4(packed, x.shape[-1]), scale, zero)  # [out, in] float32
     return F.linear(x, w.to(x.dtype), bias)
 
 

@@ -1,5 +1,5 @@
 """Write a step's new K and V into the paged pool: token t goes to slot slot_mapping[t]
-(slot = block * block_size + offset, see minillm/cache/paged.py). A negative slot means "no slot"
+(slot = block * block_size + offset, see minillm/cache/pool.py). A negative slot means "no slot"
 (a padded row) and is skipped. One program copies BLOCK_T tokens, all their kv heads.
 """
 import torch

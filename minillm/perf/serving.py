@@ -13,8 +13,11 @@ Goodput is the rate of requests that meet every service-level objective (SLO) at
 batches so hard that each request is slow.
 """
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
 PERCENTILES = (50, 90, 99)
@@ -72,16 +75,11 @@ def goodput(records: list[RequestRecord], duration: float, slo: dict[str, float]
     return sum(r.success and meets_slo(request_metrics(r), slo) for r in records) / duration
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation between the closest ranks (numpy's
-    default): position p = q/100 * (n - 1) in the sorted values, between floor(p) and ceil(p)."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = q / 100 * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile, q in 0..100, by linear interpolation between the closest ranks: position
+    q/100 * (n - 1) in the sorted values (numpy's default, which vLLM's serving benchmark reports).
+    nan for no values. The one percentile of the package: benchmarks, simulator and app use it."""
+    return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 def _stats(name: str, values: list[float]) -> dict[str, float]:

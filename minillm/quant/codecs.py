@@ -19,8 +19,14 @@ Error bounds (round to nearest, which every codec here uses):
 """
 import torch
 
+# int4's packed layout is shared with the fused kernel that reads it, so it lives beside the kernel
+from minillm.kernels.int4_format import INT4_MAX, dequantize_int4, pack_int4, unpack_int4
+
+__all__ = ["FP8_DTYPE", "FP8_MAX", "INT4_MAX", "INT8_MAX", "TINY", "check_group_size", "dequantize_fp8",
+           "dequantize_int4", "dequantize_int8", "pack_int4", "quantize_fp8", "quantize_int4", "quantize_int8",
+           "require_fp8", "unpack_int4"]
+
 INT8_MAX = 127          # symmetric: -128 is left out so that q and -q are both codes
-INT4_MAX = 15           # unsigned 4-bit codes 0..15
 FP8_MAX = 448.0         # the largest finite float8_e4m3fn
 FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)  # None on a torch built without 8-bit floats
 TINY = torch.finfo(torch.float32).tiny  # keeps a scale of an all-zero row or group from being 0
@@ -56,29 +62,6 @@ def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch
     zero = torch.round(-lo / scale).clamp(0, INT4_MAX)
     q = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
     return q.reshape(out_features, in_features).to(torch.uint8), scale, zero.to(torch.uint8)
-
-
-def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """codes: uint8 [out, in], scale: [out, groups], zero: [out, groups] -> float32 [out, in].
-    The group size is in // groups."""
-    out_features, in_features = codes.shape
-    groups = codes.reshape(out_features, scale.shape[1], -1).float()  # [out, groups, g]
-    return ((groups - zero[..., None].float()) * scale[..., None]).reshape(out_features, in_features)
-
-
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit codes per byte along the last dimension: element 2i in the low nibble, 2i+1 in the
-    high one. codes: uint8 [..., n] in 0..15 -> uint8 [..., ceil(n / 2)] (an odd n is padded with 0)."""
-    if codes.shape[-1] % 2:
-        codes = torch.nn.functional.pad(codes, (0, 1))
-    pairs = codes.to(torch.uint8).reshape(*codes.shape[:-1], -1, 2)  # [..., n / 2, 2]
-    return pairs[..., 0] | (pairs[..., 1] << 4)
-
-
-def unpack_int4(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of pack_int4. packed: uint8 [..., ceil(n / 2)] -> uint8 [..., n]."""
-    pairs = torch.stack([packed & 0x0F, packed >> 4], dim=-1)  # [..., ceil(n / 2), 2]
-    return pairs.reshape(*packed.shape[:-1], -1)[..., :n]
 
 
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

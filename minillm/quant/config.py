@@ -16,7 +16,6 @@ SCHEMES = ("int8", "int4", "fp8")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 LAYER_PROJECTIONS = PROJECTIONS[:-1]  # the seven inside each decoder layer
 CALIBRATIONS = (None, "awq")
-GROUP_SIZES = (32, 64, 128)           # int4's usual group sizes (any size that divides the rows works)
 
 
 @dataclass(frozen=True)

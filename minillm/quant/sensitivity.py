@@ -2,8 +2,8 @@
 
 Each measurement quantizes a fresh copy of the full-precision model under a QuantConfig that picks
 some layers and projections, and compares it with the full model on the same held-out windows
-(eval.Reference). Quantizing one unit alone gives its sensitivity; quantizing growing sets of
-layers, in several orders, shows whether errors only add up, or sometimes cancel.
+(eval.Reference). Quantizing one unit alone gives its sensitivity; `orders` ranks the layers by it,
+the orders in which cancellation.py quantizes growing sets to see whether errors only add up.
 """
 import copy
 import random
@@ -33,12 +33,6 @@ def layer_sensitivity(model: torch.nn.Module, reference: Reference, base: QuantC
     return [measure(model, reference, replace(base, layers=(i,))) for i in range(len(model.model.layers))]
 
 
-def projection_sensitivity(model: torch.nn.Module, reference: Reference, base: QuantConfig,
-                           projections: tuple[str, ...] = LAYER_PROJECTIONS) -> dict[str, Quality]:
-    """Quantize each projection type alone, in every layer base picks: projection -> Quality."""
-    return {p: measure(model, reference, replace(base, projections=(p,))) for p in projections}
-
-
 def sensitivity_grid(model: torch.nn.Module, reference: Reference, base: QuantConfig,
                      projections: tuple[str, ...] = LAYER_PROJECTIONS) -> dict[tuple[int, str], Quality]:
     """Quantize each (layer, projection) alone: the heatmap's cells."""
@@ -57,10 +51,3 @@ def orders(sensitivity: list[float], random_seeds: tuple[int, ...] = (0, 1, 2)) 
         random.Random(seed).shuffle(shuffled)
         out[f"random (seed {seed})"] = shuffled
     return out
-
-
-def growing_sets(model: torch.nn.Module, reference: Reference, base: QuantConfig,
-                 order: list[int]) -> list[tuple[tuple[int, ...], Quality]]:
-    """Quantize the first 1, 2, ... len(order) layers of order: (the set, its Quality) for each."""
-    return [(tuple(sorted(order[:n])), measure(model, reference, replace(base, layers=tuple(order[:n]))))
-            for n in range(1, len(order) + 1)]

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from minillm.router.policies import ReplicaView, make_policy
 from minillm.sim.autoscale import Autoscaler, FleetState
 from minillm.sim.profile import StepProfile
 from minillm.sim.replica import Replica, SimRequest
-from minillm.sim.routing import ReplicaView, make_policy
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ class GrammarCompiler:
         try:
             import xgrammar as xgr
         except ImportError:
-            raise ValueError("structured output needs the xgrammar package: pip install -e '.[serve]'") from None
+            raise ValueError("structured output needs the xgrammar package, a dependency of minillm: "
+                             "pip install 'xgrammar>=0.1.21'") from None
         spec = json.loads((model_dir / "tokenizer.json").read_text())
         by_id = {i: t for t, i in spec["model"]["vocab"].items()}
         by_id.update({t["id"]: t["content"] for t in spec.get("added_tokens", [])})

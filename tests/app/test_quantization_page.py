@@ -8,7 +8,7 @@ import torch
 from conftest import APP, errors, figures
 
 from minillm import LLM, SamplingParams
-from minillm.cache.paged import block_bytes
+from minillm.cache.pool import block_bytes
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import PARTS
 from minillm.models.registry import resolve_model_path

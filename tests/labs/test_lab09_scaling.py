@@ -2,7 +2,7 @@
 
 Oracles: torch.tensor_split (shards), the unsharded SwiGLU MLP and the real model's layers, the
 engine's communication formulas (minillm/distributed/comm.py), the pool's own slots read one by one, and
-the engine's reference parts (minillm/sim/routing.py's PrefixAware, the spec of the autoscaling rule
+the engine's reference parts (minillm/router/policies.py's PrefixAware, the spec of the autoscaling rule
 written out here). For 9.E the learner's parts run inside the real pieces: a tensor-parallel shard of
 the bundled model (minillm/distributed/tp_model.py) on two ranks in threads, two engines' KV pools, the
 cluster simulator and the router's replica picker.
@@ -25,11 +25,11 @@ from minillm.labkit import exercise
 from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_parts
 from minillm.perf import PROFILES, model_shape
-from minillm.serve.router_state import RouterState
+from minillm.router.policies import PrefixAware, ReplicaView
+from minillm.router.state import RouterState
 from minillm.sim import SimRequest, StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, FleetState
 from minillm.sim.plan import summary
-from minillm.sim.routing import PrefixAware, ReplicaView
 from minillm.sim.workloads import agent_sessions
 
 EXERCISES = {"9.1": "shard_columns, shard_rows", "9.2": "tp_mlp_forward", "9.3": "pack_kv, unpack_kv",

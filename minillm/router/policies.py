@@ -1,4 +1,4 @@
-"""Routing policies: which replica serves a request. The simulator and the real router share them.
+"""Routing policies: which replica serves a request. The router owns them; the simulator imports them.
 
 Each policy sees, per replica, how loaded it is and how many of the request's prompt tokens its
 prefix cache holds, and returns the replica's index:

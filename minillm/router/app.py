@@ -6,8 +6,8 @@
     GET  /metrics                                per replica: routed, failures, in flight, prefix hit estimate
 
 Each request's prompt is tokenized with the model's tokenizer (a chat rendered with its template
-first, as the replica will), and the routing policy of the simulator (sim/routing.py) picks a
-replica from its load and the prompt tokens its PrefixIndex expects cached.
+first, as the replica will), and a routing policy (router/policies.py, shared with the simulator)
+picks a replica from its load and the prompt tokens its PrefixIndex expects cached.
 
 Failures: a replica that refuses or drops a connection is taken out of rotation at once; a
 background health check (GET /health every `health_interval` seconds) takes out one that stops
@@ -28,11 +28,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from minillm.models.registry import resolve_model_path
+from minillm.router.metrics import metrics_registry
+from minillm.router.state import NoReplicaAlive, Replica, RouterState
 from minillm.serve.chat import ChatTemplate
 from minillm.serve.errors import APIError, error_body, install_error_handlers
 from minillm.serve.responses import sse
-from minillm.serve.router_metrics import metrics_registry
-from minillm.serve.router_state import NoReplicaAlive, Replica, RouterState
 from minillm.tokenizer import Tokenizer
 
 PASSED_HEADERS = ("authorization", "content-type")       # request headers the replica needs

@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minillm.models.registry import resolve_model_path
 from minillm.perf.serving import RequestRecord, summarize
-from minillm.serve.fleet import Fleet
+from minillm.router.fleet import Fleet
+from minillm.router.policies import POLICIES
 from minillm.serve.loadgen import request_body, send
 from minillm.serve.sse import parse_sse
 from minillm.serve.workload import WorkItem, synthetic_ids
-from minillm.sim.routing import POLICIES
 from minillm.tokenizer import Tokenizer
 
 

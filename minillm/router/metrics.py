@@ -14,7 +14,7 @@ so the state has one owner.
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from minillm.serve.router_state import RouterState
+from minillm.router.state import RouterState
 
 
 class RouterCollector:

@@ -10,8 +10,8 @@ so no lock is needed.
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from minillm.serve.prefix_index import PrefixIndex
-from minillm.sim.routing import ReplicaView, make_policy
+from minillm.router.policies import ReplicaView, make_policy
+from minillm.router.prefix_index import PrefixIndex
 
 
 class NoReplicaAlive(Exception):
@@ -44,7 +44,6 @@ class RouterState:
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"a replica URL must start with http:// or https://, got {url!r}")
-        self.policy_name = policy
         self.policy = make_policy(policy)
         self.replicas = [Replica(url.rstrip("/"), PrefixIndex(block_size, index_capacity)) for url in urls]
 

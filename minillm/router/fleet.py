@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from minillm.serve.router import build_router
-from minillm.serve.router_state import RouterState
+from minillm.router.app import build_router
+from minillm.router.state import RouterState
 from minillm.serve.server import ThreadedApp, app_in_thread, bind_socket
 
 
