@@ -6,8 +6,8 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from visualizer.cluster_run import ClusterRun
-from visualizer.serving_charts import MS, P50, P99, SLO
+from minillm_visualizer.cluster.run import ClusterRun
+from minillm_visualizer.shared.style import MS, P50, P99, SLO
 
 RUNNING, WAITING, ALIVE = "#4c72b0", "#dd8452", "#55a868"
 CURSOR = "#212529"

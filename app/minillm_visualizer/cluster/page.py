@@ -1,7 +1,5 @@
 """Cluster: a fleet of replicas behind a router, simulated on the engine's step costs, animated over time;
 and the simulator checked against one or two replicas of the real engine."""
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
@@ -9,8 +7,14 @@ from minillm.models.registry import bundled_models
 from minillm.perf import PROFILES
 from minillm.perf.shapes import shape_names
 from minillm.sim.routing import POLICIES
-from visualizer.cluster_charts import fleet_over_time, kv_heatmap, latency_over_time, queue_bars, simulator_errors
-from visualizer.cluster_run import (
+from minillm_visualizer.cluster.charts import (
+    fleet_over_time,
+    kv_heatmap,
+    latency_over_time,
+    queue_bars,
+    simulator_errors,
+)
+from minillm_visualizer.cluster.run import (
     SLO,
     SPLITS,
     THIS_MACHINE,
@@ -23,9 +27,10 @@ from visualizer.cluster_run import (
     simulate_fleet,
     transfer_seconds_per_token,
 )
-from visualizer.engines import model_choices
+from minillm_visualizer.shared.engines import model_choices
+from minillm_visualizer.shared.learner_parts import LABS
 
-LAB = sorted(Path(__file__).resolve().parents[2].glob("labs/lab09_*.ipynb"))
+LAB = sorted(LABS.glob("lab09_*.ipynb"))
 WINDOWS = 24  # latency windows over the arrivals
 ROUTERS = {"round_robin": "round robin", "least_loaded": "least loaded", "prefix_aware": "prefix-aware"}
 DEFAULTS = {"replicas": 4, "router": "least_loaded", "split": "off", "autoscale": False, "per_replica": 8.0,

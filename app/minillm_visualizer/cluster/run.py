@@ -31,7 +31,7 @@ from minillm.sim.fleet_replay import replay_fleet
 from minillm.sim.plan import predict, records, summary
 from minillm.sim.workloads import agent_sessions
 from minillm.utils import cdiv
-from visualizer.engines import build_engine
+from minillm_visualizer.shared.engines import build_engine
 
 THIS_MACHINE = "This machine (measured)"
 DTYPE = "bfloat16"                 # weights and K/V on a GPU

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from visualizer.kernel_trace import Launch, record
+from minillm_visualizer.kernels.trace import Launch, record
 
 POW2 = [2, 4, 8, 16, 32, 64, 128]
 DOT = [16, 32, 64]  # tl.dot tiles: powers of two, at least 16

@@ -4,7 +4,7 @@ import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 
-from visualizer.kernel_trace import Launch
+from minillm_visualizer.kernels.trace import Launch
 
 PALETTE = px.colors.qualitative.Plotly + px.colors.qualitative.Pastel + px.colors.qualitative.Dark2
 SEVERAL = "#adb5bd"  # an element more than one program touched

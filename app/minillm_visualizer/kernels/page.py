@@ -4,9 +4,9 @@ import streamlit as st
 import torch
 
 from minillm.kernels.runtime import INTERPRETED
-from visualizer.kernel_cases import KNOBS, check, run_case
-from visualizer.kernel_charts import buffer_map, grid_chart, label, walk_chart
-from visualizer.roofline_chart import roofline_chart
+from minillm_visualizer.kernels.cases import KNOBS, check, run_case
+from minillm_visualizer.kernels.charts import buffer_map, grid_chart, label, walk_chart
+from minillm_visualizer.shared.roofline_chart import roofline_chart
 
 NOTES = {
     "vector add": "Program p adds elements p·BLOCK to p·BLOCK + BLOCK − 1. The last block sticks out past the end: "
@@ -110,7 +110,7 @@ if INTERPRETED or not torch.cuda.is_available():
     st.info("These figures need a GPU. Here the kernels run in Triton's interpreter, one program after another in "
             "numpy: its timings say nothing about the hardware, so none are shown.", icon=":material/speed:")
 else:
-    from visualizer.kernel_speed import SIZES, measure
+    from minillm_visualizer.kernels.speed import SIZES, measure
     if st.button(f"Measure {kernel} at {SIZES[kernel]}", key="kern_b_measure", icon=":material/timer:"):
         with st.spinner("Measuring the GPU's peaks, then the kernel..."):
             st.session_state["kern_measured"] = (kernel, *measure(kernel))

@@ -2,9 +2,10 @@
 import pandas as pd
 import streamlit as st
 
-from visualizer.controls import intro, live, run_controls
-from visualizer.live_charts import block_map, itl_chart, memory_gauge, request_colors, throughput_chart, ttft_chart
-from visualizer.run import EngineRun
+from minillm_visualizer.live.charts import itl_chart, memory_gauge, throughput_chart, ttft_chart
+from minillm_visualizer.shared.block_map import block_map, request_colors
+from minillm_visualizer.shared.controls import intro, live, run_controls
+from minillm_visualizer.shared.engine_run import EngineRun
 
 st.title("Live engine")
 intro("Requests stream through the engine as you watch: each one's text grows, its KV blocks fill the pool, "

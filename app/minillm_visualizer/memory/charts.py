@@ -5,8 +5,8 @@ from plotly.subplots import make_subplots
 from minillm.bench.memory import concurrency, contiguous_waste, paged_waste
 from minillm.bench.workload import Request
 from minillm.utils import cdiv
-from visualizer.live_charts import CACHED, FREE
-from visualizer.run import SampleView, StepRecord
+from minillm_visualizer.shared.engine_run import SampleView, StepRecord
+from minillm_visualizer.shared.style import CACHED, FREE
 
 
 def pool_over_time(records: list[StepRecord], cursor: int | None = None) -> go.Figure:

@@ -3,11 +3,11 @@ import pandas as pd
 import streamlit as st
 
 from minillm.cache.paged import block_bytes
-from visualizer.controls import intro, live, run_controls
-from visualizer.cursor import step_cursor
-from visualizer.live_charts import block_map, request_colors
-from visualizer.memory_charts import pool_over_time, waste_chart, waste_rows, workload_of
-from visualizer.run import EngineRun
+from minillm_visualizer.memory.charts import pool_over_time, waste_chart, waste_rows, workload_of
+from minillm_visualizer.shared.block_map import block_map, request_colors
+from minillm_visualizer.shared.controls import intro, live, run_controls
+from minillm_visualizer.shared.cursor import step_cursor
+from minillm_visualizer.shared.engine_run import EngineRun
 
 st.title("Paged memory explorer")
 intro("Every sequence reaches its tokens through a block table, a list of block ids in the shared pool; blocks "

@@ -6,8 +6,7 @@ import math
 import plotly.graph_objects as go
 
 from minillm.quant.config import LAYER_PROJECTIONS
-from visualizer.live_charts import FREE, MIB
-from visualizer.spec_charts import BOX
+from minillm_visualizer.shared.style import BOX, FREE, MIB
 
 WEIGHTS, KV = "#4c72b0", "#55a868"
 SAME = ""

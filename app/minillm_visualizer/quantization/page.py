@@ -6,10 +6,8 @@ from minillm.labkit.plug import LabPartError
 from minillm.quant import PROJECTIONS, SCHEMES
 from minillm.quant.codecs import FP8_DTYPE
 from minillm.quant.config import LAYER_PROJECTIONS, QuantConfig
-from visualizer.engines import build_engine, model_choices
-from visualizer.learner_parts import QUANT_LAB, default_folder, describe, failure, learner_components
-from visualizer.quant_charts import LEGEND, budget_chart, parted_text, sensitivity_heatmap
-from visualizer.quant_run import (
+from minillm_visualizer.quantization.charts import LEGEND, budget_chart, parted_text, sensitivity_heatmap
+from minillm_visualizer.quantization.run import (
     WINDOW_TOKENS,
     WINDOWS,
     engine_config,
@@ -23,8 +21,10 @@ from visualizer.quant_run import (
     sensitivity,
     sensitivity_cells,
 )
+from minillm_visualizer.shared.engines import build_engine, model_choices
+from minillm_visualizer.shared.learner_parts import QUANT_LAB, default_folder, describe, failure, learner_components
+from minillm_visualizer.shared.style import MIB
 
-MIB = 2**20
 SCHEME_NAMES = {"int8": "int8 (one scale per row)", "int4": "int4 (groups of inputs)", "fp8": "fp8 (e4m3)"}
 DEFAULTS = {"scheme": "int4", "group_size": 64, "projections": list(LAYER_PROJECTIONS), "budget_mib": 32.0,
             "block_size": 16, "prompt": "def read_config(path):", "max_tokens": 48}

@@ -1,7 +1,7 @@
 """Quantization for the page: the config the knobs describe, its quality and bytes against the full
 model, the sensitivity grid, the KV blocks a memory budget leaves room for, and greedy generation.
 
-The full-precision weights are the ones every engine of the app shares (visualizer.engines); each
+The full-precision weights are the ones every engine of the app shares (shared.engines); each
 candidate is a quantized copy, so the shared weights never change. Measurements are cached by their
 settings: redrawing the page, or coming back to a configuration, costs nothing.
 """
@@ -23,7 +23,7 @@ from minillm.quant.config import LAYER_PROJECTIONS
 from minillm.quant.eval import Quality, Reference, heldout_windows
 from minillm.quant.sensitivity import quantized_copy, sensitivity_grid
 from minillm.utils import cdiv
-from visualizer.engines import load_weights
+from minillm_visualizer.shared.engines import load_weights
 
 WINDOWS, WINDOW_TOKENS = 4, 256  # every figure is measured on these: 4 x 256 = 1,024 next-token predictions
 BLOCK_SIZE = 16

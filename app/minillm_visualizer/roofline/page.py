@@ -21,9 +21,9 @@ from minillm.perf import (
 )
 from minillm.perf.shapes import shape_names
 from minillm.utils import cdiv
-from visualizer.controls import intro
-from visualizer.engines import build_engine
-from visualizer.roofline_chart import roofline_chart
+from minillm_visualizer.shared.controls import intro
+from minillm_visualizer.shared.engines import build_engine
+from minillm_visualizer.shared.roofline_chart import roofline_chart
 
 THIS_MACHINE = "This machine (measured)"
 DECODE_STEPS = 16

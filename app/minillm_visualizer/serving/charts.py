@@ -8,11 +8,9 @@ from plotly.subplots import make_subplots
 
 from minillm.perf.cost import cost_per_million_tokens
 from minillm.perf.serving import percentile, request_metrics
-from visualizer.serving_run import Point
+from minillm_visualizer.serving.run import Point
+from minillm_visualizer.shared.style import MS, P50, P90, P99, SLO
 
-MS = 1000.0
-P50, P90, P99 = "#4c72b0", "#dd8452", "#c44e52"
-SLO = "#212529"
 THROUGHPUT, GOODPUT = "#4c72b0", "#55a868"
 BARS = "#a5c8e4"
 

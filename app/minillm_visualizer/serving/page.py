@@ -1,22 +1,21 @@
 """Serving: a load test of the OpenAI-compatible server, live; latency against throughput, the latency
 distributions, the server's own /metrics, and what a million tokens cost."""
 import math
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from minillm.labkit.plug import SERVING_PARTS, LabPartError
 from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, best_online_load
-from visualizer.engines import model_choices
-from visualizer.learner_parts import default_folder
-from visualizer.serving_charts import cost_chart, costs, distributions, dollars, latency_throughput, rate_label
-from visualizer.serving_run import MINE, SWEEP_FRACTIONS, Load, Point, run, sweep_rates, with_slo
+from minillm_visualizer.serving.charts import cost_chart, costs, distributions, dollars, latency_throughput, rate_label
+from minillm_visualizer.serving.run import MINE, SWEEP_FRACTIONS, Load, Point, run, sweep_rates, with_slo
+from minillm_visualizer.shared.engines import model_choices
+from minillm_visualizer.shared.learner_parts import LABS, default_folder
+from minillm_visualizer.shared.style import MS
 
-MS = 1000.0
 DEFAULTS = {"rate": 4.0, "requests": 8, "burstiness": 1.0, "prompt_tokens": 32, "max_tokens": 16, "sweep": False,
             "slo_ttft_ms": 500.0, "slo_tpot_ms": 100.0, "price": DEFAULT_PRICE_PER_HOUR}
-LAB = sorted(Path(__file__).resolve().parents[2].glob("labs/lab08_*.ipynb"))
+LAB = sorted(LABS.glob("lab08_*.ipynb"))
 
 st.title("Serving")
 st.markdown("A server is judged by its users: how long until the first token (TTFT), how fast the rest stream "

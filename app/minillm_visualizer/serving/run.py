@@ -2,7 +2,7 @@
 one arrival rate or a small sweep of rates, and the server's own `/metrics` scraped while it runs.
 
 The server starts once per model and is shared by every session (st.cache_resource), around the weights
-the other pages load (visualizer.engines); clearing the cache stops it. Each point of a run:
+the other pages load (shared.engines); clearing the cache stops it. Each point of a run:
 
     items  = make_workload(n, seed, prompt_len, max_tokens)        the same prompts at every rate
     result = run_load(base_url, items, rate, burstiness)            one RequestRecord per request
@@ -29,7 +29,7 @@ from minillm.serve.arrivals import arrival_times
 from minillm.serve.loadgen import run_load
 from minillm.serve.sse import parse_sse
 from minillm.serve.workload import make_workload
-from visualizer.engines import build_engine
+from minillm_visualizer.shared.engines import build_engine
 
 SCRAPE_EVERY_S = 0.5
 SWEEP_FRACTIONS = (0.25, 0.5, 1.0)  # of the chosen rate; a last point sends everything at once (saturation)

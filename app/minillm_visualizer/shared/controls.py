@@ -7,10 +7,10 @@ from minillm import EngineConfig
 from minillm.cache.paged import block_bytes
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
-from visualizer.engines import build_engine, model_choices
-from visualizer.learner_parts import describe, failure, learner_components, notebook_switch
-from visualizer.run import EngineRun
-from visualizer.settings import DEFAULTS, engine_config, request_specs
+from minillm_visualizer.shared.engine_run import EngineRun
+from minillm_visualizer.shared.engines import build_engine, model_choices
+from minillm_visualizer.shared.learner_parts import describe, failure, learner_components, notebook_switch
+from minillm_visualizer.shared.settings import DEFAULTS, engine_config, request_specs
 
 REFRESH_S = 0.25
 LABS = {"00": "labs/lab00_roofline.ipynb", "03": "labs/lab03_paged.ipynb", "04": "labs/lab04_batching.ipynb"}

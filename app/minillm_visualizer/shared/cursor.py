@@ -1,7 +1,7 @@
 """The step cursor: follow the newest step while the engine runs, or scrub back to any step."""
 import streamlit as st
 
-from visualizer.run import StepRecord
+from minillm_visualizer.shared.engine_run import StepRecord
 
 
 def step_cursor(records: list[StepRecord], key: str, live: bool, rest: int = -1) -> int:

@@ -23,15 +23,15 @@ SPEC_LAB = "05"   # the Speculative decoding page has its own switch for lab 05
 QUANT_LAB = "06"  # and the Quantization page one for lab 06
 SERVING_LAB = "08"  # and the Serving page one for lab 08 (the grammar mask in its engine, the serving parts around it)
 NOTEBOOKS = "lab[0-9][0-9]_*.ipynb"
+LABS = Path(__file__).resolve().parents[3] / "labs"  # the repository's labs/, beside app/
 
 
 def default_folder() -> str:
     """The repository's labs/ (beside app/), written relative to the working directory when it is inside it."""
-    labs = Path(__file__).resolve().parents[2] / "labs"
     try:
-        return str(labs.relative_to(Path.cwd()))
+        return str(LABS.relative_to(Path.cwd()))
     except ValueError:
-        return str(labs)
+        return str(LABS)
 
 
 def notebook_switch() -> None:

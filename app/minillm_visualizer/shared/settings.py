@@ -12,8 +12,8 @@ from minillm import EngineConfig, SamplingParams
 from minillm.bench.workload import chat_workload
 from minillm.config import Components
 from minillm.tokenizer import Tokenizer
-from visualizer.learner_parts import KERNELS_LAB, LAB_PARTS, default_folder
-from visualizer.run import RequestSpec
+from minillm_visualizer.shared.engine_run import RequestSpec
+from minillm_visualizer.shared.learner_parts import KERNELS_LAB, LAB_PARTS, default_folder
 
 DEFAULTS = {
     "source": "Seeded workload", "prompts": "def fibonacci(n):\nimport os\nclass Stack:\nfor i in range(10):",

@@ -5,15 +5,14 @@ import html
 import plotly.graph_objects as go
 
 from minillm.speculative.theory import expected_tokens_per_forward
-from visualizer.spec_run import Segment
+from minillm_visualizer.shared.style import BOX
+from minillm_visualizer.speculative.run import Segment
 
 ACCEPTED = "background:#d3f9d8;color:#2b8a3e;border-radius:3px"
 REJECTED = "background:#ffe3e3;color:#c92a2a;text-decoration:line-through;border-radius:3px"
 UNREACHED = "color:#adb5bd;text-decoration:line-through"
 OWN = "font-weight:700"
 STEP = "border-left:2px solid #ced4da"  # where each target forward's tokens begin
-BOX = ("font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:0.85rem;line-height:1.75;"
-       "white-space:pre-wrap;word-break:break-word;border:1px solid #dee2e6;border-radius:6px;padding:0.5rem 0.7rem")
 LEGEND = (f'<span style="{ACCEPTED}">accepted proposal</span> · '
           f'<span style="{REJECTED}">first rejected proposal</span> · '
           f'<span style="{UNREACHED}">proposals after it, never checked</span> · '

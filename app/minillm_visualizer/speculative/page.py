@@ -4,10 +4,16 @@ import time
 import pandas as pd
 import streamlit as st
 
-from visualizer.engines import build_engine, model_choices
-from visualizer.learner_parts import SPEC_LAB, default_folder, describe, failure, learner_components
-from visualizer.spec_charts import LEGEND, acceptance_chart, compare_chart, marked_text, tokens_per_forward_chart
-from visualizer.spec_run import (
+from minillm_visualizer.shared.engines import build_engine, model_choices
+from minillm_visualizer.shared.learner_parts import SPEC_LAB, default_folder, describe, failure, learner_components
+from minillm_visualizer.speculative.charts import (
+    LEGEND,
+    acceptance_chart,
+    compare_chart,
+    marked_text,
+    tokens_per_forward_chart,
+)
+from minillm_visualizer.speculative.run import (
     PROMPTS,
     PROPOSERS,
     SWEEP_KS,

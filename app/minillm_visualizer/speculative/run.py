@@ -1,6 +1,6 @@
 """Speculative decoding for the page: short runs of the engine with a proposer, recorded step by step.
 
-Plain functions over an engine factory (the page passes visualizer.engines.build_engine, which shares
+Plain functions over an engine factory (the page passes shared.engines.build_engine, which shares
 the target's loaded weights between runs), so they are tested without a page. The engine is read
 through its public surface only: the StepEvents it publishes (each carries the step's verifications),
 the chunks step() returns, and the speculator's stats.

@@ -1,7 +1,7 @@
 """Plotly figures of the scheduler's decisions: the steps x requests Gantt, queues, the token budget."""
 import plotly.graph_objects as go
 
-from visualizer.run import StepRecord
+from minillm_visualizer.shared.engine_run import StepRecord
 
 # state -> (code, colour); "running" = admitted, holding its blocks, but given no tokens this step.
 STATES = {"waiting": (0, "#ced4da"), "preempted": (1, "#c44e52"), "running": (2, "#f2c14e"),

@@ -5,10 +5,10 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
-from visualizer.controls import intro, live, run_controls
-from visualizer.cursor import step_cursor
-from visualizer.run import EngineRun
-from visualizer.schedule_charts import budget_chart, gantt, queue_chart
+from minillm_visualizer.shared.controls import intro, live, run_controls
+from minillm_visualizer.shared.cursor import step_cursor
+from minillm_visualizer.shared.engine_run import EngineRun
+from minillm_visualizer.timeline.charts import budget_chart, gantt, queue_chart
 
 st.title("Scheduler timeline")
 intro("Each row is a request and each column an engine step: blue when the scheduler gave it a prefill chunk, "
