@@ -1,8 +1,8 @@
 """The Inference Engineering Lab visualizer: `make app`, or `streamlit run app/streamlit_app.py`.
 
 The engine runs live on the bundled model; each page draws one side of it from the same run. Each page is a
-folder of minillm_visualizer/ (its page.py, its runs and charts), imported from this script's folder, which
-Streamlit puts on sys.path.
+folder of minillm_visualizer/ (the page's script, its runs and charts), imported from this script's folder,
+which Streamlit puts on sys.path.
 """
 import streamlit as st
 
@@ -14,9 +14,9 @@ st.set_page_config(page_title="minillm visualizer", page_icon="\N{HIGH VOLTAGE S
 
 
 def page(name: str, title: str, icon: str, default: bool = False) -> st.Page:
-    """The page in minillm_visualizer/<name>/page.py, at the URL /<name> (every script is named page.py, so
-    Streamlit could not tell their URLs from the file names)."""
-    return st.Page(f"minillm_visualizer/{name}/page.py", title=title, icon=icon, url_path=name, default=default)
+    """The page minillm_visualizer/<name>/<name>.py: Streamlit names its URL /<name> after the file, and so
+    does AppTest.switch_page before the first run."""
+    return st.Page(f"minillm_visualizer/{name}/{name}.py", title=title, icon=icon, default=default)
 
 
 RUN_PAGES = [

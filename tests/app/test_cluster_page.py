@@ -18,7 +18,7 @@ def cluster():
     """The page alone, with its defaults: 4 replicas of Llama-3.1-8B on an H100 (roofline), least loaded."""
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(APP), default_timeout=120)
-    at.switch_page("minillm_visualizer/cluster/page.py").run()
+    at.switch_page("minillm_visualizer/cluster/cluster.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -1,5 +1,6 @@
-"""The app's layout shows its pages: one folder of minillm_visualizer/ per page of the navigation, a page
-imports only its own folder and shared/, and the app's modules come from app/, never from an installed copy."""
+"""The app's layout shows its pages: one folder of minillm_visualizer/ per page of the navigation, named like
+its script and its URL; a page imports only its own folder and shared/; the app's modules come from app/,
+never from an installed copy."""
 import ast
 import re
 import subprocess
@@ -26,7 +27,7 @@ def test_every_page_of_the_navigation_is_a_folder_with_its_page():
     pages = set(re.findall(r'\bpage\("(\w+)"', APP.read_text()))
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {SHARED}
     assert pages == folders, f"navigation {sorted(pages)}, folders {sorted(folders)}"
-    assert all((PACKAGE / name / "page.py").is_file() for name in folders)
+    assert all((PACKAGE / name / f"{name}.py").is_file() for name in folders)
 
 
 def test_a_page_imports_only_its_own_folder_and_shared():

@@ -55,7 +55,7 @@ def test_the_solutions_parts_run_the_engine_and_the_page_names_them(app):
     assert "Your parts" in text and all(f"solutions/lab{lab}_" in text for lab in RUN_LABS)
     assert all(f"{exercise} `{name}`" in text for exercise, name in RUN_PARTS.values())
     for page in ("timeline", "memory"):  # every run page says whose parts ran
-        app.switch_page(f"minillm_visualizer/{page}/page.py").run()
+        app.switch_page(f"minillm_visualizer/{page}/{page}.py").run()
         assert not app.exception and "Your parts" in page_text(app), page
 
 

@@ -30,7 +30,7 @@ def quant():
     """The page alone (no other page is drawn first), on tiny, with its defaults (int4, groups of 64, everything)."""
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(APP), default_timeout=180)
-    at.switch_page("minillm_visualizer/quantization/page.py").run()
+    at.switch_page("minillm_visualizer/quantization/quantization.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

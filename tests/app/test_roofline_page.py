@@ -4,7 +4,7 @@ from conftest import errors, figures
 
 
 def open_roofline(app):
-    app.switch_page("minillm_visualizer/roofline/page.py").run()
+    app.switch_page("minillm_visualizer/roofline/roofline.py").run()
     assert not app.exception
 
 

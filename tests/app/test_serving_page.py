@@ -29,7 +29,7 @@ def page(settings: dict):
     at = AppTest.from_file(str(APP), default_timeout=180)
     for key, value in settings.items():
         at.session_state[key] = value
-    at.switch_page("minillm_visualizer/serving/page.py").run()
+    at.switch_page("minillm_visualizer/serving/serving.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

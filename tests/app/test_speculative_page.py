@@ -26,7 +26,7 @@ def spec():
     at = AppTest.from_file(str(APP), default_timeout=60)
     for key, value in FAST.items():
         at.session_state[key] = value
-    at.switch_page("minillm_visualizer/speculative/page.py").run()
+    at.switch_page("minillm_visualizer/speculative/speculative.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

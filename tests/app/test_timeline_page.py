@@ -5,7 +5,7 @@ from minillm_visualizer.timeline.charts import STATES
 
 
 def open_timeline(app):
-    app.switch_page("minillm_visualizer/timeline/page.py").run()
+    app.switch_page("minillm_visualizer/timeline/timeline.py").run()
     assert not app.exception
 
 
