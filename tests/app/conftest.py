@@ -1,11 +1,15 @@
 """Fixtures for the visualizer's tests: the app under Streamlit's AppTest, on the small bundled model."""
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+# Streamlit runs the app with the script's folder first on sys.path: that is how the pages import
+# minillm_visualizer, which is not installed. The tests do the same, so they import the very files the app runs.
+sys.path.insert(0, str(APP.parent))
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from conftest import APP, errors, figures
 
 from minillm.sim import simulate
 from minillm.sim.workloads import agent_sessions
-from visualizer.cluster_run import latency_windows, roofline_replica
+from minillm_visualizer.cluster.run import latency_windows, roofline_replica
 
 DEFAULT_TRAFFIC = dict(n=200, rate=4.0, seed=0, tenants=4, burstiness=0.3)  # the page's defaults
 QUEUES, FLEET, KV = "Queues per replica", "The fleet over time", "KV cache use per replica"
@@ -18,7 +18,7 @@ def cluster():
     """The page alone, with its defaults: 4 replicas of Llama-3.1-8B on an H100 (roofline), least loaded."""
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(APP), default_timeout=120)
-    at.switch_page("views/cluster.py").run()
+    at.switch_page("minillm_visualizer/cluster/cluster.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

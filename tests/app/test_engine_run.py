@@ -5,7 +5,7 @@ from minillm import EngineConfig, SamplingParams
 from minillm.cache.allocator import BlockAllocator
 from minillm.config import Components
 from minillm.engine.engine import LLMEngine
-from visualizer.run import EngineRun, RequestSpec
+from minillm_visualizer.shared.engine_run import EngineRun, RequestSpec
 
 
 def engine(**kw) -> LLMEngine:

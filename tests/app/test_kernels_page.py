@@ -6,16 +6,16 @@ import torch
 from conftest import APP, errors, figures
 
 from minillm.kernels.runtime import tl, triton
-from visualizer.kernel_cases import KNOBS, context_lens, defaults, run_case
-from visualizer.kernel_charts import walk
-from visualizer.kernel_trace import record
+from minillm_visualizer.kernels.cases import KNOBS, context_lens, defaults, run_case
+from minillm_visualizer.kernels.charts import walk
+from minillm_visualizer.kernels.trace import record
 
 
 @pytest.fixture
 def kernels():
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(APP), default_timeout=120)
-    at.switch_page("views/kernels.py").run()
+    at.switch_page("minillm_visualizer/kernels/kernels.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
@@ -145,9 +145,9 @@ def test_the_backend_switch_reaches_the_live_engine(app, monkeypatch):
                         lambda self, *a: calls.append(a[0]) or real(self, *a))
     for key, value in {"k_source": "My prompts", "k_prompts": "def add(a, b):", "k_max_tokens": 4}.items():
         app.session_state[key] = value
-    app.switch_page("views/kernels.py").run()
+    app.switch_page("minillm_visualizer/kernels/kernels.py").run()
     app.radio(key="k_attention_backend").set_value("triton").run()
-    app.switch_page("views/live.py").run()
+    app.switch_page("minillm_visualizer/live/live.py").run()
     assert app.radio(key="k_attention_backend").value == "triton", "the sidebar shows the page's choice"
     assert any("Triton's interpreter" in c.value for c in app.caption)
     app.button(key="b_run").click().run()

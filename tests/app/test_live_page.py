@@ -4,7 +4,7 @@ import time
 import pytest
 from conftest import errors, figures, run_to_end
 
-from visualizer.controls import REFRESH_S
+from minillm_visualizer.shared.controls import REFRESH_S
 
 
 def test_live_page_renders_before_any_run(app):

@@ -3,7 +3,7 @@ from conftest import figures, run_to_end
 
 
 def open_memory(app):
-    app.switch_page("views/memory.py").run()
+    app.switch_page("minillm_visualizer/memory/memory.py").run()
     assert not app.exception
 
 

@@ -2,18 +2,15 @@
 
 The solutions stand in for a finished notebook, freshly generated stubs for an untouched one.
 """
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import APP, errors, run_to_end
+from conftest import errors, run_to_end
 
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import LABS, PARTS, calls
-from visualizer.learner_parts import KERNELS_LAB, LAB_PARTS, QUANT_LAB, SERVING_LAB, SPEC_LAB
+from minillm_visualizer.shared.learner_parts import KERNELS_LAB, LAB_PARTS, QUANT_LAB, SERVING_LAB, SPEC_LAB
 
 ROOT = Path(__file__).resolve().parents[2]
 # The labs whose parts the run pages use (lab 05's run on the Speculative decoding page, lab 06's on the Quantization
@@ -57,8 +54,8 @@ def test_the_solutions_parts_run_the_engine_and_the_page_names_them(app):
     text = page_text(app)
     assert "Your parts" in text and all(f"solutions/lab{lab}_" in text for lab in RUN_LABS)
     assert all(f"{exercise} `{name}`" in text for exercise, name in RUN_PARTS.values())
-    for page in ("views/timeline.py", "views/memory.py"):  # every run page says whose parts ran
-        app.switch_page(page).run()
+    for page in ("timeline", "memory"):  # every run page says whose parts ran
+        app.switch_page(f"minillm_visualizer/{page}/{page}.py").run()
         assert not app.exception and "Your parts" in page_text(app), page
 
 
@@ -108,16 +105,9 @@ def test_a_folder_or_choice_without_parts_gets_a_message(app, tmp_path, folder, 
 
 def test_the_learners_paged_decode_kernel_runs_on_the_triton_backend():
     from minillm.config import Components
-    from visualizer.settings import DEFAULTS, engine_config
+    from minillm_visualizer.shared.settings import DEFAULTS, engine_config
     values = {**DEFAULTS, "model": "pico"}
     config = engine_config(values, Components(paged_decode=lambda *args, **kwargs: None))
     assert config.attention_backend == "triton"
     assert engine_config(values).attention_backend == DEFAULTS["attention_backend"]
 
-
-def test_visualizer_imports_from_any_directory(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", "import visualizer; print(visualizer.__file__)"], check=False,
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert Path(out.stdout.strip()).parent == APP.parent / "visualizer"

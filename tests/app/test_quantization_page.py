@@ -15,8 +15,8 @@ from minillm.models.registry import resolve_model_path
 from minillm.quant import QuantConfig, QuantizedLinear
 from minillm.quant.eval import Reference, heldout_windows
 from minillm.quant.sensitivity import measure
-from visualizer.quant_charts import FIRST_DIFFERENT, parted_text
-from visualizer.quant_run import WINDOW_TOKENS, WINDOWS, first_difference
+from minillm_visualizer.quantization.charts import FIRST_DIFFERENT, parted_text
+from minillm_visualizer.quantization.run import WINDOW_TOKENS, WINDOWS, first_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
@@ -30,7 +30,7 @@ def quant():
     """The page alone (no other page is drawn first), on tiny, with its defaults (int4, groups of 64, everything)."""
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(APP), default_timeout=180)
-    at.switch_page("views/quantization.py").run()
+    at.switch_page("minillm_visualizer/quantization/quantization.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

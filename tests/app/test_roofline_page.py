@@ -4,7 +4,7 @@ from conftest import errors, figures
 
 
 def open_roofline(app):
-    app.switch_page("views/roofline.py").run()
+    app.switch_page("minillm_visualizer/roofline/roofline.py").run()
     assert not app.exception
 
 
@@ -70,7 +70,7 @@ def test_the_ridge_label_sits_on_the_ridge_line_of_a_log_axis():
     import math
 
     from minillm.perf import PROFILES
-    from visualizer.roofline_chart import roofline_chart
+    from minillm_visualizer.shared.roofline_chart import roofline_chart
     for hw in PROFILES.values():
         fig = roofline_chart(hw, "bfloat16", []).to_dict()
         ridge = hw.peak("bfloat16") / hw.bandwidth

@@ -8,7 +8,7 @@ import pytest
 from conftest import APP, errors, figures
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from visualizer.serving_run import parse_metrics, server, sweep_rates
+from minillm_visualizer.serving.run import parse_metrics, server, sweep_rates
 
 pytestmark = pytest.mark.timeout(240)
 SMALL = {"k_serve_requests": 3, "k_serve_max_tokens": 8, "k_serve_prompt_tokens": 16, "k_serve_rate": 0.0,
@@ -29,7 +29,7 @@ def page(settings: dict):
     at = AppTest.from_file(str(APP), default_timeout=180)
     for key, value in settings.items():
         at.session_state[key] = value
-    at.switch_page("views/serving.py").run()
+    at.switch_page("minillm_visualizer/serving/serving.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -10,9 +10,10 @@ from minillm.engine.engine import LLMEngine
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.speculative.heads import HEADS_FILE, SpecHeads, save_heads
 from minillm.speculative.theory import expected_tokens_per_forward
-from visualizer import spec_run
-from visualizer.spec_charts import ACCEPTED, BOX, OWN, REJECTED, UNREACHED, marked_text
-from visualizer.spec_run import Segment, chosen_prompts, engine_config, run_prompts
+from minillm_visualizer.shared.style import BOX
+from minillm_visualizer.speculative import run as spec_run
+from minillm_visualizer.speculative.charts import ACCEPTED, OWN, REJECTED, UNREACHED, marked_text
+from minillm_visualizer.speculative.run import Segment, chosen_prompts, engine_config, run_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"k_spec_prompts": ["fibonacci", "edit: rename a function"], "k_spec_max_tokens": 12, "k_spec_ks": [1, 4]}
@@ -25,7 +26,7 @@ def spec():
     at = AppTest.from_file(str(APP), default_timeout=60)
     for key, value in FAST.items():
         at.session_state[key] = value
-    at.switch_page("views/speculative.py").run()
+    at.switch_page("minillm_visualizer/speculative/speculative.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -1,11 +1,11 @@
 """The Scheduler timeline page: the Gantt of steps x requests, queues, token budget, the step cursor."""
 from conftest import figures, run_to_end
 
-from visualizer.schedule_charts import STATES
+from minillm_visualizer.timeline.charts import STATES
 
 
 def open_timeline(app):
-    app.switch_page("views/timeline.py").run()
+    app.switch_page("minillm_visualizer/timeline/timeline.py").run()
     assert not app.exception
 
 
