@@ -304,3 +304,21 @@ def test_converted_folder_is_a_transformers_checkpoint(tmp_path, hf_dir):
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
     assert AutoTokenizer.from_pretrained(copy)("def f(x):").input_ids == Tokenizer(model_dir).encode("def f(x):")
+
+
+def test_llama3_split_takes_whole_words_and_adds_bos_by_default():
+    """llama.cpp's llama-bpe rules: a word that is a token is taken whole even when no merge builds it
+    (ignore_merges), and BOS is added when the file does not say; other splits do neither."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from minillm.models.gguf_tokenizer import build_tokenizer
+    tokens = ["<s>", *sorted(ByteLevel.alphabet()), "ab", "abc"]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": ["a b"],
+            "tokenizer.ggml.token_type": [3] + [1] * (len(tokens) - 1), "tokenizer.ggml.bos_token_id": 0}
+    ids = {t: i for i, t in enumerate(tokens)}
+    llama3 = build_tokenizer({**meta, "tokenizer.ggml.pre": "llama-bpe"})
+    gpt2 = build_tokenizer({**meta, "tokenizer.ggml.pre": "gpt2"})
+    assert llama3.encode("abc").ids == [ids["<s>"], ids["abc"]]
+    assert gpt2.encode("abc").ids == [ids["ab"], ids["c"]]
+    no_bos = build_tokenizer({**meta, "tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.add_bos_token": False})
+    assert no_bos.encode("abc").ids == [ids["abc"]]

@@ -76,6 +76,6 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if name in bundled_models():
         return BUNDLED_DIR / name
     raise FileNotFoundError(
-        f"no model directory at {name!r}, and it is not a model name (bundled: "
-        f"{', '.join(bundled_models()) or 'none'}; packaged: {', '.join(PACKAGED_MODELS)}); pass a folder with "
-        f"config.json, *.safetensors and tokenizer.json, or a .gguf file")
+        f"no model directory at {name!r}, and it is not a bundled model name (bundled: "
+        f"{', '.join(bundled_models()) or 'none'}) nor a packaged one ({', '.join(PACKAGED_MODELS)}); pass a "
+        f"folder with config.json, *.safetensors and tokenizer.json, or a .gguf file")
