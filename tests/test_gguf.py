@@ -322,3 +322,15 @@ def test_llama3_split_takes_whole_words_and_adds_bos_by_default():
     assert gpt2.encode("abc").ids == [ids["ab"], ids["c"]]
     no_bos = build_tokenizer({**meta, "tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.add_bos_token": False})
     assert no_bos.encode("abc").ids == [ids["abc"]]
+
+
+def test_tensor_names_map_to_hugging_face_and_strangers_are_refused():
+    assert mgguf.hf_name("blk.7.attn_k.bias") == "model.layers.7.self_attn.k_proj.bias"
+    assert mgguf.hf_name("output.weight") == "lm_head.weight"
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_gate_exps\.weight' has no place in a Llama-family decoder"):
+        mgguf.hf_name("blk.0.ffn_gate_exps.weight")
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    w = torch.randn(3 * 8, 5)  # 3 heads of 8 rows
+    assert torch.equal(mgguf.unpermute_rope_rows(torch.from_numpy(llama_cpp_permute(w.numpy(), 3)), 3), w)

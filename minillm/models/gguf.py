@@ -130,12 +130,12 @@ def hf_name(name: str) -> str:
                      f"{', '.join(GLOBAL_TENSORS)} and blk.N.{{{', '.join(LAYER_TENSORS)}}})")
 
 
-def hf_tensors(reader: GGUFReader, config: dict, progress: bool = True) -> dict[str, torch.Tensor]:
+def hf_tensors(reader: GGUFReader, config: dict) -> dict[str, torch.Tensor]:
     """Every tensor of the file, dequantized to float32 and under its Hugging Face name."""
     reordered = ARCHITECTURES[config["model_type"]][1]
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     out = {}
-    for t in tqdm(reader.tensors, desc="Converting GGUF", unit="tensor", disable=not progress, file=sys.stderr):
+    for t in tqdm(reader.tensors, desc="Converting GGUF", unit="tensor", file=sys.stderr):  # TQDM_DISABLE=1 hides it
         name = hf_name(t.name)
         tensor = dequantize(t.name, t.data, t.tensor_type)  # [out, in] (or [n] for norms and biases)
         part = t.name.split(".")[-2]
@@ -145,7 +145,7 @@ def hf_tensors(reader: GGUFReader, config: dict, progress: bool = True) -> dict[
     return out
 
 
-def convert(path: Path, out_dir: Path, progress: bool = True) -> None:
+def convert(path: Path, out_dir: Path) -> None:
     """Write the Hugging Face folder for the GGUF file at `path` into out_dir (which must exist)."""
     reader, meta = read_gguf(path)
     tensors = {t.name for t in reader.tensors}
@@ -153,10 +153,10 @@ def convert(path: Path, out_dir: Path, progress: bool = True) -> None:
     tokenizer = build_tokenizer(meta)  # before the weights: a tokenizer it cannot build fails fast
     if "token_embd.weight" not in tensors:
         raise ValueError(f"{path} has no token_embd.weight: not a language model's GGUF file")
-    weights = hf_tensors(reader, config, progress)
+    weights = hf_tensors(reader, config)
     vocab = weights["model.embed_tokens.weight"].shape[0]
     if vocab != config["vocab_size"]:
-        raise ValueError(f"{path}: the embedding has {vocab} rows but the vocabulary {config['vocab_size']} tokens")
+        raise ValueError(f"{path}: the embedding has {vocab} rows but the vocabulary has {config['vocab_size']} tokens")
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
@@ -173,7 +173,7 @@ def cache_key(path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
-def gguf_model_dir(path: str | Path, progress: bool = True) -> Path:
+def gguf_model_dir(path: str | Path) -> Path:
     """The converted folder of a GGUF file: from the cache, or converted now (and the path printed to stderr).
     The folder is written under a temporary name and renamed when complete, so an interrupted
     conversion never leaves a folder that a later load would take for a model."""
@@ -186,7 +186,7 @@ def gguf_model_dir(path: str | Path, progress: bool = True) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        convert(path, partial, progress)
+        convert(path, partial)
         os.rename(partial, final)
     except OSError:
         if not (final / "config.json").is_file():  # not a concurrent conversion that finished first
