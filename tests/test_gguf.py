@@ -6,19 +6,18 @@ import json
 import os
 import shutil
 
+import gguf
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as T
 
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as T  # noqa: E402
-
-from minillm import LLM  # noqa: E402
-from minillm.models import gguf as mgguf  # noqa: E402
-from minillm.models import registry  # noqa: E402
-from minillm.models.gguf_quants import BLOCK_BYTES, dequantize  # noqa: E402
-from minillm.testing import make_hf_model  # noqa: E402
-from minillm.tokenizer import Tokenizer  # noqa: E402
+from minillm import LLM
+from minillm.models import gguf as mgguf
+from minillm.models import registry
+from minillm.models.gguf_quants import BLOCK_BYTES, dequantize
+from minillm.testing import make_hf_model
+from minillm.tokenizer import Tokenizer
 
 CORPUS = ["", "def f(x, y):\n    return x * 12 + y  # 345th\n", "it's they're we'll I'd DON'T", "x  1  22\t333 \n4",
           "   lead\t\ttabs\n\n\nnew  \n  ", "naïve café 日本語 🙂", "a<|endoftext|>b", "price: $1,234.56!!", "\r\n\r\n"]
