@@ -24,8 +24,8 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS = {
     "gpt2": [GPT2_SPLIT],
-    # SmolLM's vocabulary was learned with every digit a word of its own (as StarCoder's; the HF
-    # tokenizer.json says Digits(individual_digits) then ByteLevel): "x  1" is x, "  ", 1.
+    # Every numeral a word of its own first (llama.cpp splits StarCoder's vocabulary the same way; SmolLM2's
+    # has no token with a digit beside another character), then GPT-2's split: "x  1" is x, "  ", 1.
     "smollm": [r"\p{N}", GPT2_SPLIT],
     "llama-bpe": [LLAMA3_SPLIT],
     "qwen2": [QWEN2_SPLIT],
