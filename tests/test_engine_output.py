@@ -25,14 +25,12 @@ def sample(params: SamplingParams, index: int = 0, eos=(0,), request_id: str = "
     return seq
 
 
-def feed(outputs: OutputProcessor, seq: Sequence, text: str) -> list:
-    """Append text's tokens one per step until the sequence finishes; -> the chunks."""
-    chunks = []
+def feed(outputs: OutputProcessor, seq: Sequence, text: str):
+    """Append text's tokens one per step until the sequence finishes; yields each step's chunk."""
     for token in TOKENIZER.encode(text, add_special_tokens=False):
-        chunks.append(outputs.append(seq, [token], 0.0))
+        yield outputs.append(seq, [token], 0.0)
         if seq.is_finished:
-            break
-    return chunks
+            return
 
 
 def test_text_that_could_start_a_stop_string_is_held_back_until_it_cannot():
@@ -52,7 +50,7 @@ def test_a_stop_string_cuts_the_text_before_it_and_finishes_the_sample():
     outputs = OutputProcessor(finish, speculative=False)
     outputs.track("r")
     seq = sample(SamplingParams(max_tokens=64, stop=["STOP"]))
-    chunks = feed(outputs, seq, "hello world STOP and then more")
+    chunks = list(feed(outputs, seq, "hello world STOP and then more"))
     last = chunks[-1]
     assert last.finished and seq.finish_reason == FinishReason.STOP
     assert "".join(c.text for c in chunks) == "hello world " == last.output.text == last.request.text
@@ -63,12 +61,12 @@ def test_a_stop_token_and_max_tokens_flush_the_whole_text():
     outputs = OutputProcessor(finish, speculative=False)
     outputs.track("r")
     seq = sample(SamplingParams(max_tokens=64, stop=["never appears"]), eos=(7,))
-    chunks = feed(outputs, seq, "a b c") + [outputs.append(seq, [7], 0.0)]  # the stop token
+    chunks = [*feed(outputs, seq, "a b c"), outputs.append(seq, [7], 0.0)]  # the stop token
     assert seq.finish_reason == FinishReason.STOP and "".join(c.text for c in chunks) == seq.output_text
     assert seq.output_token_ids[-1] == 7
     outputs.track("s")
     seq = sample(SamplingParams(max_tokens=3, stop=["never appears"]), request_id="s")
-    chunks = feed(outputs, seq, "one two three four five")
+    chunks = list(feed(outputs, seq, "one two three four five"))
     assert seq.finish_reason == FinishReason.LENGTH and len(seq.output_token_ids) == 3
     assert "".join(c.text for c in chunks) == seq.output_text != ""
 
