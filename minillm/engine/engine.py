@@ -76,7 +76,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention, config.compile_decode)
         self.speculator = None if config.speculative is None else self._speculator()
         self.decoding: Decoding = self.speculator or PlainDecoding()
-        speculative = self.speculator is not None
+        speculative = config.speculative is not None
         self.inputs = InputProcessor(self.tokenizer, self.model_dir, self.model_config.vocab_size, self.eos_token_ids,
                                      self.max_model_len, self.cache, self.device, config.seed, speculative)
         self.sampler = Sampler(config.components)
@@ -150,9 +150,7 @@ class LLMEngine:
         if not samples or any(len(s.token_ids) != s.num_prompt_tokens + 1 or not s.is_decoding for s in samples):
             raise ValueError(f"request {request_id!r} is not a prompt just computed, with its first token and "
                              f"nothing else: {samples or 'it is not running'}")
-        if self.config.kv_cache != CacheKind.PAGED or self.speculator is not None or samples[0].logprobs is not None:
-            raise ValueError("hand_off moves paged blocks and tokens only: it needs kv_cache='paged', no speculative "
-                             "decoding and no logprobs")
+        self._check_handoff("hand_off moves", samples[0].params)
         head = samples[0]
         by_index, done = {s.index: s for s in samples}, {c.index: c for c in self.outputs.finished_samples(request_id)}
         kv = pack(self.cache.pool, self.cache.block_table(head), head.num_prompt_tokens)  # done: stopped at once
@@ -172,9 +170,7 @@ class LLMEngine:
         had sampled it here (its generator continues from the state the other engine left).
         -> the first tokens' chunks; None when the scheduler cannot start it now (max_num_seqs
         reached, sequences waiting ahead of it, or no free blocks): nothing changed, offer it again later."""
-        if self.config.kv_cache != CacheKind.PAGED or self.speculator is not None or params.logprobs is not None:
-            raise ValueError("add_prefilled takes paged blocks and tokens only: it needs kv_cache='paged', no "
-                             "speculative decoding and no logprobs")
+        self._check_handoff("add_prefilled takes", params)
         if len(prefilled.first_tokens) != params.n:
             raise ValueError(f"got {len(prefilled.first_tokens)} first tokens for n = {params.n} samples")
         request = self.process_request(prefilled.prompt_ids, params, request_id)
@@ -197,6 +193,12 @@ class LLMEngine:
                 seq.generator.set_state(state)
             chunks.append(self.outputs.append(seq, [token], now))
         return chunks
+
+    def _check_handoff(self, what: str, params: SamplingParams) -> None:
+        config = self.config
+        if config.kv_cache != CacheKind.PAGED or config.speculative is not None or params.logprobs is not None:
+            raise ValueError(f"{what} paged blocks and tokens only: it needs kv_cache='paged', no speculative "
+                             f"decoding and no logprobs")
 
     # -- what observers may read ------------------------------------------------------------
     def subscribe(self, observer) -> None:
