@@ -77,10 +77,11 @@ class LLMEngine:
         self.speculator = None if config.speculative is None else self._speculator()
         self.decoding: Decoding = self.speculator or PlainDecoding()
         speculative = config.speculative is not None
-        self.inputs = InputProcessor(self.tokenizer, self.model_dir, self.model_config.vocab_size, self.eos_token_ids,
-                                     self.max_model_len, self.cache, self.device, config.seed, speculative)
+        self.input_processor = InputProcessor(self.tokenizer, self.model_dir, self.model_config.vocab_size,
+                                              self.eos_token_ids, self.max_model_len, self.cache, self.device,
+                                              config.seed, speculative)
         self.sampler = Sampler(config.components)
-        self.outputs = OutputProcessor(self.scheduler.finish, speculative)
+        self.output_processor = OutputProcessor(self.scheduler.finish, speculative)
         self._observers = []
         self.last_step_timings: dict[str, float] = {}  # seconds per phase of the latest step (see _record)
         self.num_steps = 0
@@ -101,12 +102,12 @@ class LLMEngine:
         """Validate, tokenize, compile the grammar, draw the seed and build the samples: -> the
         request, not queued. It touches no queue, so another thread may call it while a step runs.
         Bad input raises ValueError (TypeError for params that are not a SamplingParams)."""
-        return self.inputs.process(prompt, params, request_id)
+        return self.input_processor.process(prompt, params, request_id)
 
     def enqueue(self, request: EngineRequest) -> str:
         """Queue a processed request (only the thread that steps may); -> its id. An id still in
         use raises ValueError, queue untouched."""
-        self.outputs.track(request.request_id)
+        self.output_processor.track(request.request_id)
         self.scheduler.add(request.samples[0])
         return request.request_id
 
@@ -117,7 +118,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; -> whether it was still queued or running."""
-        self.outputs.forget(request_id)
+        self.output_processor.forget(request_id)
         return bool(self.scheduler.abort(request_id))
 
     # -- KV offload (cache/offload.py): a second tier for the blocks of agents waiting on tools --
@@ -151,9 +152,9 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r} is not a prompt just computed, with its first token and "
                              f"nothing else: {samples or 'it is not running'}")
         self._check_handoff("hand_off moves", samples[0].params)
-        head = samples[0]
-        by_index, done = {s.index: s for s in samples}, {c.index: c for c in self.outputs.finished_samples(request_id)}
-        kv = pack(self.cache.pool, self.cache.block_table(head), head.num_prompt_tokens)  # done: stopped at once
+        head, by_index = samples[0], {s.index: s for s in samples}
+        done = {c.index: c for c in self.output_processor.finished_samples(request_id)}  # stopped at their first token
+        kv = pack(self.cache.pool, self.cache.block_table(head), head.num_prompt_tokens)
         prefilled = PrefilledPrompt(
             head.prompt_token_ids, [by_index[i].token_ids[-1] if i in by_index else done[i].token_ids[0]
                                     for i in range(head.params.n)], kv,
@@ -182,16 +183,16 @@ class LLMEngine:
             unpack(prefilled.kv[:, :, cached:], self.cache.pool,
                    self.cache.block_table(head)[cached // bs:cdiv(len(prefilled.prompt_ids), bs)])
 
-        self.outputs.track(request_id)
+        self.output_processor.track(request_id)
         samples = self.scheduler.admit_prefilled(request.samples[0], prefilled.first_scheduled_time, fill)
         if samples is None:
-            self.outputs.forget(request_id)
+            self.output_processor.forget(request_id)
             return None
         now, chunks = time.perf_counter(), []
         for seq, token, state in zip(samples, prefilled.first_tokens, prefilled.generator_states):
             if state is not None:
                 seq.generator.set_state(state)
-            chunks.append(self.outputs.append(seq, [token], now))
+            chunks.append(self.output_processor.append(seq, [token], now))
         return chunks
 
     def _check_handoff(self, what: str, params: SamplingParams) -> None:
@@ -237,7 +238,7 @@ class LLMEngine:
             for s in [*self.scheduler.running, *self.scheduler.waiting]]
 
     def completion_of(self, seq: Sequence) -> Completion:
-        return self.outputs.completion_of(seq)
+        return self.output_processor.completion_of(seq)
 
     # -- the core ---------------------------------------------------------------------------
     def step(self) -> list[StreamChunk]:
@@ -257,7 +258,7 @@ class LLMEngine:
         emitted = self.sampler.emit(emitting, logits, rows, verdict.tokens)  # [(seq, its new tokens, first row)]
         self.decoding.observe(emitted, self.runner.last_hidden)
         now = time.perf_counter()
-        chunks = [self.outputs.append(seq, tokens, now) for seq, tokens, _ in emitted]
+        chunks = [self.output_processor.append(seq, tokens, now) for seq, tokens, _ in emitted]
         self._record(batch, chunks, verdict.records, (start, scheduled, executed, now))
         return chunks
 
