@@ -1,4 +1,5 @@
-"""The engine's shared state types: a sequence, a step's scheduled work, KV statistics, step events.
+"""The engine's shared state types: a request and its sequences, a step's scheduled work and what
+verification made of it, a prefilled prompt between engines, KV statistics, step events.
 
 Every layer reads these (the cache keeps per-sequence state on a Sequence, the scheduler moves it
 between queues, observers receive StepEvents), so this module imports nothing else of the package:
@@ -9,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -161,6 +162,28 @@ class Sequence:
 
 
 @dataclass
+class EngineRequest:
+    """A request the input processor has validated and built, not yet queued (LLMEngine.enqueue
+    queues it): its n samples, sample 0 first (the others join after the prompt's prefill)."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    samples: list[Sequence]
+
+
+class PrefilledPrompt(NamedTuple):
+    """A request whose prompt one engine computed, on its way to another that decodes it
+    (LLMEngine.hand_off -> LLMEngine.add_prefilled; distributed/handoff.py moves it between processes)."""
+    prompt_ids: list[int]
+    first_tokens: list[int]                        # per sample: the token sampled after the prompt
+    kv: Any                                        # the prompt's K/V, as the caller's pack returned them
+    generator_states: list[torch.Tensor | None]    # per sample: its generator after that draw (None: it stopped)
+    arrival_time: float                            # time.perf_counter() (one clock for every process of a host)
+    first_scheduled_time: float | None
+
+
+@dataclass
 class ScheduledSeq:
     """One sequence's share of a step: compute `num_tokens` tokens from its first uncomputed one.
     `samples`: the step reaches the sequence's last token, so its logits give a new token.
@@ -215,6 +238,14 @@ class Verification:
     proposed: tuple[int, ...]     # the proposals verified
     accepted: int                 # how many of them, from the first, the target kept
     token: int                    # the token the target added after them (a correction, or the bonus)
+
+
+@dataclass
+class Verdict:
+    """What verification made of one step's proposals (nothing, without speculative decoding)."""
+    accepted: list[int] | None = None       # per batch item: how many of its proposals the target kept
+    tokens: dict[Sequence, list[int]] = field(default_factory=dict)  # what each verifying sequence emits
+    records: list[Verification] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

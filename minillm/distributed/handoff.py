@@ -8,7 +8,7 @@ between GPUs, and across machines). A message is a fixed-size header, then the t
     tokens  int64 [P+n]  the prompt, then each sample's first token
     times   float64 [2]  arrival, first scheduled (time.perf_counter, one clock per host; NaN: none)
     states  uint8 [n, s] each sample's generator state (a row of zeros: the sample stopped at its first token)
-    kv      dtype [2, layers, P, kv_heads, head_dim]   the prompt's K/V (dist/kv_transfer.pack_kv)
+    kv      dtype [2, layers, P, kv_heads, head_dim]   the prompt's K/V (kv_transfer.pack_kv)
 
 A blocking recv gives no way to poll on gloo (a posted irecv completes only when waited on), so each
 side moves messages in a thread of its own: the engine's loop never waits on the wire, and the
@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from minillm.engine.engine import PrefilledPrompt
+from minillm.state import PrefilledPrompt
 
 PREFILLED, STOP = 1, 0
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

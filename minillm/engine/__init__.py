@@ -1,1 +1,2 @@
-"""The engine: sequences, the scheduler, the runner that builds a step's tensors, and the step loop."""
+"""The engine, in three parts: the input processor (a prompt -> a request), the core (schedule, run the
+model, verify and sample, advance the sequences) and the output processor (tokens -> text, stops, outputs)."""

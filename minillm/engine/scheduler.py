@@ -6,6 +6,7 @@ cannot grow a running sequence, the policy preempts: the victim's blocks are fre
 back to the front of the queue, to be recomputed from its tokens (recompute preemption).
 """
 from collections import deque
+from collections.abc import Callable
 
 from minillm.cache.base import CacheManager
 from minillm.config import EngineConfig
@@ -82,12 +83,10 @@ class Scheduler:
         if len(self.running) >= self.max_num_seqs:
             raise RuntimeError(f"{self._who()} admitted {seq!r} while {len(self.running)} sequences run "
                                f"(max_num_seqs = {self.max_num_seqs})")
-        cached = self.cache.allocate(seq)
-        if cached is None:
+        if not self._allocate(seq):
             return False
         self.waiting.remove(seq)
-        seq.num_computed_tokens = seq.num_cached_prompt_tokens = cached
-        self._start(seq)
+        self._start(seq, self._now)
         return True
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
@@ -132,20 +131,47 @@ class Scheduler:
             self.finish(seq, FinishReason.ABORT)
         return aborted
 
-    def _start(self, seq: Sequence) -> None:
+    def admit_prefilled(self, seq: Sequence, first_scheduled_time: float | None,
+                        fill: Callable[[Sequence], None]) -> list[Sequence] | None:
+        """Admit a request whose prompt another engine computed (disaggregated serving; seq: its
+        sample 0, never queued here) by the rules a waiting one meets: no sequence waits ahead of it,
+        max_num_seqs allows one more, the pool has blocks for its prompt. fill(seq) then writes the
+        prompt's K/V into its blocks from seq.num_computed_tokens on (the prefix cache supplied the
+        rest), and the prompt counts as computed. first_scheduled_time: when the other engine first
+        scheduled it. -> its samples, in index order, each to append its first token; None: refused,
+        nothing changed (offer it again later)."""
+        if self.waiting or len(self.running) >= self.max_num_seqs or not self._allocate(seq):
+            return None
+        self._start(seq, first_scheduled_time)
+        fill(seq)
+        computed = ScheduledSeq(seq, seq.num_prompt_tokens - seq.num_computed_tokens, Phase.PREFILL, samples=True)
+        return [s for s, _ in self.advance([computed])]
+
+    def _allocate(self, seq: Sequence) -> bool:
+        """KV for seq's tokens; prefix-cache hits count as computed. -> False: no room, nothing changed."""
+        cached = self.cache.allocate(seq)
+        if cached is None:
+            return False
+        seq.num_computed_tokens = seq.num_cached_prompt_tokens = cached
+        return True
+
+    def _start(self, seq: Sequence, scheduled_at: float | None) -> None:
+        """seq runs from now on. Its first admission is when its request was first scheduled (the
+        one place metrics.first_scheduled_time is written): a preempted sequence keeps that time."""
         seq.status = SequenceStatus.RUNNING
         if seq.metrics.first_scheduled_time is None:
-            seq.metrics.first_scheduled_time = self._now
+            seq.metrics.first_scheduled_time = scheduled_at
         self.running.append(seq)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
-        """The request's other samples start from the parent's K/V (shared where the layout can)."""
+        """The request's other samples start from the parent's K/V (shared where the layout can),
+        scheduled when their request was."""
         children, parent.forks = parent.forks, []
         for child in children:
             self.cache.fork(parent, child)
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
-            self._start(child)
+            self._start(child, parent.metrics.first_scheduled_time)
         return children
 
     # -- checking a policy's decision --------------------------------------------------------

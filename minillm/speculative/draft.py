@@ -9,9 +9,9 @@ their K/V), and the tokens the target added are fed to the draft in its first fo
 import torch
 
 from minillm.cache.paged import PagedCacheManager
-from minillm.engine.runner import ModelRunner
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
+from minillm.speculative.proposers import ProposerTarget
 from minillm.speculative.verify import target_probs
 from minillm.state import Phase, ScheduledSeq, Sequence
 from minillm.tokenizer import Tokenizer
@@ -20,15 +20,14 @@ DRAFT_BLOCK_SIZE = 16
 
 
 class DraftProposer:
-    def __init__(self, draft_model: str, target) -> None:
+    def __init__(self, draft_model: str, target: ProposerTarget) -> None:
         path = resolve_model_path(draft_model)
         self.model = load_model(path, target.dtype, target.device)
         check_same_vocabulary(Tokenizer(path), target.tokenizer, self.model.config.vocab_size,
-                              target.model_config.vocab_size, draft_model)
-        slots = (target.cache.num_blocks or 4096) * target.config.block_size  # as many tokens as the target holds
-        self.cache = PagedCacheManager(self.model.config, slots // DRAFT_BLOCK_SIZE + 1, DRAFT_BLOCK_SIZE,
+                              target.model.config.vocab_size, draft_model)
+        self.cache = PagedCacheManager(self.model.config, target.kv_slots // DRAFT_BLOCK_SIZE + 1, DRAFT_BLOCK_SIZE,
                                        target.dtype, target.device, enable_prefix_caching=False)
-        self.runner = ModelRunner(self.model, self.cache, target.device)
+        self.runner = target.make_runner(self.model, self.cache)
         self.shadows: dict[int, tuple[Sequence, int]] = {}  # id(seq) -> (shadow, tokens before its proposals)
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> None:

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from minillm.speculative.proposers import ProposerTarget
 from minillm.speculative.verify import target_probs
 from minillm.state import Sequence
 
@@ -72,10 +73,9 @@ def load_heads(path: Path, target: nn.Module) -> SpecHeads:
 class HeadsProposer:
     """Proposes from the hidden state the target left after each sequence's last computed token."""
 
-    def __init__(self, path: str | None, target) -> None:
+    def __init__(self, path: str | None, target: ProposerTarget, k: int) -> None:
         self.lm_head = target.model.lm_head
         self.heads = load_heads(Path(path) if path else target.model_dir / HEADS_FILE, target.model)
-        k = target.config.speculative.k
         if k > len(self.heads.blocks):
             raise ValueError(f"speculative k = {k}, but the heads predict only {len(self.heads.blocks)} tokens ahead")
         self.hidden: dict[int, torch.Tensor] = {}  # id(seq) -> [hidden]

@@ -1,10 +1,11 @@
-"""The Speculator: proposals before each step, verification after the target's forward, and the counts.
+"""The Speculator: speculative decoding as the engine's decoding strategy (engine/decoding.py).
 
-    step:  speculator.propose(running)  -> each decoding sequence gets up to k proposals (seq.spec_tokens)
-           scheduler.schedule()          -> a speculating sequence computes 1 + its proposals this step
-           runner.execute()              -> the target's logits at every one of those positions
-           speculator.verify(batch, ...) -> how many each sequence keeps, and the token after them
-           scheduler.advance(accepted)   -> rejected positions are not computed: their slots are dropped
+    step:  speculator.propose(running)       -> each decoding sequence gets up to k proposals (seq.spec_tokens)
+           scheduler.schedule()              -> a speculating sequence computes 1 + its proposals this step
+           runner.execute()                  -> the target's logits at every one of those positions
+           speculator.verify(batch, ...)     -> how many each sequence keeps, and the token after them
+           scheduler.advance(accepted)       -> rejected positions are not computed: their slots are dropped
+           speculator.observe(emitted, ...)  -> the proposer sees the hidden state its next proposals follow
 
 Every proposer implements the Proposer protocol below, so the engine does not care where guesses
 come from: prompt lookup (ngram.py), a draft model (draft.py) or prediction heads (heads.py).
@@ -16,7 +17,7 @@ import torch
 
 from minillm.config import Components, SpeculativeConfig
 from minillm.speculative.verify import verify
-from minillm.state import ScheduledSeq, Sequence, Verification
+from minillm.state import ScheduledSeq, Sequence, Verdict, Verification
 
 
 class Proposer(Protocol):
@@ -49,11 +50,6 @@ class SpecStats:
         return self.accepted / self.reached if self.reached else 0.0
 
     @property
-    def accepted_per_proposal(self) -> float:
-        """Accepted over proposed: what share of the proposer's guesses became output."""
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
     def tokens_per_forward(self) -> float:
         """Tokens each verifying target forward produced for a sequence (1.0 without speculation)."""
         return self.emitted / self.verifications if self.verifications else 1.0
@@ -79,30 +75,30 @@ class Speculator:
         if seqs:
             self.proposer.propose(seqs, limits)
 
-    def verify(self, batch: list[ScheduledSeq], logits: torch.Tensor, hidden: torch.Tensor,
-               offsets: list[int]) -> tuple[list[int], dict[int, list[int]], list[Verification]]:
-        """logits, hidden: the step's rows (offsets[i]: batch[i]'s first). -> how many proposals each
-        batch item keeps, the tokens each speculating item emits (by batch index), the records."""
-        accepted, emitted, records = [0] * len(batch), {}, []
+    def verify(self, batch: list[ScheduledSeq], logits: torch.Tensor, rows: list[int]) -> Verdict:
+        """logits: the step's [rows, vocab] (rows[i]: batch[i]'s first) -> how many proposals each
+        batch item keeps, the tokens each speculating sequence emits, the records."""
+        verdict = Verdict(accepted=[0] * len(batch))
         for i, item in enumerate(batch):
             if not item.num_proposals:
                 continue
             seq, n = item.seq, item.num_proposals
             proposals, q = seq.spec_tokens[:n], None if seq.spec_probs is None else seq.spec_probs[:n]
-            rows = logits[offsets[i]:offsets[i] + n + 1]  # [n + 1, vocab]
             p = seq.params
-            m, token = self._verify(rows, proposals, q, p.temperature, p.top_k, p.top_p, seq.generator)
-            accepted[i], emitted[i] = m, proposals[:m] + [token]
-            records.append(Verification(seq.request_id, seq.index, tuple(proposals), m, token))
-            self.proposer.verified(seq, m, hidden[offsets[i] + m])
+            m, token = self._verify(logits[rows[i]:rows[i] + n + 1], proposals, q, p.temperature, p.top_k, p.top_p,
+                                    seq.generator)  # [n + 1, vocab]: after each proposal's context, and one more
+            verdict.accepted[i], verdict.tokens[seq] = m, proposals[:m] + [token]
+            verdict.records.append(Verification(seq.request_id, seq.index, tuple(proposals), m, token))
             seq.num_proposed += n
             seq.num_accepted += m
             self._count(n, m)
-        return accepted, emitted, records
+        return verdict
 
-    def observe(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        """A sequence sampled one token without verifying (its first, say): the hidden state it came from."""
-        self.proposer.verified(seq, 0, hidden)
+    def observe(self, emitted: list[tuple[Sequence, list[int], int]], hidden: torch.Tensor) -> None:
+        """Each emitting sequence's hidden state after its last kept token (the row of its last
+        accepted proposal, or its only row when it sampled one token), where its next proposals start."""
+        for seq, tokens, row in emitted:
+            self.proposer.verified(seq, len(tokens) - 1, hidden[row + len(tokens) - 1])
 
     def _count(self, proposed: int, accepted: int) -> None:
         s = self.stats

@@ -1,0 +1,91 @@
+"""The input processor: a request as the caller gives it -> an EngineRequest the scheduler can take.
+
+It validates the prompt and the params (every refusal is a ValueError that names the value and
+what is accepted), tokenizes, compiles a structured request's grammar into a matcher per sample,
+draws the seed and builds the request's n Sequences. It reads only what never changes while the
+engine runs (the tokenizer, the model's limits, the pool's size), so another thread may process a
+request while a step runs: the engine thread then queues it (LLMEngine.enqueue).
+"""
+import itertools
+import threading
+from pathlib import Path
+
+import torch
+
+from minillm.cache.base import CacheManager
+from minillm.sampling import SamplingParams
+from minillm.state import EngineRequest, Sequence
+from minillm.structured.grammar import GrammarCompiler, GrammarState
+from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Tokenizer, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 max_model_len: int, cache: CacheManager, device: torch.device, seed: int,
+                 speculative: bool) -> None:
+        """cache: read for its size only (cache.fits), never changed here."""
+        self.tokenizer, self.model_dir, self.vocab_size = tokenizer, model_dir, vocab_size
+        self.eos_token_ids, self.max_model_len, self.cache = eos_token_ids, max_model_len, cache
+        self.device, self.speculative = device, speculative
+        self._grammars: GrammarCompiler | None = None  # built at the first structured request
+        self._seed_rng = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # the counters and the compiler, for callers on several threads
+
+    def process(self, prompt: str | list[int], params: SamplingParams | None = None,
+                request_id: str | None = None) -> EngineRequest:
+        """-> the request, validated and built, not queued. Bad input raises ValueError (TypeError
+        for params that are not a SamplingParams)."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self._prompt_ids(prompt)
+        self._check_fits(len(ids), params)
+        with self._lock:
+            request_id = str(next(self._ids)) if request_id is None else request_id
+        grammars = [self._grammar_state(params) for _ in range(params.n)]
+        with self._lock:
+            seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_rng))
+        samples = [Sequence(request_id, text, ids, params, torch.Generator(device=self.device).manual_seed(seed + i),
+                            IncrementalDetokenizer(self.tokenizer, ids), self.eos_token_ids, index=i)
+                   for i in range(params.n)]
+        for seq, grammar in zip(samples, grammars):
+            seq.grammar = grammar
+        samples[0].forks = samples[1:]  # they join after the prompt's prefill, sharing its blocks
+        return EngineRequest(request_id, text, ids, params, samples)
+
+    def _prompt_ids(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty: give at least one character")
+            return prompt, self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        if not ids:
+            raise ValueError("prompt_token_ids is empty: give at least one token")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[:5]}")
+        return None, ids
+
+    def _check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """The request fits the context, and could fit in the empty KV pool."""
+        total = num_prompt_tokens + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds the context length of {self.max_model_len} tokens")
+        if not self.cache.fits(num_prompt_tokens, total, params.n):
+            raise ValueError(f"this request ({num_prompt_tokens} prompt tokens, max_tokens {params.max_tokens}, "
+                             f"n {params.n}) could never fit in the KV pool of {self.cache.num_blocks} "
+                             f"blocks: raise num_kv_blocks or kv_cache_memory")
+
+    def _grammar_state(self, params: SamplingParams) -> GrammarState | None:
+        """A new matcher for a structured request (None for a free one); a bad spec raises ValueError."""
+        if params.structured is None:
+            return None
+        if self.speculative:
+            raise ValueError("structured output is not supported with speculative decoding: the proposals "
+                             "would have to be masked too. Use an engine without `speculative`")
+        with self._lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.model_dir, self.vocab_size, self.eos_token_ids)
+            return self._grammars.matcher(params.structured)

@@ -1,0 +1,57 @@
+"""The engine's model: loaded (or shared with other engines), quantized as the config says, and
+split across ranks when tensor_parallel_size > 1 (rank 0 is this process: distributed/driver.py)."""
+import copy
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from minillm.config import Components, EngineConfig
+from minillm.distributed.driver import TensorParallelDriver
+from minillm.models.loader import load_model
+from minillm.quant import QuantizedLinear, QuantOps, quantize_model
+from minillm.quant.awq import apply_awq, calibration_rows
+from minillm.quant.linear import int4_linear_triton
+
+
+def setup_model(config: EngineConfig, model_dir: Path, model: torch.nn.Module | None = None) -> torch.nn.Module:
+    """model: weights already loaded from config.model (on config's device and dtype) to share one
+    copy between engines with different knobs (it is copied before any change); None loads them.
+    -> the model the engine runs: quantized as configured, the tensor-parallel driver with TP > 1."""
+    shared = model is not None
+    model = model if shared else load_model(model_dir, config.torch_dtype, config.torch_device)
+    model = quantized(model, config, shared, model_dir)
+    if config.tensor_parallel_size > 1:  # the workers run the other shards
+        model = TensorParallelDriver(model, model_dir, config)
+    return model
+
+
+def quant_ops(components: Components, attention_backend: str) -> QuantOps:
+    """The codecs and int4 product quantized layers use: the components' where a lab replaces them,
+    else the engine's (int4 on the fused Triton kernel with the Triton backend)."""
+    parts = {f.name: getattr(components, f.name) for f in fields(QuantOps) if getattr(components, f.name)}
+    if attention_backend == "triton":
+        parts.setdefault("int4_linear", int4_linear_triton)
+    return QuantOps(**parts)
+
+
+def quantized(model: torch.nn.Module, config: EngineConfig, shared: bool, model_dir: Path) -> torch.nn.Module:
+    """model with quantized layers that use config's QuantOps: quantized as config.quantization says
+    when it is set, or already quantized by its checkpoint. A model shared with other engines is
+    copied before any change, never changed under them."""
+    ops, already = quant_ops(config.components, config.attention_backend), getattr(model, "quant_config", None)
+    if config.quantization is None:
+        if already is None or ops == QuantOps():
+            return model
+        model = copy.deepcopy(model) if shared else model
+        for layer in model.modules():
+            if isinstance(layer, QuantizedLinear):
+                layer.ops = ops
+        return model
+    if already is not None:
+        raise ValueError(f"the model is already quantized ({already.label()}): load its "
+                         f"full-precision checkpoint to quantize it another way")
+    model = copy.deepcopy(model) if shared else model
+    if config.quantization.calibration == "awq":
+        apply_awq(model, config.quantization, calibration_rows(model_dir))
+    return quantize_model(model, config.quantization, ops)

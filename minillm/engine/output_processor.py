@@ -1,0 +1,104 @@
+"""The output processor: a step's new tokens -> text, stops, and what the caller receives.
+
+For each sequence that emitted tokens it appends them, detokenizes incrementally, and finishes the
+sequence at the first token that stops it: a stop token (EOS unless ignore_eos), a stop string
+(the text is cut before it), the end of its grammar, or max_tokens. It streams only text that is
+safe to show: while a sequence runs, a tail that could still grow into a stop string is held back.
+A sample's last chunk carries its Completion; a request's last one the whole RequestOutput.
+
+The finishing itself is the scheduler's (a status change frees the sequence's blocks): this module
+decides *that* and *why* a sequence stops, and calls `finish` to make it so.
+"""
+from collections.abc import Callable
+
+from minillm.outputs import Completion, RequestOutput, StreamChunk
+from minillm.state import FinishReason, Sequence
+
+
+class OutputProcessor:
+    def __init__(self, finish: Callable[[Sequence, FinishReason], None], speculative: bool) -> None:
+        """finish: the scheduler's transition to FINISHED; speculative: completions report the proposals."""
+        self._finish, self._speculative = finish, speculative
+        self._done: dict[str, list[Completion]] = {}  # per live request: its finished samples
+
+    # -- the live requests ---------------------------------------------------------------------
+    def track(self, request_id: str) -> None:
+        """Start collecting a request's samples; an id still live raises ValueError."""
+        if request_id in self._done:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self._done[request_id] = []
+
+    def forget(self, request_id: str) -> None:
+        """The request left the engine unfinished (aborted, handed off): its id is free again."""
+        self._done.pop(request_id, None)
+
+    def finished_samples(self, request_id: str) -> list[Completion]:
+        """The samples of a live request that have finished so far."""
+        return list(self._done[request_id])
+
+    # -- a step's tokens -------------------------------------------------------------------------
+    def append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
+        """Add a step's tokens to their sequence (one, or several when speculating), detokenize
+        them, and finish the sequence at the first that stops it (the rest are dropped)."""
+        for n, token in enumerate(tokens, 1):
+            seq.token_ids.append(token)
+            seq.metrics.token_times.append(now)
+            seq.output_text += seq.detokenizer.push(token)
+            if seq.grammar is not None:
+                seq.grammar.accept(token)
+            reason = None
+            if token in seq.stop_token_ids or cut_at_stop_string(seq) or (seq.grammar and seq.grammar.finished):
+                reason = FinishReason.STOP
+            elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                if reason == FinishReason.LENGTH or token in seq.stop_token_ids:
+                    seq.output_text += seq.detokenizer.flush()
+                    cut_at_stop_string(seq)
+                seq.metrics.finished_time = now
+                self._finish(seq, reason)
+                if seq.logprobs is not None:
+                    del seq.logprobs[len(seq.output_token_ids):]
+                return self._chunk(seq, tokens[:n])
+        return self._chunk(seq, tokens)
+
+    def _chunk(self, seq: Sequence, token_ids: list[int]) -> StreamChunk:
+        """What the caller receives of this step: the text safe to show, and the output once finished."""
+        delta = seq.output_text[seq.emitted_chars:shown_end(seq)]
+        seq.emitted_chars += len(delta)
+        chunk = StreamChunk(seq.request_id, seq.index, delta, token_ids, seq.is_finished,
+                            logprobs=None if seq.logprobs is None else seq.logprobs[-len(token_ids):])
+        if seq.is_finished:
+            chunk.output = self.completion_of(seq)
+            done = self._done[seq.request_id]
+            done.append(chunk.output)
+            if len(done) == seq.params.n:
+                del self._done[seq.request_id]
+                chunk.request = RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids,
+                                              sorted(done, key=lambda c: c.index))
+        return chunk
+
+    def completion_of(self, seq: Sequence) -> Completion:
+        metrics = {**seq.metrics.as_dict(), "cached_prompt_tokens": seq.num_cached_prompt_tokens}
+        if self._speculative:
+            metrics.update(spec_proposed=seq.num_proposed, spec_accepted=seq.num_accepted)
+        return Completion(seq.index, seq.output_text, seq.output_token_ids, seq.finish_reason, metrics,
+                          None if seq.logprobs is None else list(seq.logprobs))
+
+
+def cut_at_stop_string(seq: Sequence) -> bool:
+    """Cut the text before the first stop string, if one has appeared; -> whether one did."""
+    hits = [i for i in (seq.output_text.find(s) for s in seq.params.stop) if i >= 0]
+    if hits:
+        seq.output_text = seq.output_text[:min(hits)]
+    return bool(hits)
+
+
+def shown_end(seq: Sequence) -> int:
+    """How far into output_text the caller may see: all of it once finished; while running, all but
+    a tail one character shorter than the longest stop string (it could still become one), and
+    never less than what was already shown."""
+    end = len(seq.output_text)
+    if not seq.is_finished and seq.params.stop:
+        end -= max(len(s) for s in seq.params.stop) - 1
+    return max(end, seq.emitted_chars)

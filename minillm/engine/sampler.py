@@ -1,0 +1,56 @@
+"""The step's sampling: the tokens each emitting sequence adds, from the rows of the step's logits.
+
+A sequence that verified proposals emits what verification decided (Verdict.tokens); every other
+one draws one token from its row: masked to what its grammar allows next (structured output), then
+sampled with its own params and generator. Requests that asked for logprobs get them for every
+token emitted, under the model's own distribution at that token's row.
+"""
+import itertools
+
+import torch
+
+from minillm.config import Components
+from minillm.sampling import sample_requests, token_logprobs
+from minillm.state import ScheduledSeq, Sequence
+from minillm.structured import apply_grammar_mask
+from minillm.structured.grammar import new_bitmask
+
+Emitted = tuple[Sequence, list[int], int]  # a sequence, the tokens it emits this step, its first row of logits
+
+
+def first_rows(batch: list[ScheduledSeq]) -> list[int]:
+    """Each batch item's first row in the step's logits (the runner returns num_logits rows per item)."""
+    return list(itertools.accumulate((b.num_logits for b in batch), initial=0))
+
+
+class Sampler:
+    def __init__(self, components: Components) -> None:
+        self._sample = components.sample
+        self._grammar_mask = components.grammar_mask or apply_grammar_mask
+
+    def emit(self, emitting: list[tuple[Sequence, int]], logits: torch.Tensor, rows: list[int],
+             verified: dict[Sequence, list[int]]) -> list[Emitted]:
+        """emitting: (sequence, batch index) of each sequence the step reached the end of (a prompt's
+        other samples join at its index); logits: [rows, vocab]. -> what each emits, drawn ones first."""
+        drawn = [(seq, rows[i]) for seq, i in emitting if seq not in verified]
+        masked = self._constrain(logits[[row for _, row in drawn]], [seq for seq, _ in drawn])
+        tokens = sample_requests(masked, [s.params for s, _ in drawn], [s.generator for s, _ in drawn], self._sample)
+        emitted = [(seq, [token], row) for (seq, row), token in zip(drawn, tokens)]
+        emitted += [(seq, verified[seq], rows[i]) for seq, i in emitting if seq in verified]
+        for seq, new, row in emitted:
+            if seq.logprobs is not None:
+                seq.logprobs += [token_logprobs(logits[row + j], t, seq.params.logprobs) for j, t in enumerate(new)]
+        return emitted
+
+    def _constrain(self, rows: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Mask the rows of structured samples to the tokens their grammar allows next.
+        rows: [len(seqs), vocab] -> [len(seqs), vocab]"""
+        constrained = [j for j, seq in enumerate(seqs) if seq.grammar is not None]
+        if not constrained:
+            return rows
+        bitmask = new_bitmask(len(constrained), rows.shape[-1])  # [constrained, ceil(vocab / 32)]
+        for r, j in enumerate(constrained):
+            seqs[j].grammar.fill_bitmask(bitmask, r)
+        rows = rows.clone()
+        rows[constrained] = self._grammar_mask(rows[constrained], bitmask.to(rows.device))
+        return rows
