@@ -70,8 +70,7 @@ from minillm.quant import linear_weight_bytes
 from minillm.quant.codecs import dequantize_int4, dequantize_int8
 from minillm.quant.linear import scaled_linear
 from minillm.quant.sensitivity import measure, sensitivity_grid
-from minillm.training.corpus import spread_rows
-from minillm.training.corpus import corpus_split, encode_corpus
+from minillm.corpus import corpus_split, encode_corpus, spread_rows
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
 tiny = LLM("tiny").engine.model  # the full-precision model every experiment compares with

@@ -36,7 +36,7 @@ def test_default_llm_is_tiny_and_names_resolve():
 
 @pytest.fixture(scope="module")
 def corpus():
-    from minillm.training.corpus import corpus_split, encode_corpus
+    from minillm.corpus import corpus_split, encode_corpus
     train, heldout, digest = corpus_split()
     if digest != log_of(NAMES[0])["heldout_digest"]:
         pytest.skip(f"this Python's standard library differs from the one the models were trained on "

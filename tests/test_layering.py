@@ -22,21 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minillm"
 CONTRACTS = [c["id"] for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
 
-# TODO(lead): remove this mark when the engine helper's branch is merged; strict, so that the
-# first passing run after the merge fails as XPASS until it is removed.
-AFTER_ENGINE_SPLIT = pytest.mark.xfail(strict=True, reason=(
-    "passes once the engine split is merged: engine/engine.py imports quant/awq.py (which loads the corpus of "
-    "minillm.training through quant.eval) and speculative/draft.py imports engine.runner"))
-
-
 def run_python(*args: str) -> subprocess.CompletedProcess:
     """`python ARGS` in a fresh interpreter that imports this checkout's minillm."""
     return subprocess.run([sys.executable, *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("contract", [pytest.param(c, marks=AFTER_ENGINE_SPLIT if c == "layers" else ())
-                                      for c in CONTRACTS])
+@pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_is_kept(contract):
     lint = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
     run = run_python("-c", lint, "--no-cache", "--no-logo", "--contract", contract)
@@ -66,7 +58,6 @@ print(sorted(m for m in sys.modules if m.startswith("minillm.sim")))
 HEAVY = ("minillm.training", "minillm.quant.eval", "minillm.quant.sensitivity", "minillm.quant.cancellation")
 
 
-@AFTER_ENGINE_SPLIT
 def test_importing_the_engine_loads_no_training_evaluation_or_model_card_code():
     code = f"import sys, minillm.engine.engine; print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
     run = run_python("-c", code)

@@ -25,12 +25,12 @@ from minillm import LLM, SamplingParams
 from minillm.bench import print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import SpeculativeConfig
+from minillm.corpus import is_heldout, stdlib_files
 from minillm.models.registry import bundled_models, resolve_model_path
 from minillm.speculative.heads import HEADS_FILE
 from minillm.speculative.speculator import SpecStats
 from minillm.speculative.theory import expected_tokens_per_forward
 from minillm.tokenizer import Tokenizer
-from minillm.training.corpus import is_heldout, stdlib_files
 
 WORKLOADS = ("code", "edit")
 TARGETS = {"edit": 1.5, "code": 1.2}  # issue 12: the best proposer on edits; heads or distilled draft on code

@@ -17,7 +17,8 @@ import weakref
 import torch
 from torch import nn
 
-from minillm.cache.paged import PagedContext, PagedKVPool
+from minillm.cache.paged import PagedContext
+from minillm.cache.pool import PagedKVPool
 from minillm.config import EngineConfig
 from minillm.distributed.comm import AllReduceMeter
 from minillm.distributed.tp_model import shard_model, tp_config

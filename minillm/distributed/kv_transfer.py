@@ -14,7 +14,7 @@ as the zeros the receiving pool gave its fresh blocks.
 """
 import torch
 
-from minillm.cache.paged import PagedKVPool
+from minillm.cache.pool import PagedKVPool
 from minillm.utils import cdiv
 
 

@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from minillm.cache.paged import PagedContext, PagedKVPool
+from minillm.cache.paged import PagedContext
+from minillm.cache.pool import PagedKVPool
 from minillm.config import DTYPES
 from minillm.distributed.comm import AllReduceMeter
 from minillm.distributed.tp_model import shard_model

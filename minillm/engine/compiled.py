@@ -19,7 +19,8 @@ first step with another shape of batch: more than one sequence, or rows of unequ
 """
 import torch
 
-from minillm.cache.paged import PagedContext, PagedKVPool, gather_blocks
+from minillm.cache.paged import PagedContext, gather_blocks
+from minillm.cache.pool import PagedKVPool
 from minillm.layers.attention import AttentionContext, decode_attention
 
 # cpp_wrapper: the compiled step calls its kernels and matmuls from C++, not from generated Python

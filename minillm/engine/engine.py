@@ -35,8 +35,9 @@ from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, StreamChunk
 from minillm.sampling import SamplingParams
-from minillm.speculative.proposers import ProposerTarget, make_proposer
+from minillm.speculative.proposers import make_proposer
 from minillm.speculative.speculator import Speculator
+from minillm.speculative.target import ProposerTarget
 from minillm.state import (
     CacheKind,
     EngineRequest,

@@ -15,6 +15,7 @@ o_proj is left alone: its input channels come from value heads shared by several
 """
 import torch
 
+from minillm.corpus import corpus_tokens, spread_rows
 from minillm.layers.attention import PackedRows
 from minillm.quant.codecs import dequantize_int4, quantize_int4
 from minillm.quant.config import QuantConfig
@@ -97,9 +98,5 @@ def apply_awq(model: torch.nn.Module, config: QuantConfig, rows: torch.Tensor) -
 
 def calibration_rows(model_dir, tokens: int = 512, seq_len: int = 256) -> torch.Tensor:
     """[tokens // seq_len, seq_len] rows of the bundled corpus's train split in the model's tokens."""
-    # Imported here: the engine imports this module for apply_awq, and loads the corpus (and the
-    # evaluation code that tokenizes it) only when a configuration asks for AWQ calibration.
-    from minillm.quant.eval import corpus_tokens
-    from minillm.training.corpus import spread_rows
     return spread_rows(corpus_tokens(str(model_dir), "train", texts=16), max(1, tokens // seq_len), seq_len)
 

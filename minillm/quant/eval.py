@@ -9,17 +9,15 @@ Every figure comes from the same held-out windows (the bundled corpus's held-out
 model's own tokens), each window read from its start as a fresh prompt would be. The full model's
 log-probabilities are computed once (`Reference`) and every candidate is compared against them.
 """
-import functools
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 
+from minillm.corpus import corpus_tokens, spread_rows
 from minillm.layers.attention import PackedRows
-from minillm.training.corpus import corpus_split, encode_corpus, spread_rows
 
 
 @dataclass(frozen=True)
@@ -38,17 +36,6 @@ class Quality:
 def heldout_windows(model_dir: Path, count: int = 16, seq_len: int = 256) -> torch.Tensor:
     """[count, seq_len + 1] token ids spread evenly over the held-out split (the same every run)."""
     return spread_rows(corpus_tokens(str(model_dir), "heldout"), count, seq_len + 1)
-
-
-@functools.lru_cache(maxsize=4)
-def corpus_tokens(model_dir: str, split: str, texts: int | None = None) -> torch.Tensor:
-    """The bundled corpus's `split` ("train" or "heldout") in the model's tokens; texts: only that many
-    of its files, evenly spaced (calibration needs a few hundred tokens, not the whole train split)."""
-    train, heldout, _ = corpus_split()
-    chosen = train if split == "train" else heldout
-    if texts is not None:
-        chosen = chosen[::max(1, len(chosen) // texts)][:texts]
-    return encode_corpus(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")), chosen)
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minillm.corpus import corpus_tokens
 from minillm.models.registry import resolve_model_path
 from minillm.tokenizer import Tokenizer
 
@@ -53,7 +54,6 @@ def make_workload(n: int, seed: int = 0, prompt_len: int = 64, output_len: int =
     prompt_lens = lengths(n, prompt_len, range_ratio, rng)
     output_lens = lengths(n, output_len, range_ratio, rng)
     if source == "corpus":
-        from minillm.quant.eval import corpus_tokens  # reads the standard library once, then cached
         ids = corpus_tokens(str(model_dir), "heldout")
         starts = rng.integers(0, len(ids) - max(prompt_lens), size=n).tolist()
         prompts = [ids[s:s + k].tolist() for s, k in zip(starts, prompt_lens)]

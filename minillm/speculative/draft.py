@@ -11,7 +11,7 @@ import torch
 from minillm.cache.paged import PagedCacheManager
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
-from minillm.speculative.proposers import ProposerTarget
+from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
 from minillm.state import Phase, ScheduledSeq, Sequence
 from minillm.tokenizer import Tokenizer

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from minillm.speculative.proposers import ProposerTarget
+from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
 from minillm.state import Sequence
 

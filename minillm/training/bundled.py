@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from minillm.corpus import EOT, corpus_split, encode_corpus
 from minillm.layers.attention import PackedRows
 from minillm.models.config import ModelConfig
 from minillm.models.export import save_checkpoint
 from minillm.models.llama import LlamaForCausalLM
 from minillm.perf import machine
-from minillm.training.corpus import EOT, corpus_split, encode_corpus
 from minillm.training.modelcard import write_card
 
 # 4096 tokens: large enough that common identifiers and indentation runs are single tokens

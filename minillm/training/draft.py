@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minillm.config import SpeculativeConfig
+from minillm.corpus import random_rows, spread_rows
 from minillm.layers.attention import PackedRows
 from minillm.models.export import save_checkpoint
 from minillm.models.loader import load_model
@@ -26,7 +27,6 @@ from minillm.speculative.distill import distill_loss
 from minillm.speculative.draft import check_same_vocabulary
 from minillm.tokenizer import Tokenizer
 from minillm.training.bundled import heldout_perplexity
-from minillm.training.corpus import random_rows, spread_rows
 from minillm.training.heads import (
     MAX_TOKENS,
     PROMPT_TOKENS,

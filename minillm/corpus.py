@@ -1,14 +1,16 @@
 """The bundled models' corpus: the Python standard library's own source (present wherever Python
-is), split by file into train and held-out sets, and windows of its token stream.
+is), split by file into train and held-out sets, in a model's tokens, and windows of its stream.
 
 Training (the bundled models, the speculative heads, the distilled draft), the quantization
 measurements and the benchmarks read the same split, so a held-out figure means the same everywhere.
 """
+import functools
 import hashlib
 import sysconfig
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 EOT = "<|endoftext|>"
 EXCLUDED_DIRS = {"test", "tests", "idlelib", "site-packages"}
@@ -61,3 +63,14 @@ def spread_rows(ids: torch.Tensor, count: int, length: int) -> torch.Tensor:
     """[count, length] windows evenly spread over ids (the same ones every run)."""
     starts = torch.linspace(0, len(ids) - length, count).long()
     return torch.stack([ids[s:s + length] for s in starts.tolist()])
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_tokens(model_dir: str, split: str, texts: int | None = None) -> torch.Tensor:
+    """The bundled corpus's `split` ("train" or "heldout") in the model's tokens; texts: only that many
+    of its files, evenly spaced (calibration needs a few hundred tokens, not the whole train split)."""
+    train, heldout, _ = corpus_split()
+    chosen = train if split == "train" else heldout
+    if texts is not None:
+        chosen = chosen[::max(1, len(chosen) // texts)][:texts]
+    return encode_corpus(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")), chosen)
