@@ -92,6 +92,12 @@ class PrefilledPrompt(NamedTuple):
     first_scheduled_time: float | None
 
 
+class EngineRequest(NamedTuple):
+    """A request validated and ready to queue (LLMEngine.process_request -> LLMEngine.enqueue)."""
+    request_id: str
+    samples: list[Sequence]  # sample 0 first: the others fork from it after the prompt's prefill
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, model: torch.nn.Module | None = None) -> None:
         """model: weights already loaded from config.model (on config's device and dtype), to
@@ -135,6 +141,12 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Validate and queue a request; -> its id. Bad input raises ValueError, queue untouched."""
+        return self.enqueue(self.process_request(prompt, params, request_id))
+
+    def process_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                        request_id: str | None = None) -> EngineRequest:
+        """Validate, tokenize, compile the grammar and build the samples, touching no queue (so any
+        thread may call it while a step runs). Bad input raises ValueError (TypeError for params)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -148,8 +160,7 @@ class LLMEngine:
                              f"n {params.n}) could never fit in the KV pool of {self.cache.num_blocks} "
                              f"blocks: raise num_kv_blocks or kv_cache_memory")
         request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self._finished:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        self._check_id_free(request_id)
         grammars = [self._grammar_state(params) for _ in range(params.n)]
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seed_rng))
         samples = [Sequence(request_id, text, ids, params, torch.Generator(device=self.device).manual_seed(seed + i),
@@ -158,9 +169,19 @@ class LLMEngine:
         for seq, grammar in zip(samples, grammars):
             seq.grammar = grammar
         samples[0].forks = samples[1:]  # they join after the prompt's prefill, sharing its blocks
-        self.scheduler.add(samples[0])
-        self._finished[request_id] = []
-        return request_id
+        return EngineRequest(request_id, samples)
+
+    def enqueue(self, request: EngineRequest) -> str:
+        """Queue a processed request (only the thread that steps may); -> its id. ValueError if
+        the id got taken since it was processed."""
+        self._check_id_free(request.request_id)
+        self.scheduler.add(request.samples[0])
+        self._finished[request.request_id] = []
+        return request.request_id
+
+    def _check_id_free(self, request_id: str) -> None:
+        if request_id in self._finished:
+            raise ValueError(f"request id {request_id!r} is already in use")
 
     def _grammar_state(self, params: SamplingParams):
         """A new matcher for a structured request (None for a free one); a bad spec raises ValueError."""
