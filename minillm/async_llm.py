@@ -30,8 +30,11 @@ from minillm.outputs import StreamChunk
 from minillm.sampling import SamplingParams
 from minillm.state import KVStats
 
-# CPython hands the GIL to a waiting thread only after this long (5 ms by default): while the
-# engine thread runs Python between two torch ops, every wake-up of the loop would wait that long.
+# A thread holding the GIL hands it to a waiting one only every switch interval (5 ms by default).
+# A torch op releases the GIL while it computes, but the Python between ops (scheduling, sampling,
+# detokenizing a large batch) can hold it for milliseconds, and each wake-up of the loop would wait
+# up to the interval. The engine thread lowers it for the process: a forced switch costs
+# microseconds, and happens only while another thread waits for the GIL.
 SWITCH_INTERVAL = 0.0005
 
 
