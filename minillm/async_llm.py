@@ -213,8 +213,8 @@ class EngineThread:
     def _fail_all(self, error: BaseException) -> None:
         streams, self._routes = self._routes, {}
         with contextlib.suppress(Exception):  # best effort: the engine may be what failed
-            for request_id in streams:
-                self.engine.abort(request_id)
+            for request_id in {*streams, *(s.request_id for s in self.engine.sequences())}:
+                self.engine.abort(request_id)  # every live request, so no step retries the failure
             self._publish()
         self._push([(stream, error) for stream in streams.values()])
 
