@@ -179,14 +179,14 @@ def test_shutdown_ends_every_stream_and_the_engine_thread(hf_llama):
 ])
 def test_a_failing_step_fails_every_open_stream_and_the_engine_recovers(hf_llama, error, message):
     llm = AsyncLLM(str(hf_llama[0]))
-    step, calls = llm.engine.step, []
+    step, broke = llm.engine.step, []
 
-    def breaks_at_the_third():
-        calls.append(1)
-        if len(calls) == 3:
+    def breaks_once_all_three_run():
+        if llm.engine.num_running == 3 and not broke:
+            broke.append(error)
             raise error
         return step()
-    llm.engine.step = breaks_at_the_third
+    llm.engine.step = breaks_once_all_three_run
     params = SamplingParams(max_tokens=50, **GREEDY)
 
     async def main():
