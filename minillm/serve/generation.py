@@ -30,10 +30,11 @@ class Generation:
         try:
             for i, prompt in enumerate(prompts):
                 rid = f"{self.request_id}-{i}"
-                self.streams.append((rid, self.llm.start(prompt, params, rid)))
-        except ValueError as e:
-            for rid, _ in self.streams:
-                await self.llm.abort(rid)
+                self.streams.append((rid, await self.llm.start(prompt, params, rid)))
+        except BaseException as e:  # a prompt refused, or the client gone while a grammar compiled
+            await asyncio.gather(*(self.llm.abort(rid) for rid, _ in self.streams))
+            if not isinstance(e, ValueError):
+                raise
             where = f" (prompt {len(self.streams)})" if len(prompts) > 1 else ""
             raise APIError(400, f"{e}{where}") from None
         return self
@@ -67,9 +68,8 @@ class Generation:
         finally:
             for task in tasks:
                 task.cancel()
-            for i, (rid, _) in enumerate(self.streams):
-                if i not in done:  # a pump never started cannot abort its own request
-                    await self.llm.abort(rid)
+            # a pump never started cannot abort its own request
+            await asyncio.gather(*(self.llm.abort(rid) for i, (rid, _) in enumerate(self.streams) if i not in done))
 
     def usage(self) -> dict:
         return usage(self.prompt_tokens, self.completion_tokens)
