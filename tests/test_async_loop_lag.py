@@ -26,6 +26,7 @@ from collections import defaultdict
 import pytest
 
 from minillm import AsyncLLM, SamplingParams
+from minillm.perf.serving import percentile
 
 SLEEP = 0.002  # the sleeper's nap
 LONG_STREAMS, BURST, ABORTED = 8, 48, 6
@@ -140,10 +141,6 @@ def burst_with_aborts_and_scrapes(llm: AsyncLLM, long_tokens: int, burst_tokens:
     outcomes = asyncio.run(main())
     return {"lag": loop_lags, "raw": raw_lags, "tokens": tokens,
             "aborted": {f"burst-{i}" for i, o in enumerate(outcomes) if o == "aborted"}}
-
-
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if q < 100 else max(values)
 
 
 def lag_summary(lags: list[float]) -> str:

@@ -163,6 +163,9 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, max_wa
     """The FastAPI app serving llm as model_name. api_key: required as a Bearer token when set.
     max_waiting: refuse (429) while this many requests wait (None: never). admission: the policy."""
     server = OpenAIServer(llm, model_name, max_waiting, admission)
+    # Imported now, not at the first structured request: importing xgrammar takes seconds and holds
+    # the GIL for stretches of a third of one, which would freeze every open stream meanwhile.
+    import xgrammar  # noqa: F401
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
