@@ -4,9 +4,13 @@ Every buffer lives inside a larger one with guard regions (minillm/kernels/guard
 reads past its tensors leaks the guards' NaN into its output, one that writes past them changes a
 guard. Shapes are small but never multiples of the block sizes, so every mask is exercised.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 
-# Through minillm's runtime, not `import triton`: it sets TRITON_INTERPRET=1 before triton is imported.
+# Through minillm's runtime, not `import triton`: it sets TRITON_INTERPRET=1 before any kernel is defined.
 pytest.importorskip("minillm.kernels.runtime", reason="the Triton kernels need the triton package (Linux only): "
                                                       "pip install -e '.[triton]'")
 
@@ -233,3 +237,19 @@ def test_prefill_attention_matches_spec(heads, kv_heads, block_size, dtype):
     want = prefill_attention_spec(q.inner, k, v, tables, *meta, block_size)
     assert_close(out, want, dtype)
     assert_in_bounds(q, gk, gv, gt, *gmeta, outputs=[out])
+
+
+def test_kernels_are_interpreted_even_when_triton_was_imported_first():
+    """A learner's `import triton` (or transformers importing it) before minillm's kernels must not
+    leave them compiled for a GPU that is not there: Triton reads TRITON_INTERPRET at each @triton.jit."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the kernels are compiled, whichever was imported first")
+    code = ("import os, torch, triton\n"
+            "assert os.environ.get('TRITON_INTERPRET') != '1'\n"
+            "from minillm.kernels.vector_add import vector_add, vector_add_kernel\n"
+            "assert type(vector_add_kernel).__name__ == 'InterpretedFunction', type(vector_add_kernel)\n"
+            "x, y = torch.randn(1500), torch.randn(1500)\n"
+            "assert torch.equal(vector_add(x, y, block=256), x + y)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

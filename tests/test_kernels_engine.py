@@ -6,7 +6,7 @@ import pytest
 from minillm import LLM, EngineConfig, QuantConfig, SamplingParams
 from minillm.config import Components
 
-# Before anything imports triton: minillm's runtime sets TRITON_INTERPRET=1 when there is no GPU.
+# Before any kernel is defined: minillm's runtime sets TRITON_INTERPRET=1 when there is no GPU.
 pytest.importorskip("minillm.kernels.runtime", reason="the Triton kernels need the triton package (Linux only): "
                                                       "pip install -e '.[triton]'")
 

@@ -12,7 +12,8 @@
     guard.py            buffers with guard regions: catch out-of-bounds reads and writes in tests
 
 Without a GPU they run on the CPU in Triton's interpreter (`runtime.py` sets TRITON_INTERPRET=1
-before triton is imported): slow, but the same kernels, so their results can be checked anywhere.
+before any kernel is defined, whenever triton itself was imported): slow, but the same kernels,
+so their results can be checked anywhere.
 Import a kernel module only when it is needed: importing one imports triton (int4_format and
 guard do not).
 """

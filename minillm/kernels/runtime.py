@@ -1,7 +1,9 @@
 """Where the kernels run: compiled on a CUDA GPU, or in Triton's interpreter on the CPU.
 
-Triton decides at `@triton.jit` time whether a kernel is compiled or interpreted, from the
-TRITON_INTERPRET environment variable, so it must be set before any kernel module is imported.
+Triton decides whether a kernel is compiled or interpreted when the kernel is defined (at its
+`@triton.jit`), from the TRITON_INTERPRET environment variable. So it must be set before any of
+minillm's kernel modules is imported, and only that: `triton` itself may have been imported
+earlier (by a notebook cell, or by transformers), it reads the variable afresh at each definition.
 Every kernel module imports triton through here, which sets it when torch sees no GPU and says so
 once. The interpreter runs each program of the grid one after another in numpy: results are the
 same, speed is not (use it for correctness, a GPU for figures).
@@ -16,10 +18,6 @@ if importlib.util.find_spec("triton") is None:
     raise ImportError("the Triton kernels need the triton package (Linux only): pip install -e '.[triton]'")
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    if "triton" in sys.modules:
-        raise RuntimeError("triton was imported before minillm.kernels could set TRITON_INTERPRET=1 (there is no "
-                           "GPU, so the kernels must be interpreted): import minillm.kernels.runtime first, or "
-                           "start Python with TRITON_INTERPRET=1 in the environment")
     os.environ["TRITON_INTERPRET"] = "1"
     print("minillm: no CUDA GPU, so the Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1): "
           "same results, far slower", file=sys.stderr)

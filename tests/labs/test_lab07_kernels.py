@@ -11,7 +11,7 @@ import contextlib
 
 import pytest
 
-# Through minillm's runtime, not `import triton`: it sets TRITON_INTERPRET=1 before triton is imported.
+# Through minillm's runtime, not `import triton`: it sets TRITON_INTERPRET=1 before any kernel is defined.
 pytest.importorskip("minillm.kernels.runtime", reason="the Triton kernels need the triton package (Linux only): "
                                                       "pip install -e '.[triton]'")
 
