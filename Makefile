@@ -1,6 +1,7 @@
 # One command per job; each bootstraps the virtual environment in .venv on first use.
 #   make app     the main job: the demo on the bundled model
-#   make test    lint, then the whole test suite (what CI runs)
+#   make test    lint, then the whole test suite (what CI runs), in two pytest-xdist workers
+#   make test-fast  the engine's unit tests, under 3 minutes (no slow, subprocess, notebook, browser or gpu tests)
 #   make lint    ruff (lint, import order), then lint-imports (the layers' contracts); both in pyproject.toml
 #   make lab     JupyterLab on the learner notebooks
 #   make grade LAB=NN   grade your notebook for lab NN
@@ -16,7 +17,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB ?= 01
 
-.PHONY: app test lint lab grade labs bench venv clean
+.PHONY: app test test-fast lint lab grade labs bench venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +42,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 
+# Two workers on two cores (each test file to one worker, so module-scoped engines are built once); each pins
+# one torch thread (tests/conftest.py), so the two do not fight over the cores.
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+FAST := not (slow or subprocess or notebook or browser or gpu)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "$(FAST)" tests --ignore=tests/labs --ignore=tests/app
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab labs/

@@ -2,10 +2,16 @@
 import os
 
 import pytest
+import torch
 
 from minillm.testing import make_hf_model
 
 os.environ["TQDM_DISABLE"] = "1"  # no progress bars in test logs (LLM.generate shows one by default)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on two cores: one torch thread each (and in the processes they start), so
+    # they do not fight over the cores. Small tensors are faster on one thread anyway.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,7 @@ def test_good_and_bad_lines_each_get_their_own_answer_and_greedy_equals_generate
     assert stats["output_throughput"] > 0
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(150)
 def test_a_killed_run_resumes_without_losing_or_repeating_a_request(tmp_path, reference):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"

@@ -75,6 +75,7 @@ def test_a_busy_machine_is_warned_about_and_recorded(monkeypatch, capsys):
     assert "busy" in conditions.machine_line(record)
 
 
+@pytest.mark.subprocess
 def test_memory_quick_run_writes_its_figures_and_conditions(tmp_path):
     path = tmp_path / "memory.json"
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}  # the bars must stay on stderr

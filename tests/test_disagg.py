@@ -6,7 +6,6 @@ References: the colocated LLM.generate (the same tokens), Hugging Face transform
 import json
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -39,6 +38,7 @@ def colocated():
     return LLM("tiny", **CONFIG)
 
 
+@pytest.mark.subprocess
 def test_greedy_outputs_equal_colocated_for_a_batch(disagg, colocated):
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     got, want = disagg.generate(PROMPTS, params), colocated.generate(PROMPTS, params)
@@ -47,6 +47,7 @@ def test_greedy_outputs_equal_colocated_for_a_batch(disagg, colocated):
     assert got[3].prompt == "def fib(n):" and got[0].prompt_token_ids == PROMPTS[0]
 
 
+@pytest.mark.subprocess
 def test_seeded_samples_n_gt_1_equal_colocated(disagg, colocated):
     """Each sample's generator continues on the decode worker from the state the prefill left it in."""
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=11, n=3, ignore_eos=True)
@@ -55,6 +56,7 @@ def test_seeded_samples_n_gt_1_equal_colocated(disagg, colocated):
     assert len({tuple(c.token_ids) for c in got[0].outputs}) > 1  # the samples differ: the test can fail
 
 
+@pytest.mark.subprocess
 def test_kv_arrives_bit_identical_and_equals_transformers_cache(disagg):
     transformers = pytest.importorskip("transformers")
     out = disagg.generate([PROMPTS[0]], SamplingParams(max_tokens=2, temperature=0))[0]
@@ -71,6 +73,7 @@ def test_kv_arrives_bit_identical_and_equals_transformers_cache(disagg):
         torch.testing.assert_close(kv[1, layer], values.transpose(0, 1), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.subprocess
 def test_bytes_moved_per_request_equal_the_formula(disagg):
     raw = json.loads((TINY / "config.json").read_text())
     outs = disagg.generate(PROMPTS, SamplingParams(max_tokens=3, temperature=0))
@@ -82,6 +85,7 @@ def test_bytes_moved_per_request_equal_the_formula(disagg):
         assert record["kv"].shape[2] == p
 
 
+@pytest.mark.subprocess
 def test_stream_yields_the_text_generate_returns(disagg):
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     chunks = list(disagg.stream("import os\n", params))
@@ -90,6 +94,7 @@ def test_stream_yields_the_text_generate_returns(disagg):
     assert sum(len(c.token_ids) for c in chunks) == 10
 
 
+@pytest.mark.subprocess
 def test_logprobs_are_refused_with_the_reason(disagg):
     with pytest.raises(ValueError, match="logprobs"):
         disagg.generate("x = 1", SamplingParams(max_tokens=2, logprobs=2))
@@ -115,17 +120,17 @@ def test_pack_and_unpack_follow_the_slot_formula():
         unpack_kv(buffer, dst, [1, 6])
 
 
+@pytest.mark.subprocess
 def test_a_killed_worker_raises_a_clear_error_and_leaves_no_process():
-    llm = DisaggregatedLLM("tiny", timeout=30, **CONFIG)
+    llm = DisaggregatedLLM("tiny", timeout=600, **CONFIG)  # past the test's guard: the death is seen, not timed out
     pids = llm.pids
     stream = llm.stream("def main():", SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
     next(stream)
     os.kill(pids["decode"], signal.SIGKILL)
-    start = time.monotonic()
+    # The error names the signal: the driver saw the death itself, it did not wait out its timeout.
     with pytest.raises(RuntimeError, match=f"decode worker \\(pid {pids['decode']}\\) was killed by signal 9"):
         for _ in stream:
             pass
-    assert time.monotonic() - start < 10
     for pid in pids.values():
         assert not os.path.exists(f"/proc/{pid}")  # reaped: no orphan, no zombie
     with pytest.raises(RuntimeError, match="stopped"):

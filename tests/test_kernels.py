@@ -19,9 +19,11 @@ import torch  # noqa: E402
 from minillm.kernels.guard import Guarded, guarded, no_nan  # noqa: E402
 from minillm.kernels.runtime import INTERPRETED, tl, triton  # noqa: E402
 
-BF16_DOT = pytest.mark.skipif(INTERPRETED, reason="Triton's interpreter has no bfloat16 arithmetic (numpy has no "
-                                                  "bfloat16): tl.dot on bfloat16 tiles computes on raw bits; the "
-                                                  "kernels that upcast to float32 first are tested in bfloat16")
+# Needs the compiled kernels (a GPU): `pytest -m gpu` runs these on a machine that has one.
+BF16_DOT = [pytest.mark.gpu,
+            pytest.mark.skipif(INTERPRETED, reason="Triton's interpreter has no bfloat16 arithmetic (numpy has no "
+                                                   "bfloat16): tl.dot on bfloat16 tiles computes on raw bits; the "
+                                                   "kernels that upcast to float32 first are tested in bfloat16")]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DOT_DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=BF16_DOT)]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -239,6 +241,7 @@ def test_prefill_attention_matches_spec(heads, kv_heads, block_size, dtype):
     assert_in_bounds(q, gk, gv, gt, *gmeta, outputs=[out])
 
 
+@pytest.mark.subprocess
 def test_kernels_are_interpreted_even_when_triton_was_imported_first():
     """A learner's `import triton` (or transformers importing it) before minillm's kernels must not
     leave them compiled for a GPU that is not there: Triton reads TRITON_INTERPRET at each @triton.jit."""

@@ -28,6 +28,7 @@ def run_python(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_is_kept(contract):
     lint = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
@@ -39,6 +40,7 @@ ROUTER_MODULES = ["minillm.router.policies", "minillm.router.prefix_index", "min
                   "minillm.router.metrics", "minillm.router.app", "minillm.router.fleet", "minillm.router.measure"]
 
 
+@pytest.mark.subprocess
 def test_the_router_and_its_command_import_without_simpy():
     """`minillm route` needs the serve extra, not the simulator's: with SimPy made unimportable, every
     router module and the CLI's route path (cli._route imports router.fleet) still import."""
@@ -58,6 +60,7 @@ print(sorted(m for m in sys.modules if m.startswith("minillm.sim")))
 HEAVY = ("minillm.training", "minillm.quant.eval", "minillm.quant.sensitivity", "minillm.quant.cancellation")
 
 
+@pytest.mark.subprocess
 def test_importing_the_engine_loads_no_training_evaluation_or_model_card_code():
     code = f"import sys, minillm.engine.engine; print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
     run = run_python("-c", code)

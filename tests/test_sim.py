@@ -479,6 +479,7 @@ def test_starting_replicas_are_counted_until_they_serve_and_then_only_as_serving
     assert all(r + s == 3 for _, r, s in seen[1:])
 
 
+@pytest.mark.subprocess
 def test_replay_fleet_runs_every_request_on_real_replicas_in_processes_and_names_a_failed_one():
     """Two real replicas (processes of their own): every request gets all its tokens, after its arrival,
     on one clock; both replicas' steps come back; a replica that cannot start is named, and none is left
@@ -509,6 +510,7 @@ def _read(path) -> bytes:
         return b""
 
 
+@pytest.mark.subprocess
 def test_a_replica_that_closes_its_output_before_exiting_is_reported_failed_not_silent(tmp_path):
     """End of output comes before the exit: the caller waits for the exit, and names the failure."""
     exiting = "import os, sys, time; os.close(1); time.sleep(1.0); sys.exit(3)"

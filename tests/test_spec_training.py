@@ -114,6 +114,7 @@ def test_shipped_distilled_draft_shares_tinys_tokenizer_and_drafts_for_it():
     assert llm.engine.speculator.stats.accepted > 0, "the distilled draft had no proposal accepted"
 
 
+@pytest.mark.subprocess
 def test_train_help_lists_heads_and_distill():
     res = subprocess.run([sys.executable, "-m", "minillm", "train", "--help"], capture_output=True, text=True,
                          timeout=60)

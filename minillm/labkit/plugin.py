@@ -6,6 +6,8 @@
 
 It provides the `lab` fixture, shortens failures of learner work to the exercise and the property
 that failed, and ends the run with a gradebook: one row per exercise, one point per passing test.
+Each test's grade travels on its report (`user_properties`), so the gradebook is whole when
+pytest-xdist runs the tests in workers and only the controller writes the summary.
 """
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from minillm.labkit.loader import Lab, load_notebook
 
 NOTEBOOKS = pytest.StashKey[dict]()
 GRADES = pytest.StashKey[dict]()
+PROBLEM_LINES = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser):
@@ -25,7 +28,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "exercise(id): a graded test of lab exercise `id`, e.g. '1.3'")
-    config.stash[NOTEBOOKS], config.stash[GRADES] = {}, {}
+    config.stash[NOTEBOOKS], config.stash[GRADES], config.stash[PROBLEM_LINES] = {}, {}, {}
+    config.pluginmanager.register(Gradebook(config), "minillm-gradebook")
 
 
 def target_dir(config) -> Path:
@@ -50,6 +54,9 @@ def lab(request) -> Lab:
     return Lab(loaded.namespace, exercise, loaded.problems, loaded.exercises, path.name)
 
 
+GRADE, PROBLEMS = "minillm-grade", "minillm-notebook-problems"  # keys of a report's user_properties
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
@@ -58,12 +65,30 @@ def pytest_runtest_makereport(item, call):
         return
     exercise = marker.args[0]
     title = getattr(item.module, "EXERCISES", {}).get(exercise, "")
-    row = item.config.stash[GRADES].setdefault((lab_of(exercise), exercise), [title, 0, 0])
-    row[1] += report.passed
-    row[2] += 1
+    report.user_properties.append((GRADE, (lab_of(exercise), exercise, title, report.passed)))
+    problems = [f"problem in {loaded.path.name}: {message}" for loaded in item.config.stash[NOTEBOOKS].values()
+                for messages in loaded.problems.values() for message in messages]
+    report.user_properties.append((PROBLEMS, problems))
     if report.failed and call.excinfo is not None and item.config.getoption("target") != "solutions":
         report.longrepr = (f"Exercise {exercise} ({title}): {property_of(item.function)}\n"
                            f"  {describe(call.excinfo.value)}")
+
+
+class Gradebook:
+    """Tallies the graded tests in the process that writes the summary (the only one, or xdist's controller)."""
+
+    def __init__(self, config):
+        self.grades, self.problems = config.stash[GRADES], config.stash[PROBLEM_LINES]
+
+    def pytest_runtest_logreport(self, report):
+        for key, value in report.user_properties:
+            if key == GRADE:
+                lab, exercise, title, passed = value
+                row = self.grades.setdefault((lab, exercise), [title, 0, 0])
+                row[1] += passed
+                row[2] += 1
+            elif key == PROBLEMS:
+                self.problems.update(dict.fromkeys(value))  # an ordered set
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -80,10 +105,8 @@ def pytest_terminal_summary(terminalreporter, config):
         sums[0], sums[1] = sums[0] + passed, sums[1] + total
     for lab, (passed, total) in sorted(labs.items()):
         write(f"{lab:<4} {'total':<9} {'':<34} {'':<7} {passed}/{total}")
-    for loaded in config.stash[NOTEBOOKS].values():
-        for messages in loaded.problems.values():
-            for message in messages:
-                write(f"problem in {loaded.path.name}: {message}")
+    for problem in config.stash[PROBLEM_LINES]:
+        write(problem)
 
 
 def _order(key):

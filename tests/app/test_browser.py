@@ -20,6 +20,8 @@ from test_my_notebook import ROOT
 
 from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve
 
+pytestmark = [pytest.mark.browser, pytest.mark.subprocess, pytest.mark.slow]
+
 
 @pytest.fixture
 def server(tmp_path):

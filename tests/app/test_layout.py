@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import APP
 
 PACKAGE = APP.parent / "minillm_visualizer"
@@ -38,6 +39,7 @@ def test_a_page_imports_only_its_own_folder_and_shared():
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.subprocess
 def test_the_app_imports_its_modules_from_its_folder_and_nothing_is_installed(tmp_path):
     """The tests import the files under app/ (conftest puts the folder on sys.path). Run from another folder,
     with no such help, Python finds no minillm_visualizer (nothing installed one), and Streamlit still runs the

@@ -4,6 +4,7 @@ test_lab_notebooks_run.py runs them; the browser test opens the kept copies inst
 second time. (A plain module, not a conftest.py: the tests in tests/app import their conftest by name, and a second
 conftest.py loaded after theirs would shadow it.)
 """
+import os
 import time
 from pathlib import Path
 
@@ -14,10 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ExecutedNotebooks:
-    """solutions/<stem>.ipynb run in a real kernel, saved with its outputs in this session's pytest temporary folder."""
+    """solutions/<stem>.ipynb run in a real kernel, saved with its outputs in this session's pytest temporary folder
+    (the one all pytest-xdist workers share, so the browser test finds a notebook another worker ran)."""
 
     def __init__(self, tmp_path_factory):
-        self.folder = tmp_path_factory.getbasetemp() / "executed-notebooks"
+        base = tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # workers: <session>/popen-gwN
+        self.folder = shared / "executed-notebooks"
         self.folder.mkdir(exist_ok=True)
 
     def run(self, stem: str, timeout: float) -> tuple[nbformat.NotebookNode, float]:
@@ -29,8 +33,10 @@ class ExecutedNotebooks:
             NotebookClient(nb, timeout=timeout, kernel_name="python3",
                            resources={"metadata": {"path": str(ROOT / "solutions")}}).execute()
             return nb, time.perf_counter() - start
-        finally:
-            nbformat.write(nb, self.folder / f"{stem}.ipynb")
+        finally:  # written whole, then renamed: a reader in another worker never sees half a notebook
+            partial = self.folder / f"{stem}.{os.getpid()}.partial"
+            nbformat.write(nb, partial)
+            partial.replace(self.folder / f"{stem}.ipynb")
 
     def path(self, stem: str, timeout: float) -> Path:
         """The executed notebook: this session's run when there was one, else a run now."""

@@ -45,6 +45,7 @@ def test_every_exercise_is_graded_and_every_grade_has_an_exercise(lab):
     assert 4 <= len(in_notebook) <= 8, f"lab {lab} has {len(in_notebook)} exercises; a lab has 4 to 8"
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_every_graded_test_fails_on_the_learner_stubs(tmp_path):
     """The real grader (`pytest --target DIR`) on freshly generated stubs: all fail, nothing errors."""

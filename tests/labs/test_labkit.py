@@ -113,6 +113,7 @@ def test_renamed_function_and_missing_exercise_are_named(tmp_path):
     assert all(o.passed for ex in ("0.1", "0.3") for o in grades[ex])
 
 
+@pytest.mark.subprocess
 def test_grader_run_reports_a_broken_cell_and_grades_the_rest(tmp_path):
     path = tmp_path / LAB00.name
     shutil.copy(LAB00, path)

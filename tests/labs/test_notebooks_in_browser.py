@@ -20,12 +20,14 @@ from executed_notebooks import ExecutedNotebooks
 from minillm.labkit.notebook import lab_sources
 from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve
 
+pytestmark = [pytest.mark.browser, pytest.mark.notebook, pytest.mark.subprocess, pytest.mark.slow]
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (the lab extra: pip install -e '.[lab]')")
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "runs" / "notebook-figures"
-RUN_TIMEOUT_S = 180  # for a notebook this session has not run yet
+RUN_TIMEOUT_S = 600  # per cell, for a notebook this session has not run yet (a hang guard)
 PLOTLY = "application/vnd.plotly.v1+json"
 SETTINGS = {  # JupyterLab user settings: no news or update checks (no network), every cell in the page at once
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
@@ -77,7 +79,7 @@ def browser(tmp_path_factory):
             context.close()
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 180)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("source", lab_sources(ROOT), ids=lambda p: p.stem)
 def test_notebook_shows_no_error_and_its_figures_span_their_data(source, browser, jupyterlab, tmp_path_factory):
     path = ExecutedNotebooks(tmp_path_factory).path(source.stem, timeout=RUN_TIMEOUT_S)
