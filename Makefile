@@ -42,7 +42,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 
-# Two workers on two cores (each test file to one worker, so module-scoped engines are built once); each pins
+# Two workers on two cores (tests that share state across files sit in one xdist_group); each pins
 # one torch thread (tests/conftest.py), so the two do not fight over the cores.
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadgroup

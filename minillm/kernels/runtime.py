@@ -1,12 +1,10 @@
 """Where the kernels run: compiled on a CUDA GPU, or in Triton's interpreter on the CPU.
 
-Triton decides whether a kernel is compiled or interpreted when the kernel is defined (at its
-`@triton.jit`), from the TRITON_INTERPRET environment variable. So it must be set before any of
-minillm's kernel modules is imported, and only that: `triton` itself may have been imported
-earlier (by a notebook cell, or by transformers), it reads the variable afresh at each definition.
-Every kernel module imports triton through here, which sets it when torch sees no GPU and says so
-once. The interpreter runs each program of the grid one after another in numpy: results are the
-same, speed is not (use it for correctness, a GPU for figures).
+The choice is made before triton is imported (kernels/mode.py: `import minillm` makes it). Every
+kernel module imports triton through here, which says once which it is, and refuses a triton that
+was imported before minillm without a GPU to compile for. The interpreter runs each program of the
+grid one after another in numpy: results are the same, speed is not (use it for correctness, a GPU
+for figures).
 """
 import importlib.util
 import os
@@ -14,11 +12,20 @@ import sys
 
 import torch
 
+from minillm.kernels.mode import choose_triton_mode, triton_imported_for_a_missing_gpu
+
 if importlib.util.find_spec("triton") is None:
     raise ImportError("the Triton kernels need the triton package (Linux only): pip install -e '.[triton]'")
 
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    os.environ["TRITON_INTERPRET"] = "1"
+choose_triton_mode()
+if triton_imported_for_a_missing_gpu():
+    raise RuntimeError(
+        "triton was imported before minillm, and there is no GPU: triton built its own functions (tl.sum, tl.max, "
+        "...) for a GPU compiler, so minillm's kernels cannot run in the CPU interpreter in this Python process. "
+        "In a notebook: restart the kernel (Kernel > Restart Kernel) and run the setup cell, which imports minillm, "
+        "before any cell that imports triton or transformers. In a script: import minillm first, or set "
+        "TRITON_INTERPRET=1 in the environment before Python starts")
+if os.environ.get("TRITON_INTERPRET") == "1" and not torch.cuda.is_available():
     print("minillm: no CUDA GPU, so the Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1): "
           "same results, far slower", file=sys.stderr)
 

@@ -9,9 +9,16 @@ import time
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def each_notebook(sources: list[Path]) -> list:
+    """The parameters of a test per solution notebook. Under pytest-xdist a lab's run and its browser test go to
+    the same worker (one xdist_group), so the browser opens the notebook that worker ran, after it ran."""
+    return [pytest.param(s, id=s.stem, marks=pytest.mark.xdist_group(f"notebook-{s.stem}")) for s in sources]
 
 
 class ExecutedNotebooks:
