@@ -18,7 +18,7 @@ from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama as hf_llama
 
 from minillm.labkit import exercise
-from minillm.labkit.fixtures import assert_close, checkpoint, randn
+from minillm.labkit.fixtures import assert_close, checkpoint, one_thread, randn
 from minillm.models.config import ModelConfig
 
 EXERCISES = {"1.1": "rms_norm", "1.2": "rope_cos_sin", "1.3": "apply_rope", "1.4": "causal_gqa_attention",
@@ -182,20 +182,21 @@ def test_attention_maps_query_heads_to_their_kv_group(lab):
 @exercise("1.4")
 def test_attention_each_query_sees_its_own_position_and_no_later_one(lab):
     """changing the key and value at position j changes the query at j and leaves every earlier query alone"""
-    q_len, kv_len = 4, 10  # queries at positions 6, 7, 8, 9
-    q, k, v = randn(42, q_len, 6, 8), randn(43, kv_len, 2, 8), randn(44, kv_len, 2, 8)
-    before = lab.causal_gqa_attention(q, k, v)
-    for j in range(kv_len):
-        k2, v2 = k.clone(), v.clone()
-        k2[j], v2[j] = 3.0, -50.0
-        after = lab.causal_gqa_attention(q, k2, v2)
-        for i in range(q_len):
-            position = kv_len - q_len + i
-            changed = not torch.allclose(after[i], before[i], atol=1e-5)
-            if position < j:
-                assert not changed, f"the query at position {position} changes when the key at position {j} does"
-            if position == j:
-                assert changed, f"the query at position {position} ignores the key at its own position"
+    with one_thread():
+        q_len, kv_len = 4, 10  # queries at positions 6, 7, 8, 9
+        q, k, v = randn(42, q_len, 6, 8), randn(43, kv_len, 2, 8), randn(44, kv_len, 2, 8)
+        before = lab.causal_gqa_attention(q, k, v)
+        for j in range(kv_len):
+            k2, v2 = k.clone(), v.clone()
+            k2[j], v2[j] = 3.0, -50.0
+            after = lab.causal_gqa_attention(q, k2, v2)
+            for i in range(q_len):
+                position = kv_len - q_len + i
+                changed = not torch.allclose(after[i], before[i], atol=1e-5)
+                if position < j:
+                    assert not changed, f"the query at position {position} changes when the key at position {j} does"
+                if position == j:
+                    assert changed, f"the query at position {position} ignores the key at its own position"
 
 
 @exercise("1.5")
@@ -242,24 +243,26 @@ def drawn_constants(rng: random.Random) -> dict:
 def test_decoder_block_matches_transformers_layer(lab):
     """one decoder layer matches transformers' (GQA and plain multi-head, head_dim * heads != hidden, positions
     0..n-1, rms_norm_eps and rope_theta drawn at random), a single token included"""
-    rng = random.Random(61)
-    other = {"hidden_size": 80, "num_attention_heads": 4, "head_dim": 24}  # 4 on 2, 24 != 80 / 4
-    plain = {"num_key_value_heads": 6}  # 6 heads on 6: no grouping
-    for seed, n, shape in ((60, 10, {}), (160, 7, other), (260, 5, plain), (360, 1, other)):
-        x, w, cfg, expected = block_case(seed, torch.arange(n), **shape, **drawn_constants(rng))
-        what = (f"decoder_block, {n} tokens, {cfg.num_attention_heads} heads on {cfg.num_key_value_heads}, "
-                f"rms_norm_eps={cfg.rms_norm_eps:.3g}, rope_theta={cfg.rope_theta:.4g}")
-        assert_close(lab.decoder_block(x, torch.arange(n), w, cfg), expected, what, atol=1e-4)
+    with one_thread():
+        rng = random.Random(61)
+        other = {"hidden_size": 80, "num_attention_heads": 4, "head_dim": 24}  # 4 on 2, 24 != 80 / 4
+        plain = {"num_key_value_heads": 6}  # 6 heads on 6: no grouping
+        for seed, n, shape in ((60, 10, {}), (160, 7, other), (260, 5, plain), (360, 1, other)):
+            x, w, cfg, expected = block_case(seed, torch.arange(n), **shape, **drawn_constants(rng))
+            what = (f"decoder_block, {n} tokens, {cfg.num_attention_heads} heads on {cfg.num_key_value_heads}, "
+                    f"rms_norm_eps={cfg.rms_norm_eps:.3g}, rope_theta={cfg.rope_theta:.4g}")
+            assert_close(lab.decoder_block(x, torch.arange(n), w, cfg), expected, what, atol=1e-4)
 
 
 @exercise("1.6")
 def test_decoder_block_rotates_by_the_given_positions(lab):
     """a block fed positions with gaps, not starting at 0, matches transformers' at those positions"""
-    drawn, rng = positions_drawn(71, 9, 300).sort().values, random.Random(72)
-    for seed, positions in ((70, torch.tensor([3, 4, 5, 12, 13, 40, 41, 42])), (170, drawn)):
-        x, w, cfg, expected = block_case(seed, positions, **drawn_constants(rng))
-        assert_close(lab.decoder_block(x, positions, w, cfg), expected,
-                     f"decoder_block at positions {positions.tolist()}", atol=1e-4)
+    with one_thread():
+        drawn, rng = positions_drawn(71, 9, 300).sort().values, random.Random(72)
+        for seed, positions in ((70, torch.tensor([3, 4, 5, 12, 13, 40, 41, 42])), (170, drawn)):
+            x, w, cfg, expected = block_case(seed, positions, **drawn_constants(rng))
+            assert_close(lab.decoder_block(x, positions, w, cfg), expected,
+                         f"decoder_block at positions {positions.tolist()}", atol=1e-4)
 
 
 def logits_of_prompts(lab, folder, model, seed: int):
@@ -277,17 +280,19 @@ def logits_of_prompts(lab, folder, model, seed: int):
 def test_forward_matches_transformers_on_an_untied_checkpoint(lab):
     """logits match transformers' Llama on a checkpoint with its own lm_head (2 layers, GQA 4 on 2, rms_norm_eps
     2.7e-4: the hidden states' mean square is about 1e-3, so a default eps shows)"""
-    folder, model = checkpoint("llama", 3, rms_norm_eps=2.7e-4)
-    for n, actual, expected in logits_of_prompts(lab, folder, model, 81):
-        assert_close(actual, expected, f"logits of a {n}-token prompt, untied checkpoint", atol=1e-4)
+    with one_thread():
+        folder, model = checkpoint("llama", 3, rms_norm_eps=2.7e-4)
+        for n, actual, expected in logits_of_prompts(lab, folder, model, 81):
+            assert_close(actual, expected, f"logits of a {n}-token prompt, untied checkpoint", atol=1e-4)
 
 
 @exercise("1.7", timeout=120)
 def test_forward_matches_transformers_on_a_tied_checkpoint(lab):
     """logits match transformers' Llama on a checkpoint without lm_head (tied; 3 layers, GQA 6 on 2, head_dim 12,
     rms_norm_eps 6.1e-4)"""
-    folder, model = checkpoint("llama", 4, tie_word_embeddings=True, hidden_size=48, intermediate_size=80,
-                               num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
-                               rope_theta=2000.0, rms_norm_eps=6.1e-4)
-    for n, actual, expected in logits_of_prompts(lab, folder, model, 82):
-        assert_close(actual, expected, f"logits of a {n}-token prompt, tied checkpoint", atol=1e-4)
+    with one_thread():
+        folder, model = checkpoint("llama", 4, tie_word_embeddings=True, hidden_size=48, intermediate_size=80,
+                                   num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+                                   rope_theta=2000.0, rms_norm_eps=6.1e-4)
+        for n, actual, expected in logits_of_prompts(lab, folder, model, 82):
+            assert_close(actual, expected, f"logits of a {n}-token prompt, tied checkpoint", atol=1e-4)
