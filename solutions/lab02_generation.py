@@ -239,9 +239,9 @@ def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generat
 
     logits: [batch, vocab] -> token ids [batch] (int64)
     temperature == 0: argmax of each row. Otherwise z = logits / temperature, then top_k_filter,
-    then top_p_filter, then one draw for the whole batch, exactly
-    torch.multinomial(softmax(z), 1, generator=generator) (the engine draws so; the same seed must
-    give its tokens), one token per row.
+    then top_p_filter, then one token per row by exactly this call:
+    torch.multinomial(softmax(z), 1, generator=generator). The engine draws so, and the same seed
+    must give its tokens.
 
     Hints: 5 lines. `argmax(-1)`, `torch.multinomial(probs, 1, generator=generator)`.
     """
