@@ -108,14 +108,16 @@ class KVCache(AttentionContext):
 
         q: [n, heads, head_dim]; k, v: [n, kv_heads, head_dim] -> [n, heads, head_dim]
         Writes positions length .. length + n - 1 of layer `layer_idx`; raises ValueError if
-        they do not fit in max_len. Leaves `length` unchanged.
+        they do not fit in max_len (a cache of max_len holds positions 0 .. max_len - 1, the last
+        one included). Leaves `length` unchanged.
 
         Hints: 6 lines. Slice assignment `self.k[layer_idx, start:end] = k`; `causal_attention`.
         """
         ### BEGIN SOLUTION
         start, end = self.length, self.length + q.shape[0]
         if end > self.k.shape[1]:
-            raise ValueError(f"the cache holds {self.k.shape[1]} positions; {end} do not fit")
+            raise ValueError(f"the cache holds {self.k.shape[1]} positions: {self.length} are stored, "
+                             f"{q.shape[0]} more do not fit")
         self.k[layer_idx, start:end] = k
         self.v[layer_idx, start:end] = v
         return causal_attention(q, self.k[layer_idx, :end], self.v[layer_idx, :end])
@@ -224,10 +226,12 @@ check("2.4")
 # ## Exercise 2.5 · Drawing a token
 #
 # `sample` chains the steps above. The draw itself is spelled out, because it is part of the spec:
-# `torch.multinomial(softmax(z), 1, generator=generator)` over the whole `[batch, vocab]` batch of
-# filtered, tempered logits `z`. With the same seed, your sampler then draws exactly the tokens
-# `minillm`'s does, which is how the grader (and the engine check a few cells below) can compare
-# them token for token.
+# one call `torch.multinomial(softmax(z), 1, generator=generator)` over the whole `[batch, vocab]`
+# batch of filtered, tempered logits `z`, and no other use of the generator. With the same seed,
+# your sampler then draws exactly the tokens `minillm`'s does, which is how the grader (and the
+# engine check a few cells below) can compare them token for token. Other correct ways to sample
+# (the Gumbel-max trick, `argmax(z + gumbel_noise)`, say) follow the same distribution but turn the
+# generator's random numbers into other tokens, so here they do not pass.
 
 # %% exercise="2.5"
 def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Tensor:
@@ -235,7 +239,9 @@ def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generat
 
     logits: [batch, vocab] -> token ids [batch] (int64)
     temperature == 0: argmax of each row. Otherwise z = logits / temperature, then top_k_filter,
-    then top_p_filter, then torch.multinomial(softmax(z), 1, generator=generator), one token per row.
+    then top_p_filter, then one token per row by exactly this call:
+    torch.multinomial(softmax(z), 1, generator=generator). The engine draws so, and the same seed
+    must give its tokens.
 
     Hints: 5 lines. `argmax(-1)`, `torch.multinomial(probs, 1, generator=generator)`.
     """

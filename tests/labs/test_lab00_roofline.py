@@ -3,7 +3,9 @@
 Oracles: the formulas (2 FLOPs per multiply-add, bytes = elements x bytes per element, time =
 max(F / P, B / W)), written out here and not taken from minillm.perf; minillm's model for how many
 weights a decoder holds, and its KV cache for how many bytes one allocates. Every exercise is
-checked on fixed cases and on seeded random ones, with shapes where two sizes cannot be confused.
+checked on fixed cases and on seeded random ones, with shapes where two sizes cannot be confused,
+bytes per element drawn from 1, 2, 4 and 8 (never one fixed width), and the degenerate cases the
+formulas admit: a matrix-vector product, one token, a copy that does no FLOPs.
 """
 import random
 from functools import cache
@@ -18,7 +20,8 @@ from minillm.models.llama import LlamaForCausalLM
 EXERCISES = {"0.1": "matmul_cost", "0.2": "roofline_time", "0.3": "attention_cost", "0.4": "kv_cache_bytes",
              "0.5": "decode_step_cost", "0.6": "decode_tokens_per_s"}
 H100 = {"peak_flops": 989e12, "bandwidth": 3.35e12}
-DTYPES = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32}
+DTYPES = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
+WIDTHS = tuple(DTYPES)  # bytes per element
 
 
 def close(a, b, rel=1e-9) -> bool:
@@ -56,9 +59,9 @@ def shape(cfg: ModelConfig) -> str:
 
 def matmul_cases() -> list[tuple[int, int, int, int]]:
     rng = random.Random(1)
-    drawn = [(rng.randint(1, 3000), rng.randint(1, 3000), rng.randint(1, 3000), rng.choice((1, 2, 4)))
+    drawn = [(rng.randint(1, 3000), rng.randint(1, 3000), rng.randint(1, 3000), rng.choice(WIDTHS))
              for _ in range(20)]
-    return [(1, 4096, 4096, 2), (512, 768, 3072, 4), (7, 3, 5, 1)] + drawn
+    return [(1, 4096, 4096, 2), (512, 768, 3072, 4), (7, 3, 5, 1), (1, 1, 1, 8), (3, 1, 9, 2)] + drawn
 
 
 @exercise("0.1")
@@ -81,9 +84,11 @@ def test_matmul_bytes_read_both_inputs_and_write_the_output(lab):
 
 @exercise("0.2")
 def test_roofline_time_is_set_by_the_slower_resource(lab):
-    """time = max(compute time, memory time): compute-bound, memory-bound and exactly at the ridge"""
+    """time = max(compute time, memory time): compute-bound, memory-bound, exactly at the ridge, and a copy
+    that does no FLOPs at all"""
     rng = random.Random(2)
-    cases = [(1e12, 1e9, 1e14, 1e12), (1e9, 1e10, 1e14, 1e12), (2e12, 1e10, 2e14, 1e12), (7, 3, 2, 5)]
+    cases = [(1e12, 1e9, 1e14, 1e12), (1e9, 1e10, 1e14, 1e12), (2e12, 1e10, 2e14, 1e12), (7, 3, 2, 5),
+             (0.0, 2 * 256 * 2 ** 20, 1e12, 5e10), (0, 8e9, 989e12, 3.35e12)]  # copies: bytes only
     for _ in range(20):  # intensities both sides of the ridge, on machines of very different balance
         peak, bw = 10 ** rng.uniform(9, 15), 10 ** rng.uniform(9, 13)
         nbytes = 10 ** rng.uniform(3, 11)
@@ -97,11 +102,12 @@ def test_roofline_time_is_set_by_the_slower_resource(lab):
 
 def attention_cases() -> list[tuple[int, int, int, int, int, int]]:
     rng = random.Random(3)
-    cases = [(1, 4096, 32, 8, 128, 2), (512, 512, 12, 12, 64, 4), (3, 10, 6, 2, 8, 1), (5, 9, 7, 1, 16, 2)]
+    cases = [(1, 4096, 32, 8, 128, 2), (512, 512, 12, 12, 64, 4), (3, 10, 6, 2, 8, 1), (5, 9, 7, 1, 16, 2),
+             (1, 1, 4, 2, 8, 8)]
     for _ in range(20):
         q_len, kv_heads = rng.randint(1, 600), rng.choice((1, 2, 3, 4))
         cases.append((q_len, q_len + rng.randint(0, 3000), kv_heads * rng.choice((2, 3, 5)), kv_heads,
-                      rng.choice((16, 40, 64, 96)), rng.choice((1, 2, 4))))
+                      rng.choice((16, 40, 64, 96)), rng.choice(WIDTHS)))
     return cases
 
 
@@ -130,8 +136,8 @@ def test_attention_bytes_read_q_k_v_and_write_the_output(lab):
 def test_kv_cache_bytes_match_an_allocated_cache(lab):
     """bytes of K and V for every layer and kv head, as a cache of that many tokens allocates them"""
     rng = random.Random(4)
-    cases = [(config(True), 100, 4), (config(True), 37, 2)]
-    cases += [(cfg, rng.randint(1, 400), rng.choice((1, 2, 4))) for cfg in random_configs(40, 8)]
+    cases = [(config(True), 100, 4), (config(True), 37, 2), (config(False), 1, 8)]
+    cases += [(cfg, rng.randint(1, 400), rng.choice(WIDTHS)) for cfg in random_configs(40, 8)]
     for cfg, tokens, b in cases:
         expected = ContiguousKVCache(cfg, tokens, DTYPES[b], torch.device("cpu")).nbytes
         formula = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * tokens * b
@@ -158,8 +164,8 @@ def expected_decode(cfg: ModelConfig, context: int, batch: int, b: int, weights:
 def decode_cases() -> list[tuple[ModelConfig, int, int, int]]:
     rng = random.Random(5)
     cases = [(config(tied), context, batch, b) for tied in (False, True)
-             for context, batch, b in ((1, 1, 2), (300, 8, 4))]
-    cases += [(cfg, rng.randint(1, 2000), rng.randint(2, 64), rng.choice((1, 2, 4))) for cfg in random_configs(50, 6)]
+             for context, batch, b in ((1, 1, 2), (300, 8, 4), (5, 3, 8))]
+    cases += [(cfg, rng.randint(1, 2000), rng.randint(2, 64), rng.choice(WIDTHS)) for cfg in random_configs(50, 6)]
     return cases
 
 
@@ -185,17 +191,23 @@ def test_decode_step_bytes_read_weights_once_and_each_sequences_cache(lab):
 
 @exercise("0.6")
 def test_decode_tokens_per_s_follows_the_roofline(lab):
-    """tokens/s = batch / roofline time of one step: memory-bound at small batch, compute-bound at huge batch"""
+    """tokens/s = batch / roofline time of one step: memory-bound at small batch, compute-bound at huge batch,
+    for weights of 1, 2, 4 or 8 bytes"""
     rng = random.Random(6)
-    cases = [(config(False), 64, 1, H100["peak_flops"], H100["bandwidth"]),
-             (config(False), 64, 16, H100["peak_flops"], H100["bandwidth"]),
-             (config(False), 8, 100000, H100["peak_flops"], H100["bandwidth"])]
+    cases = [(config(False), 64, 1, H100["peak_flops"], H100["bandwidth"], 2),
+             (config(False), 64, 16, H100["peak_flops"], H100["bandwidth"], 1),
+             (config(False), 1, 100000, H100["peak_flops"], H100["bandwidth"], 1),
+             (config(True), 1, 1, H100["peak_flops"], H100["bandwidth"], 4)]
     for cfg in random_configs(60, 4):
         for batch in (1, rng.randint(2, 50), rng.randint(10**5, 10**6)):
-            cases.append((cfg, rng.randint(1, 1000), batch, 10 ** rng.uniform(10, 15), 10 ** rng.uniform(9, 13)))
-    for cfg, context, batch, peak, bw in cases:
-        flops, nbytes = expected_decode(cfg, context, batch, 2, weights_read_per_token(cfg))
+            cases.append((cfg, rng.randint(1, 1000), batch, 10 ** rng.uniform(10, 15), 10 ** rng.uniform(9, 13),
+                          rng.choice(WIDTHS)))
+    bound = set()
+    for cfg, context, batch, peak, bw, b in cases:
+        flops, nbytes = expected_decode(cfg, context, batch, b, weights_read_per_token(cfg))
         expected = batch / max(flops / peak, nbytes / bw)
-        got = lab.decode_tokens_per_s(cfg, context, batch, peak, bw, 2)
+        bound.add("compute" if flops / peak > nbytes / bw else "memory")
+        got = lab.decode_tokens_per_s(cfg, context, batch, peak, bw, b)
         assert close(got, expected, 1e-6), (f"decode_tokens_per_s({shape(cfg)}; context={context}, batch={batch}, "
-                                            f"{peak:g} FLOP/s, {bw:g} B/s) = {got:g}, expected {expected:g}")
+                                            f"{peak:g} FLOP/s, {bw:g} B/s, {b} B) = {got:g}, expected {expected:g}")
+    assert bound == {"compute", "memory"}, f"test premise: the cases are only {bound}-bound (not your code)"

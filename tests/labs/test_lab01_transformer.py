@@ -4,8 +4,13 @@ Oracles no one here wrote: Hugging Face transformers' Llama modules (LlamaRMSNor
 embedding and apply_rotary_pos_emb, LlamaMLP, LlamaDecoderLayer, and LlamaForCausalLM on random
 checkpoints it saved itself) and PyTorch's scaled_dot_product_attention. Inputs are seeded random
 values of both signs, in shapes where two sizes cannot be confused: tokens, heads and head_dim
-differ, and 6 query heads share 2 kv heads, where `repeat` and `repeat_interleave` disagree.
+differ, and 6 query heads share 2 kv heads, where `repeat` and `repeat_interleave` disagree. The
+constants an exercise is given (eps, theta, the config's rms_norm_eps) are drawn at random, far from
+the usual defaults, in ranges where a hard-coded default shows; the edge cases the formulas admit
+are tried too: a vector of zeros, a single token, attention so sharp that exp() overflows in float32.
 """
+import random
+
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -13,7 +18,7 @@ from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama as hf_llama
 
 from minillm.labkit import exercise
-from minillm.labkit.fixtures import assert_close, checkpoint, randn
+from minillm.labkit.fixtures import assert_close, checkpoint, one_thread, randn
 from minillm.models.config import ModelConfig
 
 EXERCISES = {"1.1": "rms_norm", "1.2": "rope_cos_sin", "1.3": "apply_rope", "1.4": "causal_gqa_attention",
@@ -40,29 +45,37 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
     return cos[0], sin[0]
 
 
+def hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    norm = hf_llama.LlamaRMSNorm(x.shape[-1], eps=eps)
+    norm.weight.data = weight
+    with torch.no_grad():
+        return norm(x)
+
+
 @exercise("1.1")
 def test_rms_norm_normalises_each_vector_of_a_batch(lab):
-    """RMSNorm of [batch, tokens, hidden] and [tokens, hidden] inputs normalises each vector over hidden alone"""
-    for seed, shape in ((11, (3, 5, 48)), (12, (2, 7, 20)), (13, (6, 33))):
+    """RMSNorm of [hidden], [tokens, hidden], [batch, tokens, hidden] and 4-d inputs normalises each vector over
+    hidden alone"""
+    rng = random.Random(10)
+    for seed, shape in ((11, (3, 5, 48)), (12, (2, 7, 20)), (13, (6, 33)), (16, (40,)), (17, (2, 3, 4, 12))):
         x = randn(seed, *shape) * randn(seed + 1, *shape[:-1], 1).exp()  # vectors of very different sizes
-        norm = hf_llama.LlamaRMSNorm(shape[-1], eps=1e-6)
-        norm.weight.data = randn(seed + 2, shape[-1])
-        with torch.no_grad():
-            expected = norm(x)
-        assert_close(lab.rms_norm(x, norm.weight.data, 1e-6), expected, f"rms_norm of a {list(shape)} input")
+        weight, eps = randn(seed + 2, shape[-1]), 10 ** rng.uniform(-7, -5)
+        assert_close(lab.rms_norm(x, weight, eps), hf_rms_norm(x, weight, eps),
+                     f"rms_norm of a {list(shape)} input (eps={eps:.3g})")
 
 
 @exercise("1.1")
 def test_rms_norm_puts_eps_inside_the_square_root(lab):
-    """eps is added to the mean square, inside the root (visible on small inputs)"""
-    for seed, shape in ((14, (4, 32)), (15, (9, 24))):
-        x = randn(seed, *shape, scale=1e-2)
-        norm = hf_llama.LlamaRMSNorm(shape[-1], eps=1e-3)
-        norm.weight.data = randn(seed + 1, shape[-1])
-        with torch.no_grad():
-            expected = norm(x)
-        assert_close(lab.rms_norm(x, norm.weight.data, 1e-3), expected,
-                     f"rms_norm with eps=1e-3 of small {list(shape)} inputs")
+    """eps, the one given (drawn from 1e-4 to 0.1), is added to the mean square inside the root: visible on inputs
+    whose mean square is near eps; a vector of zeros stays zero"""
+    rng = random.Random(14)
+    for seed, shape in ((14, (4, 32)), (15, (9, 24)), (18, (3, 2, 16))):
+        eps = 10 ** rng.uniform(-4, -1)
+        x = randn(seed, *shape, scale=eps ** 0.5 * rng.uniform(0.3, 3))  # mean square about eps
+        x[(0,) * (len(shape) - 1)] = 0.0  # one vector of zeros: only eps keeps the root from being 0
+        weight = randn(seed + 1, shape[-1])
+        assert_close(lab.rms_norm(x, weight, eps), hf_rms_norm(x, weight, eps),
+                     f"rms_norm with eps={eps:.3g} of {list(shape)} inputs whose mean square is near eps")
 
 
 @exercise("1.2")
@@ -142,6 +155,19 @@ def test_attention_single_query_sees_every_key(lab):
 
 
 @exercise("1.4")
+def test_attention_stays_right_when_scores_reach_the_hundreds(lab):
+    """sharp attention (q.k / sqrt(d) in the hundreds, where exp() overflows float32): the output is still
+    PyTorch's, not inf or NaN"""
+    for seed, (q_len, kv_len, heads, kv_heads, d) in ((45, (4, 9, 6, 2, 8)), (46, (7, 7, 4, 1, 16))):
+        q_all = randn(seed, kv_len, heads, d, scale=12.0)
+        k, v = randn(seed + 1, kv_len, kv_heads, d, scale=12.0), randn(seed + 2, kv_len, kv_heads, d)
+        scores = torch.einsum("qhd,khd->hqk", q_all, k.repeat_interleave(heads // kv_heads, 1)) / d ** 0.5
+        assert scores.abs().max() > 100, "test premise: the scores are not in the hundreds (not your code)"
+        assert_close(lab.causal_gqa_attention(q_all[-q_len:], k, v), sdpa(q_all, k, v, causal=True)[-q_len:],
+                     f"attention of {q_len} queries over {kv_len} keys with scores in the hundreds", atol=1e-3)
+
+
+@exercise("1.4")
 def test_attention_maps_query_heads_to_their_kv_group(lab):
     """query head h reads kv head h // (heads // kv_heads): consecutive query heads share one"""
     q, k = randn(40, 5, 6, 8), randn(41, 5, 2, 8)
@@ -156,20 +182,21 @@ def test_attention_maps_query_heads_to_their_kv_group(lab):
 @exercise("1.4")
 def test_attention_each_query_sees_its_own_position_and_no_later_one(lab):
     """changing the key and value at position j changes the query at j and leaves every earlier query alone"""
-    q_len, kv_len = 4, 10  # queries at positions 6, 7, 8, 9
-    q, k, v = randn(42, q_len, 6, 8), randn(43, kv_len, 2, 8), randn(44, kv_len, 2, 8)
-    before = lab.causal_gqa_attention(q, k, v)
-    for j in range(kv_len):
-        k2, v2 = k.clone(), v.clone()
-        k2[j], v2[j] = 3.0, -50.0
-        after = lab.causal_gqa_attention(q, k2, v2)
-        for i in range(q_len):
-            position = kv_len - q_len + i
-            changed = not torch.allclose(after[i], before[i], atol=1e-5)
-            if position < j:
-                assert not changed, f"the query at position {position} changes when the key at position {j} does"
-            if position == j:
-                assert changed, f"the query at position {position} ignores the key at its own position"
+    with one_thread():
+        q_len, kv_len = 4, 10  # queries at positions 6, 7, 8, 9
+        q, k, v = randn(42, q_len, 6, 8), randn(43, kv_len, 2, 8), randn(44, kv_len, 2, 8)
+        before = lab.causal_gqa_attention(q, k, v)
+        for j in range(kv_len):
+            k2, v2 = k.clone(), v.clone()
+            k2[j], v2[j] = 3.0, -50.0
+            after = lab.causal_gqa_attention(q, k2, v2)
+            for i in range(q_len):
+                position = kv_len - q_len + i
+                changed = not torch.allclose(after[i], before[i], atol=1e-5)
+                if position < j:
+                    assert not changed, f"the query at position {position} changes when the key at position {j} does"
+                if position == j:
+                    assert changed, f"the query at position {position} ignores the key at its own position"
 
 
 @exercise("1.5")
@@ -206,31 +233,43 @@ def block_case(seed: int, positions: torch.Tensor, **kw) -> tuple[torch.Tensor, 
     return x, weights, cfg, out[0]
 
 
+def drawn_constants(rng: random.Random) -> dict:
+    """rms_norm_eps from 0.02 to 0.3 (the hidden states' mean square is about 1, so a default 1e-5 or 1e-6
+    shows) and rope_theta from 200 to 5e5: neither near a usual default."""
+    return {"rms_norm_eps": 10 ** rng.uniform(-1.7, -0.5), "rope_theta": 10 ** rng.uniform(2.3, 5.7)}
+
+
 @exercise("1.6")
 def test_decoder_block_matches_transformers_layer(lab):
-    """one decoder layer matches transformers' (GQA, head_dim * heads != hidden, positions 0..n-1)"""
-    other = {"hidden_size": 80, "num_attention_heads": 4, "head_dim": 24, "rope_theta": 1e4}  # 4 on 2, 24 != 80 / 4
-    for seed, n, shape in ((60, 10, {}), (160, 7, other)):
-        x, w, cfg, expected = block_case(seed, torch.arange(n), **shape)
-        what = f"decoder_block, {n} tokens, {cfg.num_attention_heads} heads on {cfg.num_key_value_heads}"
-        assert_close(lab.decoder_block(x, torch.arange(n), w, cfg), expected, what, atol=1e-4)
+    """one decoder layer matches transformers' (GQA and plain multi-head, head_dim * heads != hidden, positions
+    0..n-1, rms_norm_eps and rope_theta drawn at random), a single token included"""
+    with one_thread():
+        rng = random.Random(61)
+        other = {"hidden_size": 80, "num_attention_heads": 4, "head_dim": 24}  # 4 on 2, 24 != 80 / 4
+        plain = {"num_key_value_heads": 6}  # 6 heads on 6: no grouping
+        for seed, n, shape in ((60, 10, {}), (160, 7, other), (260, 5, plain), (360, 1, other)):
+            x, w, cfg, expected = block_case(seed, torch.arange(n), **shape, **drawn_constants(rng))
+            what = (f"decoder_block, {n} tokens, {cfg.num_attention_heads} heads on {cfg.num_key_value_heads}, "
+                    f"rms_norm_eps={cfg.rms_norm_eps:.3g}, rope_theta={cfg.rope_theta:.4g}")
+            assert_close(lab.decoder_block(x, torch.arange(n), w, cfg), expected, what, atol=1e-4)
 
 
 @exercise("1.6")
 def test_decoder_block_rotates_by_the_given_positions(lab):
     """a block fed positions with gaps, not starting at 0, matches transformers' at those positions"""
-    drawn = positions_drawn(71, 9, 300).sort().values
-    for seed, positions in ((70, torch.tensor([3, 4, 5, 12, 13, 40, 41, 42])), (170, drawn)):
-        x, w, cfg, expected = block_case(seed, positions)
-        assert_close(lab.decoder_block(x, positions, w, cfg), expected,
-                     f"decoder_block at positions {positions.tolist()}", atol=1e-4)
+    with one_thread():
+        drawn, rng = positions_drawn(71, 9, 300).sort().values, random.Random(72)
+        for seed, positions in ((70, torch.tensor([3, 4, 5, 12, 13, 40, 41, 42])), (170, drawn)):
+            x, w, cfg, expected = block_case(seed, positions, **drawn_constants(rng))
+            assert_close(lab.decoder_block(x, positions, w, cfg), expected,
+                         f"decoder_block at positions {positions.tolist()}", atol=1e-4)
 
 
-def logits_of_two_prompts(lab, folder, model, seed: int):
-    """-> (length, the lab's logits, transformers' logits) for prompts of 12 and 5 tokens, one call each."""
+def logits_of_prompts(lab, folder, model, seed: int):
+    """-> (length, the lab's logits, transformers' logits) for prompts of 12, 5 and 1 tokens, one call each."""
     cfg = ModelConfig.from_file(folder / "config.json")
     weights = load_file(folder / "model.safetensors")
-    for n in (12, 5):
+    for n in (12, 5, 1):
         ids = torch.randint(1, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(seed + n))
         with torch.no_grad():
             expected = model(ids[None]).logits[0]
@@ -239,17 +278,21 @@ def logits_of_two_prompts(lab, folder, model, seed: int):
 
 @exercise("1.7", timeout=120)
 def test_forward_matches_transformers_on_an_untied_checkpoint(lab):
-    """logits match transformers' Llama on a checkpoint with its own lm_head (2 layers, GQA 4 on 2)"""
-    folder, model = checkpoint("llama", 3)
-    for n, actual, expected in logits_of_two_prompts(lab, folder, model, 81):
-        assert_close(actual, expected, f"logits of a {n}-token prompt, untied checkpoint", atol=1e-4)
+    """logits match transformers' Llama on a checkpoint with its own lm_head (2 layers, GQA 4 on 2, rms_norm_eps
+    2.7e-4: the hidden states' mean square is about 1e-3, so a default eps shows)"""
+    with one_thread():
+        folder, model = checkpoint("llama", 3, rms_norm_eps=2.7e-4)
+        for n, actual, expected in logits_of_prompts(lab, folder, model, 81):
+            assert_close(actual, expected, f"logits of a {n}-token prompt, untied checkpoint", atol=1e-4)
 
 
 @exercise("1.7", timeout=120)
 def test_forward_matches_transformers_on_a_tied_checkpoint(lab):
-    """logits match transformers' Llama on a checkpoint without lm_head (tied; 3 layers, GQA 6 on 2, head_dim 12)"""
-    folder, model = checkpoint("llama", 4, tie_word_embeddings=True, hidden_size=48, intermediate_size=80,
-                               num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
-                               rope_theta=2000.0)
-    for n, actual, expected in logits_of_two_prompts(lab, folder, model, 82):
-        assert_close(actual, expected, f"logits of a {n}-token prompt, tied checkpoint", atol=1e-4)
+    """logits match transformers' Llama on a checkpoint without lm_head (tied; 3 layers, GQA 6 on 2, head_dim 12,
+    rms_norm_eps 6.1e-4)"""
+    with one_thread():
+        folder, model = checkpoint("llama", 4, tie_word_embeddings=True, hidden_size=48, intermediate_size=80,
+                                   num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+                                   rope_theta=2000.0, rms_norm_eps=6.1e-4)
+        for n, actual, expected in logits_of_prompts(lab, folder, model, 82):
+            assert_close(actual, expected, f"logits of a {n}-token prompt, tied checkpoint", atol=1e-4)

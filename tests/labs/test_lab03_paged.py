@@ -1,5 +1,8 @@
 """Grader of lab 03, the paged KV cache and prefix caching. Oracles: minillm's model, block
-allocator, prefix cache, attention and engine, and the invariants every allocator must keep."""
+allocator, prefix cache, attention and engine, and the invariants every allocator must keep.
+Inputs reach the boundaries: 0 tokens, exact block multiples and one token past them, a pool filled
+to its last block by allocate and by append, an empty range of positions, a context filling the
+whole pool, hash collisions. Model and small-tensor tests run on one torch thread."""
 import random
 from functools import cache
 
@@ -11,7 +14,7 @@ from minillm.cache.allocator import BlockAllocator as ReferenceAllocator
 from minillm.cache.prefix import chain_hash
 from minillm.labkit import exercise
 from minillm.labkit.endtoend import check_against_reference
-from minillm.labkit.fixtures import assert_close, randn
+from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_components
 from minillm.layers.attention import AttentionContext, causal_attention
 from minillm.utils import cdiv
@@ -48,12 +51,12 @@ def check_invariants(alloc, tables: list[list[int]], what: str) -> None:
 
 @exercise("3.1")
 def test_blocks_for_rounds_up_exactly_at_block_boundaries(lab):
-    """blocks_for(n) = ceil(n / block_size) for n = 1..50 and block sizes 1, 3, 16"""
+    """blocks_for(n) = ceil(n / block_size) for n = 0..50 and block sizes 1, 3, 16"""
     for bs in (1, 3, 16):
         alloc = lab.BlockAllocator(8, bs)
-        got = [alloc.blocks_for(n) for n in range(1, 51)]
-        expected = [cdiv(n, bs) for n in range(1, 51)]
-        bad = [(n, g, e) for n, g, e in zip(range(1, 51), got, expected) if g != e]
+        got = [alloc.blocks_for(n) for n in range(0, 51)]
+        expected = [cdiv(n, bs) for n in range(0, 51)]
+        bad = [(n, g, e) for n, g, e in zip(range(0, 51), got, expected) if g != e]
         assert not bad, f"block_size {bs}: (tokens, blocks_for, expected) {bad[:4]}"
 
 
@@ -173,6 +176,23 @@ def test_a_pool_fills_exactly_to_capacity(lab):
 
 
 @exercise("3.1")
+def test_append_hands_out_the_pools_last_free_block(lab):
+    """a table growing into the pool's last free block gets it; the next block it needs is refused"""
+    for num_blocks, bs in ((4, 4), (6, 1), (2, 16)):
+        alloc = lab.BlockAllocator(num_blocks, bs)
+        what = f"a pool of {num_blocks} blocks of {bs}"
+        table = alloc.allocate((num_blocks - 1) * bs)
+        assert table is not None and len(table) == num_blocks - 1, \
+            f"{what}: allocate({(num_blocks - 1) * bs}) gave {table}, not {num_blocks - 1} blocks"
+        assert alloc.append(table, (num_blocks - 1) * bs + 1) is True and len(table) == num_blocks, \
+            f"{what}: append into the last free block returned False or did not take it (table {table})"
+        check_invariants(alloc, [table], f"{what}, after append took the last free block")
+        assert alloc.append(table, num_blocks * bs + 1) is False and len(table) == num_blocks, \
+            f"{what}: append past a full pool did not return False with the table unchanged"
+        check_invariants(alloc, [table], f"{what}, after a refused append in a full pool")
+
+
+@exercise("3.1")
 def test_a_prompt_of_exactly_one_block_takes_one_block(lab):
     """n = block_size tokens take one block, n + 1 a second; appends inside the last block take none"""
     for bs in (1, 4, 16):
@@ -262,10 +282,10 @@ def test_random_operations_match_minillms_allocator(lab):
 
 @exercise("3.2")
 def test_slot_mapping_follows_the_block_table(lab):
-    """slots of positions start..end-1 through a shuffled table, for block sizes 1, 4 and 5"""
+    """slots of positions start..end-1 through a shuffled table, for block sizes 1, 4 and 5, empty ranges included"""
     for bs, table in ((4, [5, 1, 6]), (5, [9, 0, 3, 7, 2]), (1, [4, 2, 8, 0, 6])):
         total = len(table) * bs
-        for start, end in ((0, total), (0, total - 2), (bs - 1, bs + 1), (bs, total), (total - 1, total)):
+        for start, end in ((0, total), (0, total - 2), (bs - 1, bs + 1), (bs, total), (total - 1, total), (bs, bs)):
             got = lab.slot_mapping(table, start, end, bs)
             assert isinstance(got, torch.Tensor), f"slot_mapping returns {type(got).__name__}, not a tensor"
             expected = reference_slots(table, start, end, bs)
@@ -276,22 +296,27 @@ def test_slot_mapping_follows_the_block_table(lab):
 @exercise("3.2")
 def test_slot_mapping_matches_the_formula_on_random_tables(lab):
     """seeded random tables, block sizes and ranges: slot = table[t // bs] * bs + t % bs for each position t"""
-    gen = torch.Generator().manual_seed(320)
-    for _ in range(40):
-        bs = int(torch.randint(1, 17, (1,), generator=gen))
-        table = torch.randperm(30, generator=gen)[:int(torch.randint(1, 9, (1,), generator=gen))].tolist()
-        start, end = sorted(torch.randint(0, len(table) * bs + 1, (2,), generator=gen).tolist())
-        got = lab.slot_mapping(table, start, end, bs)
-        expected = reference_slots(table, start, end, bs)
-        assert isinstance(got, torch.Tensor) and got.tolist() == expected, \
-            f"slot_mapping({table}, {start}, {end}, block_size={bs}) gave {got.tolist()}, expected {expected}"
+    with one_thread():
+        gen = torch.Generator().manual_seed(320)
+        for _ in range(40):
+            bs = int(torch.randint(1, 17, (1,), generator=gen))
+            table = torch.randperm(30, generator=gen)[:int(torch.randint(1, 9, (1,), generator=gen))].tolist()
+            start, end = sorted(torch.randint(0, len(table) * bs + 1, (2,), generator=gen).tolist())
+            got = lab.slot_mapping(table, start, end, bs)
+            expected = reference_slots(table, start, end, bs)
+            assert isinstance(got, torch.Tensor) and got.tolist() == expected, \
+                f"slot_mapping({table}, {start}, {end}, block_size={bs}) gave {got.tolist()}, expected {expected}"
 
 
 @exercise("3.2")
 def test_slot_mapping_is_int64(lab):
-    """the slots are an int64 tensor, usable as an index"""
-    got = lab.slot_mapping([3, 0], 2, 7, 4)
-    assert isinstance(got, torch.Tensor) and got.dtype == torch.int64, f"dtype {getattr(got, 'dtype', type(got))}"
+    """the slots are an int64 tensor, usable as an index, for an empty range of positions too"""
+    for table, start, end in (([3, 0], 2, 7), ([3, 0], 4, 4), ([1], 0, 0)):
+        got = lab.slot_mapping(table, start, end, 4)
+        what = f"slot_mapping({table}, {start}, {end}, block_size=4)"
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.int64, \
+            f"{what}: returns {type(got).__name__} of dtype {getattr(got, 'dtype', None)}, not an int64 tensor"
+        assert got.shape == (end - start,), f"{what}: shape {tuple(got.shape)}, expected ({end - start},)"
 
 
 def scattered_pool(seed: int, num_blocks: int, bs: int, context_len: int, kv_heads: int = 2, d: int = 8):
@@ -310,19 +335,21 @@ def scattered_pool(seed: int, num_blocks: int, bs: int, context_len: int, kv_hea
 def test_paged_attention_equals_contiguous_attention(lab):
     """through a shuffled table, decode, chunk and whole-prompt queries match attention over contiguous K/V,
     up to a context that fills the whole pool (first and last block included)"""
-    cases = [(301, 12, 4, 13, 1), (302, 12, 4, 13, 5), (303, 12, 5, 20, 20), (304, 20, 1, 7, 3), (305, 12, 16, 37, 2),
-             (306, 6, 4, 24, 1), (307, 6, 4, 24, 24), (308, 5, 3, 15, 7), (309, 9, 4, 4, 4)]
-    gen = torch.Generator().manual_seed(330)
-    for seed in range(310, 318):  # seeded random shapes
-        num_blocks, bs = int(torch.randint(2, 10, (1,), generator=gen)), int(torch.randint(1, 9, (1,), generator=gen))
-        ctx = int(torch.randint(1, num_blocks * bs + 1, (1,), generator=gen))
-        cases.append((seed, num_blocks, bs, ctx, int(torch.randint(1, ctx + 1, (1,), generator=gen))))
-    for seed, num_blocks, bs, ctx, n in cases:
-        k_cache, v_cache, table, keys, values = scattered_pool(seed, num_blocks, bs, ctx)
-        q = randn(seed + 4, n, 4, 8)
-        got = lab.paged_attention(q, k_cache, v_cache, table, ctx, bs)
-        assert_close(got, causal_attention(q, keys, values),
-                     f"paged_attention(block_size={bs}, context_len={ctx}, {n} queries)")
+    with one_thread():
+        cases = [(301, 12, 4, 13, 1), (302, 12, 4, 13, 5), (303, 12, 5, 20, 20), (304, 20, 1, 7, 3),
+                 (305, 12, 16, 37, 2), (306, 6, 4, 24, 1), (307, 6, 4, 24, 24), (308, 5, 3, 15, 7), (309, 9, 4, 4, 4)]
+        gen = torch.Generator().manual_seed(330)
+        for seed in range(310, 318):  # seeded random shapes
+            num_blocks = int(torch.randint(2, 10, (1,), generator=gen))
+            bs = int(torch.randint(1, 9, (1,), generator=gen))
+            ctx = int(torch.randint(1, num_blocks * bs + 1, (1,), generator=gen))
+            cases.append((seed, num_blocks, bs, ctx, int(torch.randint(1, ctx + 1, (1,), generator=gen))))
+        for seed, num_blocks, bs, ctx, n in cases:
+            k_cache, v_cache, table, keys, values = scattered_pool(seed, num_blocks, bs, ctx)
+            q = randn(seed + 4, n, 4, 8)
+            got = lab.paged_attention(q, k_cache, v_cache, table, ctx, bs)
+            assert_close(got, causal_attention(q, keys, values),
+                         f"paged_attention(block_size={bs}, context_len={ctx}, {n} queries)")
 
 
 class LabPagedContext(AttentionContext):
@@ -345,16 +372,18 @@ class LabPagedContext(AttentionContext):
 @exercise("3.3")
 def test_paged_attention_runs_the_model_like_a_full_forward(lab):
     """the model through your paged attention: prefill 11, a chunk of 5, 2 decodes = one full forward"""
-    model = llm().model
-    ids = torch.randint(1, model.config.vocab_size, (18,), generator=torch.Generator().manual_seed(306))
-    ctx = LabPagedContext(lab.paged_attention, model.config, 8, 3, 307)
-    logits, start = [], 0
-    with torch.no_grad():
-        for n in (11, 5, 1, 1):
-            hidden = model(ids[start:start + n], torch.arange(start, start + n), ctx)
-            logits.append(model.compute_logits(hidden))
-            ctx.length, start = ctx.length + n, start + n
-    assert_close(torch.cat(logits), llm().logits(ids), "logits through paged attention vs a full forward", atol=1e-3)
+    with one_thread():
+        model = llm().model
+        ids = torch.randint(1, model.config.vocab_size, (18,), generator=torch.Generator().manual_seed(306))
+        ctx = LabPagedContext(lab.paged_attention, model.config, 8, 3, 307)
+        logits, start = [], 0
+        with torch.no_grad():
+            for n in (11, 5, 1, 1):
+                hidden = model(ids[start:start + n], torch.arange(start, start + n), ctx)
+                logits.append(model.compute_logits(hidden))
+                ctx.length, start = ctx.length + n, start + n
+        assert_close(torch.cat(logits), llm().logits(ids), "logits through paged attention vs a full forward",
+                     atol=1e-3)
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -598,4 +627,5 @@ def test_eviction_order_matches_minillm_on_a_random_trace(lab):
 def test_your_parts_run_the_real_engine(lab):
     """the real engine with your block allocator, prefix matcher and evictable blocks gives the reference
     engine's tokens, leaking no block"""
-    check_against_reference(lab_components(lab, labs=["03"]))
+    with one_thread():
+        check_against_reference(lab_components(lab, labs=["03"]))
