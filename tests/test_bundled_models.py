@@ -52,6 +52,7 @@ def test_unigram_baseline_in_the_card_reproduces(corpus):
     assert got == pytest.approx(log_of(NAMES[0])["unigram_perplexity"], rel=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_heldout_perplexity_in_the_card_reproduces(name, corpus):
     from minillm.training.bundled import heldout_perplexity

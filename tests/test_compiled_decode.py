@@ -11,6 +11,8 @@ from test_paged_engine import GREEDY, prompts
 from minillm import LLM, QuantConfig, SamplingParams
 from minillm.config import EngineConfig
 
+pytestmark = pytest.mark.slow  # torch.compile builds each graph (minutes on a CPU)
+
 
 @pytest.fixture(scope="module")
 def engines(hf_llama):

@@ -147,6 +147,7 @@ def test_int8_raises_tiny_perplexity_by_under_one_percent(tiny, reference):
     assert 0 < quality.kl < 1e-3 and quality.top1 > 0.98
 
 
+@pytest.mark.slow
 def test_int4_g64_raises_tiny_perplexity_by_no_more_than_measured(tiny, reference):
     q = LLM("tiny", quantization=QuantConfig("int4", group_size=64))
     quality = reference.compare(q.model)

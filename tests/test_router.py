@@ -290,6 +290,7 @@ def fleet_client(fleet) -> openai.OpenAI:
     return openai.OpenAI(base_url=fleet.base_url + "/v1", api_key="-", max_retries=0, timeout=60)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_fleet_hit_estimate_equals_each_replicas_own_hit_rate(fleet):
     """Sent one at a time (so each prompt's blocks are cached before the next) to a fresh fleet, the
@@ -309,6 +310,7 @@ def test_fleet_hit_estimate_equals_each_replicas_own_hit_rate(fleet):
     assert max(hit_rates) > 0.3
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_fleet_greedy_outputs_equal_offline_generation(fleet):
     expected = [o.text for o in LLM("tiny").generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0,
@@ -325,6 +327,7 @@ def test_fleet_greedy_outputs_equal_offline_generation(fleet):
         assert [r.routed for r in router.app.state.router.state.replicas] == [2, 2]
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(150)
 def test_killed_replica_costs_its_callers_an_error_never_a_hang_or_a_leaked_process(fleet):
     """Kill replica 0 once every caller has its first tokens: its callers get the error event, the

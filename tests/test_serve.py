@@ -240,6 +240,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.timeout(90)
 def test_sigterm_lets_the_stream_finish_then_exits_zero():

@@ -479,6 +479,7 @@ def test_starting_replicas_are_counted_until_they_serve_and_then_only_as_serving
     assert all(r + s == 3 for _, r, s in seen[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_replay_fleet_runs_every_request_on_real_replicas_in_processes_and_names_a_failed_one():
     """Two real replicas (processes of their own): every request gets all its tokens, after its arrival,

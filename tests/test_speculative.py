@@ -112,6 +112,7 @@ def test_the_first_emitted_token_is_distributed_as_the_target(case, params):
     assert chi2 < chi_square_critical(int(support.sum()) - 1), f"chi-square {chi2:.1f}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", PARAMS)
 def test_when_every_proposal_is_accepted_the_bonus_token_is_distributed_as_the_last_position(params):
     """q = p: nothing is ever rejected, and the token after the proposal is drawn from p at the
@@ -158,6 +159,7 @@ def test_all_accepted_draws_the_bonus_token_from_the_last_position():
     assert (m, token) == (1, 1), "greedy: the longest matching prefix, then the target's own token"
 
 
+@pytest.mark.slow
 def test_on_the_real_models_the_first_verified_token_is_distributed_as_the_targets():
     """tiny verifying pico's proposal at temperature 1 with top-k 12, 3,000 seeded samples of one prompt: the
     first token a verification emits (the second output token; the first comes from the prefill), among
