@@ -294,6 +294,23 @@ def test_pack_equals_minillm_on_random_codes(lab):
         assert torch.equal(packed, want), f"{what}: {int((packed != want).sum())} of {want.numel()} bytes differ"
 
 
+def seeded_shapes(seed: int) -> list[tuple[int, ...]]:
+    """One to four dimensions, the last one even or odd (1 included), up to 101 codes a row."""
+    rng = random.Random(seed)
+    return [tuple(rng.randint(1, 4) for _ in range(rng.randint(0, 3))) + (rng.choice([1, 2, 3, rng.randint(4, 101)]),)
+            for _ in range(12)]
+
+
+@exercise("6.3")
+def test_pack_equals_minillm_on_seeded_shapes(lab):
+    """seeded shapes of one to four dimensions, last dimensions odd and even: minillm's bytes"""
+    for case, shape in enumerate(seeded_shapes(634)):
+        codes = random_codes(6340 + case, *shape)
+        what = f"pack_int4 of codes of shape {shape}"
+        packed, want = packed_of(lab, codes, what), codecs.pack_int4(codes)
+        assert torch.equal(packed, want), f"{what}: {int((packed != want).sum())} of {want.numel()} bytes differ"
+
+
 @exercise("6.3")
 def test_pack_puts_the_even_index_in_the_low_nibble(lab):
     """[1, 2, 3, 4] -> [1 + 16 * 2, 3 + 16 * 4] = [33, 67]; [15, 0] -> [15]; [0, 15] -> [240]"""
@@ -335,6 +352,16 @@ def test_unpack_inverts_pack(lab):
     """unpack_int4(pack(codes), n) == codes for random codes, odd n included"""
     for seed, shape in enumerate([(3, 10), (5, 13), (1, 1), (2, 2, 7)]):
         codes = random_codes(645 + seed, *shape)
+        what = f"unpack_int4 of minillm's pack_int4 of codes of shape {shape}"
+        got = unpacked_of(lab, codecs.pack_int4(codes), shape[-1], what)
+        assert torch.equal(got, codes), f"{what}: {int((got != codes).sum())} of {codes.numel()} codes differ"
+
+
+@exercise("6.4")
+def test_unpack_inverts_pack_on_seeded_shapes(lab):
+    """seeded shapes of one to four dimensions, n odd and even: the codes minillm packed come back"""
+    for case, shape in enumerate(seeded_shapes(648)):
+        codes = random_codes(6480 + case, *shape)
         what = f"unpack_int4 of minillm's pack_int4 of codes of shape {shape}"
         got = unpacked_of(lab, codecs.pack_int4(codes), shape[-1], what)
         assert torch.equal(got, codes), f"{what}: {int((got != codes).sum())} of {codes.numel()} codes differ"
