@@ -547,8 +547,8 @@ def find_cancellations(errors: dict[frozenset[int], Sequence[float]], z: float =
     For every measured S and every split of S into non-empty, disjoint A and B that are both measured
     (A | B == S), take d_w = errors[S][w] - errors[A][w] - errors[B][w] and
     se = (sample standard deviation of d_w, with n - 1) / sqrt(n). The pair cancels when
-    mean(d_w) < -z * se. -> [(A, B), ...]: each pair once, min(A) < min(B), sorted by mean(d_w),
-    the most negative first.
+    mean(d_w) < -z * se, strictly (a mean exactly at -z * se does not). -> [(A, B), ...]: each pair
+    once, min(A) < min(B), sorted by mean(d_w), the most negative first.
 
     Hints: about 10 lines. For each S, try each measured A that is a proper subset of S (`A < S`)
     and holds min(S); B = S - A. torch.tensor(...).std() divides by n - 1.

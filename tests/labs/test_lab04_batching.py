@@ -2,7 +2,8 @@
 
 Oracles: minillm's own step policies (minillm/engine/policy.py), run on an identical copy of each
 state through FakeSched, a stand-in for the engine's scheduler with a small KV pool (free blocks,
-a block size, prefix-cache hits on admission); minillm's runner and paged cache for the flattened
+a block size, prefix-cache hits on admission), compared on the step, the queues, the preemptions and
+the KV blocks each request holds after it; minillm's runner and paged cache for the flattened
 batch; and for 4.E the real engine with the notebook's policy against the engine with its own.
 """
 import math
