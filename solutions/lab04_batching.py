@@ -294,7 +294,8 @@ def prefill_chunks(prompt_len: int, budget: int, num_decodes: int) -> list[int]:
     ### BEGIN SOLUTION
     size = budget - num_decodes
     if size < 1:
-        raise ValueError(f"a budget of {budget} tokens leaves no room for a prefill next to {num_decodes} decodes")
+        raise ValueError(f"a budget of {budget} tokens leaves no room for a prefill next to {num_decodes} decodes: "
+                         f"it must be at least num_decodes + 1 = {num_decodes + 1}")
     full, last = divmod(prompt_len, size)
     return [size] * full + ([last] if last else [])
     ### END SOLUTION

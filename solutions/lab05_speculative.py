@@ -358,7 +358,7 @@ def expected_tokens_per_forward(alpha: float, k: int) -> float:
     """Tokens a speculative step emits on average, for k proposals each kept with probability alpha.
 
     1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha == 1.
-    Raises ValueError if alpha is not in [0, 1].
+    Raises ValueError if alpha is not in [0, 1] (NaN is not in it either).
 
     Hints: 4 lines.
     """

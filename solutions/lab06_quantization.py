@@ -169,8 +169,9 @@ check("6.1")
 # zeros has `hi == lo`; keep every scale at least `TINY`, as in 6.1.
 #
 # Round with `torch.round` (halves to even) everywhere. Return the codes, one scale and one zero
-# point per group; a group size that does not divide the row is an error, raised as a `ValueError`
-# that says so.
+# point per group. A group size must be a positive integer that divides the row: anything else (one
+# that leaves a partial group, 0, or a negative one, even if it divides) is an error, raised as a
+# `ValueError` that says so.
 
 # %% exercise="6.2"
 def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -181,15 +182,18 @@ def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
     Per group: lo = min(min(group), 0), hi = max(max(group), 0); scale = (hi - lo) / 15, at least TINY;
     zero = round(-lo / scale); codes = clamp(round(w / scale) + zero, 0, 15). round is torch.round
     (halves to the even integer). w is recovered as (codes - zero) * scale, within scale / 2.
-    Raises ValueError if group_size does not divide in.
+    Raises ValueError unless group_size is a positive integer that divides in (0 and negative sizes included).
 
     Hints: about 8 lines. `w.reshape(out, in // group_size, group_size)` puts each group in a row of
     its own; `amin` / `amax` over the last dimension; `clamp(max=0)`, `clamp(min=0)`.
     """
     ### BEGIN SOLUTION
     out_features, in_features = w.shape
-    if group_size < 1 or in_features % group_size:
-        raise ValueError(f"group_size {group_size} does not divide the {in_features} inputs of a row")
+    if group_size < 1:
+        raise ValueError(f"group_size must be a positive integer, got {group_size}")
+    if in_features % group_size:
+        raise ValueError(f"group_size {group_size} does not divide the {in_features} inputs of a row: "
+                         f"every group must be whole")
     groups = w.float().reshape(out_features, in_features // group_size, group_size)  # [out, groups, g]
     lo, hi = groups.amin(dim=2).clamp(max=0), groups.amax(dim=2).clamp(min=0)        # [out, groups]
     scale = ((hi - lo) / INT4_MAX).clamp_min(TINY)
@@ -543,8 +547,8 @@ def find_cancellations(errors: dict[frozenset[int], Sequence[float]], z: float =
     For every measured S and every split of S into non-empty, disjoint A and B that are both measured
     (A | B == S), take d_w = errors[S][w] - errors[A][w] - errors[B][w] and
     se = (sample standard deviation of d_w, with n - 1) / sqrt(n). The pair cancels when
-    mean(d_w) < -z * se. -> [(A, B), ...]: each pair once, min(A) < min(B), sorted by mean(d_w),
-    the most negative first.
+    mean(d_w) < -z * se, strictly (a mean exactly at -z * se does not). -> [(A, B), ...]: each pair
+    once, min(A) < min(B), sorted by mean(d_w), the most negative first.
 
     Hints: about 10 lines. For each S, try each measured A that is a proper subset of S (`A < S`)
     and holds min(S); B = S - A. torch.tensor(...).std() divides by n - 1.

@@ -10,6 +10,7 @@ notebook's codecs against the engine with its own.
 import copy
 import itertools
 import math
+import random
 from dataclasses import replace
 from functools import cache
 
@@ -93,6 +94,35 @@ def test_int8_rounds_halves_to_even(lab):
                  atol=0, rtol=1e-7)
     want = [127, 2, -4, 0, 0, 2, 126, -126]
     assert q[0].tolist() == want, f"quantize_int8 of {w[0].tolist()} gave {q[0].tolist()}, expected {want}"
+
+
+def small_rows(seed: int, out_features: int, in_features: int) -> torch.Tensor:
+    """Rows whose largest |w| runs from 1e-5 down past float32's smallest normal (subnormal rows included),
+    one exactly 127 * TINY (a scale of exactly TINY): there a floor of one's own (1e-8, 1e-12, float32's eps)
+    instead of TINY changes the scale, and so the codes."""
+    rng = random.Random(seed)
+    w = randn(seed, out_features, in_features)
+    w = w / w.abs().amax(dim=1, keepdim=True)  # each row's largest |w| is 1
+    sizes = [10.0 ** -rng.uniform(5, 37) for _ in range(out_features - 3)] + [127 * codecs.TINY, 3e-39, 1e-42]
+    return w * torch.tensor(sizes).reshape(-1, 1)
+
+
+@exercise("6.1")
+def test_int8_equals_minillm_on_tiny_rows_and_odd_shapes(lab):
+    """rows of tiny magnitude, down to subnormal ones (the scale's floor is TINY), and matrices of one row or one
+    column: q and scale equal minillm's bit for bit"""
+    cases = [("rows of magnitudes 1e-5 to 1e-42", small_rows(618, 12, 40)), ("a 1 x 1 matrix", randn(619, 1, 1)),
+             ("a 1 x 77 matrix", randn(620, 1, 77)), ("a 45 x 1 matrix", randn(621, 45, 1))]
+    for label, w in cases:
+        what = f"quantize_int8 of {label}"
+        q, scale = int8_of(lab, w, what)
+        want_q, want_scale = codecs.quantize_int8(w)
+        bad = (scale != want_scale).nonzero().flatten().tolist()
+        assert not bad, (f"{what}: row {bad[0]} (largest |w| {float(w[bad[0]].abs().max()):.3g}) has scale "
+                         f"{float(scale[bad[0]]):.4g}, expected {float(want_scale[bad[0]]):.4g} "
+                         f"(max|w| / 127, at least TINY = {codecs.TINY:.4g})")
+        wrong = int((q != want_q).sum())
+        assert not wrong, f"{what}: {wrong} of {q.numel()} codes differ from the formula's"
 
 
 @exercise("6.1")
@@ -197,10 +227,46 @@ def test_int4_rounds_halves_to_even(lab):
 
 
 @exercise("6.2")
-def test_int4_refuses_a_group_size_that_does_not_divide_the_row(lab):
-    """group_size 64 for rows of 96 inputs raises ValueError"""
-    with pytest.raises(ValueError):
-        lab.quantize_int4(weights(628, 4, 96), 64)
+def test_int4_equals_minillm_for_seeded_group_sizes(lab):
+    """seeded group sizes far from the usual powers of two (1, 3, 5 to 40, a whole row), rows of tiny magnitude
+    down to subnormal ones (the scale's floor is TINY): codes, scales and zero points equal minillm's"""
+    rng = random.Random(629)
+    sizes = [1, 3, rng.randint(5, 11), rng.randint(13, 27), rng.randint(29, 40)]
+    for case, group_size in enumerate(sizes):
+        groups = rng.randint(1, 6)
+        for label, w in (("seeded weights", weights(6290 + case, rng.randint(2, 9), group_size * groups)),
+                         ("rows of magnitudes 1e-5 to 1e-42", small_rows(6295 + case, 8, group_size * groups))):
+            what = f"quantize_int4 of {label}, {w.shape[0]} x {w.shape[1]}, groups of {group_size}"
+            codes, scale, zero = int4_of(lab, w, group_size, what)
+            want_codes, want_scale, want_zero = codecs.quantize_int4(w, group_size)
+            bad = (scale != want_scale).nonzero().tolist()
+            assert not bad, (f"{what}: group {tuple(bad[0])} has scale {float(scale[tuple(bad[0])]):.4g}, expected "
+                             f"{float(want_scale[tuple(bad[0])]):.4g} ((hi - lo) / 15, at least TINY)")
+            assert torch.equal(zero, want_zero), \
+                f"{what}: {int((zero != want_zero).sum())} of {zero.numel()} zero points differ from the formula's"
+            assert torch.equal(codes, want_codes), \
+                f"{what}: {int((codes != want_codes).sum())} of {codes.numel()} codes differ from the formula's"
+
+
+@exercise("6.2")
+def test_int4_stores_a_weight_of_zero_exactly(lab):
+    """weights that are exactly 0 (pruned, padding) come back exactly 0: their code is the zero point"""
+    for seed, group_size in ((6280, 16), (6281, 7)):
+        w = weights(seed, 6, group_size * 5)
+        w[torch.rand(w.shape, generator=torch.Generator().manual_seed(seed)) < 0.25] = 0.0
+        what = f"quantize_int4 of a matrix with a quarter of its weights 0, groups of {group_size}"
+        back = dequantized(*int4_of(lab, w, group_size, what))
+        moved = int((back[w == 0] != 0).sum())
+        assert not moved, f"{what}: {moved} of {int((w == 0).sum())} zero weights come back nonzero"
+
+
+@exercise("6.2")
+def test_int4_refuses_a_group_size_that_is_not_a_positive_divisor(lab):
+    """a group size that leaves a partial group (64 or 192 for rows of 96 inputs), 0, or a negative one even where
+    it divides (-32, -96) raises ValueError"""
+    for group_size in (64, 192, 0, -32, -96, 7):
+        with pytest.raises(ValueError):
+            lab.quantize_int4(weights(628, 4, 96), group_size)
 
 
 # -- 6.3 pack ----------------------------------------------------------------------------------
@@ -225,6 +291,23 @@ def test_pack_equals_minillm_on_random_codes(lab):
         what = f"pack_int4 of codes of shape {shape}"
         packed = packed_of(lab, codes, what)
         want = codecs.pack_int4(codes)
+        assert torch.equal(packed, want), f"{what}: {int((packed != want).sum())} of {want.numel()} bytes differ"
+
+
+def seeded_shapes(seed: int) -> list[tuple[int, ...]]:
+    """One to four dimensions, the last one even or odd (1 included), up to 101 codes a row."""
+    rng = random.Random(seed)
+    return [tuple(rng.randint(1, 4) for _ in range(rng.randint(0, 3))) + (rng.choice([1, 2, 3, rng.randint(4, 101)]),)
+            for _ in range(12)]
+
+
+@exercise("6.3")
+def test_pack_equals_minillm_on_seeded_shapes(lab):
+    """seeded shapes of one to four dimensions, last dimensions odd and even: minillm's bytes"""
+    for case, shape in enumerate(seeded_shapes(634)):
+        codes = random_codes(6340 + case, *shape)
+        what = f"pack_int4 of codes of shape {shape}"
+        packed, want = packed_of(lab, codes, what), codecs.pack_int4(codes)
         assert torch.equal(packed, want), f"{what}: {int((packed != want).sum())} of {want.numel()} bytes differ"
 
 
@@ -269,6 +352,16 @@ def test_unpack_inverts_pack(lab):
     """unpack_int4(pack(codes), n) == codes for random codes, odd n included"""
     for seed, shape in enumerate([(3, 10), (5, 13), (1, 1), (2, 2, 7)]):
         codes = random_codes(645 + seed, *shape)
+        what = f"unpack_int4 of minillm's pack_int4 of codes of shape {shape}"
+        got = unpacked_of(lab, codecs.pack_int4(codes), shape[-1], what)
+        assert torch.equal(got, codes), f"{what}: {int((got != codes).sum())} of {codes.numel()} codes differ"
+
+
+@exercise("6.4")
+def test_unpack_inverts_pack_on_seeded_shapes(lab):
+    """seeded shapes of one to four dimensions, n odd and even: the codes minillm packed come back"""
+    for case, shape in enumerate(seeded_shapes(648)):
+        codes = random_codes(6480 + case, *shape)
         what = f"unpack_int4 of minillm's pack_int4 of codes of shape {shape}"
         got = unpacked_of(lab, codecs.pack_int4(codes), shape[-1], what)
         assert torch.equal(got, codes), f"{what}: {int((got != codes).sum())} of {codes.numel()} codes differ"
@@ -334,15 +427,31 @@ def test_int4_linear_adds_the_bias(lab):
 
 
 @exercise("6.5")
-def test_int4_linear_computes_in_the_dtype_of_x(lab):
-    """x in bfloat16 gives a bfloat16 output, close to the float32 result"""
-    packed, scale, zero, _ = int4_layer(659, 16, 128, 64, False)
-    x = randn(660, 2, 128)
-    what = "int4_linear with x in bfloat16"
-    y = linear_of(lab, x.bfloat16(), packed, scale, zero, None, what)
-    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16, \
-        f"{what}: the output is {getattr(y, 'dtype', type(y).__name__)}, expected torch.bfloat16"
-    assert_close(y.float(), reference_int4_linear(x, packed, scale, zero, None), what, atol=0.1, rtol=0.02)
+def test_int4_linear_for_seeded_group_sizes(lab):
+    """seeded group sizes (1, odd ones, a whole row) and shapes: x @ dequant(W)^T + bias"""
+    rng = random.Random(661)
+    for case, group_size in enumerate((1, rng.randint(3, 9), rng.randint(10, 30), 56)):
+        in_features = group_size * (rng.randint(1, 4) if group_size < 56 else 1)
+        out_features, rows = rng.randint(1, 40), rng.randint(1, 6)
+        packed, scale, zero, b = int4_layer(6610 + case, out_features, in_features, group_size, case % 2 == 0)
+        x = randn(6620 + case, rows, in_features)
+        what = f"int4_linear, x [{rows}, {in_features}], {out_features} outputs, groups of {group_size}"
+        want = reference_int4_linear(x, packed, scale, zero, b)
+        assert_close(linear_of(lab, x, packed, scale, zero, b, what), want, what, atol=1e-4, rtol=1e-5)
+
+
+@exercise("6.5")
+def test_int4_linear_answers_in_the_dtype_of_x_whatever_it_is(lab):
+    """x (and the bias) in float64, float16 or bfloat16: the output has x's dtype, close to the float32 result"""
+    packed, scale, zero, b = int4_layer(663, 24, 96, 32, True)
+    x = randn(664, 3, 96)
+    want = reference_int4_linear(x, packed, scale, zero, b)
+    for dtype, tol in ((torch.float64, 1e-4), (torch.float16, 0.05), (torch.bfloat16, 0.1)):
+        what = f"int4_linear with x and bias in {dtype}"
+        y = linear_of(lab, x.to(dtype), packed, scale, zero, b.to(dtype), what)
+        assert isinstance(y, torch.Tensor) and y.dtype == dtype, \
+            f"{what}: the output is {getattr(y, 'dtype', type(y).__name__)}, expected {dtype}"
+        assert_close(y.float(), want, what, atol=tol, rtol=tol / 5)
 
 
 # -- 6.6 layer sensitivity -----------------------------------------------------------------------
@@ -395,6 +504,17 @@ def test_layer_sensitivity_equals_minillm_for_int8_on_attention(lab):
 
 
 @exercise("6.6")
+def test_layer_sensitivity_when_the_base_already_picks_some_layers(lab):
+    """a base that picks layers of its own (and a seeded group size, two projections): still every layer alone,
+    one Quality per layer of the model, the base's layers ignored"""
+    rng = random.Random(667)
+    layers = tuple(sorted(rng.sample(range(len(tiny_and_reference()[0].model.layers)), 2)))
+    base = QuantConfig("int4", group_size=rng.choice([8, 16]), layers=layers, projections=("k_proj", "down_proj"))
+    what = f"layer_sensitivity on tiny, base {base.label()} (projections k and down)"
+    assert_same_quality(*sensitivity_of(lab, base, what), what)
+
+
+@exercise("6.6")
 def test_layer_sensitivity_leaves_the_model_in_full_precision(lab):
     """the model it is given keeps every weight and is not quantized afterwards"""
     model, reference = tiny_and_reference()
@@ -433,11 +553,13 @@ def brute_force_cancellations(errors: dict, z: float) -> list[tuple[frozenset, f
     return [(a, b) for _, a, b in found]
 
 
-def random_errors(seed: int, layers: int = 5) -> dict:
+def random_errors(seed: int, layers: int = 5, windows: int | None = None, labels: list[int] | None = None) -> dict:
     """Per-window errors of many sets of layers: each layer's own error, scaled by how hard each window is,
-    plus a planted interaction per set (cancelling, compounding or none) and noise; a few sets unmeasured."""
+    plus a planted interaction per set (cancelling, compounding or none) and noise; a few sets unmeasured.
+    Layer i is called labels[i] (default: i)."""
     gen = torch.Generator().manual_seed(seed)
-    windows = 5 + seed % 8
+    windows = windows or 5 + seed % 8
+    labels = labels or list(range(layers))
     hardness = 0.5 + torch.rand(windows, generator=gen) * 2                      # [windows]
     own = torch.rand(layers, generator=gen) * 0.1                                # [layers]
     errors = {}
@@ -448,7 +570,8 @@ def random_errors(seed: int, layers: int = 5) -> dict:
             planted = float(torch.randn((), generator=gen)) * 0.03 if r > 1 else 0.0
             noise = torch.randn(windows, generator=gen) * 0.004
             values = hardness * (own[list(s)].sum() + planted) + noise
-            errors[frozenset(s)] = tuple(values.abs().tolist()) if seed % 2 else values.abs().tolist()
+            values = values.abs().tolist()
+            errors[frozenset(labels[i] for i in s)] = tuple(values) if seed % 2 else values
     return errors
 
 
@@ -466,10 +589,13 @@ def pairs_text(pairs) -> str:
 
 @exercise("6.7")
 def test_cancellations_equal_a_brute_force_search_on_random_sweeps(lab):
-    """seeded sweeps over 5 layers (5 to 12 windows, some sets unmeasured), z = 2 and z = 1: the same pairs, in order"""
-    for seed in range(670, 678):
-        errors = random_errors(seed)
-        for z in (2.0, 1.0):
+    """seeded sweeps over 5 layers (2 to 12 windows, some sets unmeasured, layers named by scattered numbers), z = 2,
+    z = 1 and a seeded z: the same pairs, in order"""
+    rng = random.Random(670)
+    sweeps = [random_errors(seed) for seed in range(670, 678)]
+    sweeps += [random_errors(6780 + n, windows=n, labels=rng.sample(range(3, 90), 5)) for n in (2, 3, 4)]
+    for seed, errors in enumerate(sweeps, start=670):
+        for z in (2.0, 1.0, round(rng.uniform(0.3, 3.5), 3)):
             want = brute_force_cancellations(errors, z)
             got = cancellations_of(lab, errors, z, f"sweep seed {seed}, z = {z}")
             assert [frozenset({a, b}) for a, b in got] == [frozenset({a, b}) for a, b in want], \
@@ -507,6 +633,51 @@ def test_cancellations_with_the_same_interaction_on_every_window(lab):
     want = [(frozenset({0}), frozenset({1}))]
     assert got == want, f"find_cancellations with d = -0.25 on every window: got {pairs_text(got)}, expected " \
                         f"{pairs_text(want)}"
+
+
+def interaction_of(z: float, c: float, shift: float, windows=(1.5, 0.75, 2.0, 1.25), others=(0.5, 1.0, 0.25, 0.75)):
+    """Errors of {7}, {23} and {7, 23} on 4 windows, with the interaction d_w = -z c + c [1, 1, 1, -3] + shift:
+    mean(d) = -z c + shift, sample standard deviation exactly 2c, se exactly c. Every value is a short binary
+    fraction, so each step (differences, mean, deviations, squares, the sqrt, the division by sqrt(4))
+    is exact in float32 and float64 alike: mean == -z * se holds exactly at shift = 0, in any correct order."""
+    d = [-z * c + c * v + shift for v in (1, 1, 1, -3)]
+    return {frozenset({7}): list(windows), frozenset({23}): list(others),
+            frozenset({7, 23}): [a + b + e for a, b, e in zip(windows, others, d)]}
+
+
+@exercise("6.7")
+def test_cancellations_at_the_threshold_itself(lab):
+    """mean(d) exactly -z * se is no cancellation (the test is strict), a hair below is one, a hair above is not;
+    seeded z far from 2, and z = 0 (any mean below 0 cancels, a mean of exactly 0 does not)"""
+    rng = random.Random(679)
+    pair = [(frozenset({7}), frozenset({23}))]
+    for z in (0.0, rng.randint(4, 12) / 8, rng.randint(20, 40) / 8):
+        for c in (2.0 ** -4, 2.0 ** -9):
+            hair = c * 2.0 ** -8
+            for shift, want, where in ((0.0, [], "exactly at"), (-hair, pair, "just below"), (hair, [], "just above")):
+                errors = interaction_of(z, c, shift)
+                d = [s - a - b for s, a, b in zip(errors[frozenset({7, 23})], errors[frozenset({7})],
+                                                    errors[frozenset({23})])]
+                what = (f"interactions {d} (mean {sum(d) / 4!r}, standard error {c!r}) {where} the threshold "
+                        f"-z * se with z = {z}")
+                got = cancellations_of(lab, errors, z, what)
+                assert got == want, f"find_cancellations: {what}: got {pairs_text(got)}, expected {pairs_text(want)}"
+    additive = {frozenset({0}): [0.5, 0.25, 1.0], frozenset({1}): [0.25, 0.5, 0.5],
+                frozenset({0, 1}): [0.75, 0.75, 1.5]}
+    for z in (0.0, 2.0):
+        got = cancellations_of(lab, additive, z, f"errors that add up exactly, z = {z}")
+        assert got == [], \
+            f"find_cancellations: errors that add up exactly on every window (d = 0) gave {pairs_text(got)}"
+
+
+@exercise("6.7")
+def test_cancellations_with_nothing_to_split(lab):
+    """nothing measured, single layers only, or sets whose parts were not measured: no pairs"""
+    cases = [({}, "no measured sets"), ({frozenset({0}): [0.1, 0.2], frozenset({3}): [0.3, 0.1]}, "single layers"),
+             ({frozenset({0, 1}): [0.0, 0.01, 0.0], frozenset({0}): [0.5, 0.4, 0.6]}, "{0, 1} without {1}")]
+    for errors, label in cases:
+        got = cancellations_of(lab, errors, 2.0, label)
+        assert got == [], f"find_cancellations with {label}: got {pairs_text(got)}, expected []"
 
 
 @exercise("6.7")
