@@ -6,7 +6,7 @@ def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Te
     k = x.shape[-1]
     n, groups = scale.shape
     if packed.shape != (n, (k + 1) // 2) or zero.shape != scale.shape or groups < 1 or k % groups:
-        raise ValueError("int4_linear: packed [out, ceil(in / 2)] and scale, zero [out, groups] with groups dividing in")
+        raise ValueError("int4_linear: packed [out, ceil(in / 2)], scale and zero [out, groups dividing in]")
     check_device(x, packed, scale, zero, bias)
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
