@@ -492,8 +492,8 @@ def kind(reason: str | None) -> str | None:
 def test_breaker_fixed_cases(lab):
     """each rule fires at its boundary: the 3rd call of max_calls 3, the call that brings tokens to max_tokens,
     the 2nd copy (numbers and case normalised) within a window of 2, a whole window of copies; repeat before tokens
-    before calls; caps that are not integers >= 1 (zero, negative, float, NaN) or max_repeats past the window raise
-    ValueError"""
+    before calls; two breakers side by side keep their own counts and caps; caps that are not integers >= 1
+    (zero, negative, float, NaN) or max_repeats past the window raise ValueError"""
     b = lab.LoopBreaker(max_calls=3, max_tokens=1000, repeat_window=2, max_repeats=2)
     assert [kind(b.check(t, 10)) for t in ("a", "b", "c")] == [None, None, "calls"], "max_calls 3: stop on call 3"
     b = lab.LoopBreaker(max_calls=10, max_tokens=100, repeat_window=3, max_repeats=3)
@@ -512,6 +512,10 @@ def test_breaker_fixed_cases(lab):
     b = lab.LoopBreaker(max_calls=10, max_tokens=10_000, repeat_window=3, max_repeats=3)
     assert [kind(b.check("same", 1)) for _ in range(3)] == [None, None, "repeat"], \
         "max_repeats equal to repeat_window: the whole window the same output"
+    short, long = (lab.LoopBreaker(max_calls=n, max_tokens=10_000, repeat_window=2, max_repeats=2) for n in (2, 5))
+    got = [kind(b.check(t, 1)) for t in ("a", "b") for b in (short, long)]
+    assert got == [None, None, "calls", None], \
+        f"two breakers (max_calls 2 and 5) called in turn: {got}; each must count its own calls with its own caps"
     refused = [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1), (1, 1, 1, 0), (1, 1, 2, 3), (-3, 5, 2, 1), (5, -1, 2, 1),
                (2.5, 10, 2, 1), (5, 10, 3, 1.5), (5, math.nan, 2, 1), (5, 10, 3, 4)]
     for caps in refused:
