@@ -264,13 +264,14 @@ def goodput(records: list[RequestRecord], duration: float, slo: dict[str, float]
 
     slo: limits in seconds by metric name, any of "ttft", "tpot", "e2e" (SLO_METRICS); a request is
     good when success and, for every (name, limit), its metric <= limit (a None TPOT meets any limit).
-    Raises ValueError for duration <= 0 (say the value) and for an unknown metric name (name it).
+    Raises ValueError unless duration > 0 (0, negative or NaN: say the value), and for an unknown metric
+    name (name it), whatever the records.
 
     Hints: 8 lines. getattr(metrics, name) reads one metric of a RequestMetrics.
     """
     ### BEGIN SOLUTION
-    if duration <= 0:
-        raise ValueError(f"duration must be > 0 seconds, got {duration}")
+    if not duration > 0:
+        raise ValueError(f"duration must be > 0 seconds, got {duration!r}")
     unknown = [name for name in slo if name not in SLO_METRICS]
     if unknown:
         raise ValueError(f"unknown SLO {unknown[0]!r}: the SLOs are {', '.join(SLO_METRICS)}")

@@ -83,19 +83,24 @@ torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fig
 # ## Exercise 9.1 · Shard a weight
 #
 # Split evenly: each rank gets `size / world` consecutive features, rank 0 the first ones. Refuse
-# a `world` that does not divide the size, and a rank outside `0 … world-1`, with a `ValueError`
-# that says the values. Return a contiguous copy: a real rank keeps only its shard in memory, and
-# a view would keep the whole weight alive.
+# a `world` below 1 or that does not divide the size, and a rank outside `0 … world-1`, with a
+# `ValueError` that says the values. Return a contiguous **copy**, in the weight's dtype: a real
+# rank keeps only its shard in memory, and a view would keep the whole weight alive (and see every
+# later write to it). Mind that `.contiguous()` is not a copy when the slice already is contiguous:
+# a block of rows of a row-major weight is, so `weight[a:b].contiguous()` is the view itself.
+# `.clone()` always copies.
 
 # %% exercise="9.1"
 def shard_columns(weight: Tensor, rank: int, world: int) -> Tensor:
     """Rank `rank`'s shard of a column-parallel linear layer: a block of output features.
 
     weight: [out_features, in_features] -> [out_features / world, in_features], rows
-    rank * out/world ... (rank + 1) * out/world - 1, contiguous.
+    rank * out/world ... (rank + 1) * out/world - 1: a contiguous copy in weight's dtype, sharing no
+    memory with weight (even for world 1).
     Raises ValueError when world < 1, rank not in 0..world-1, or world does not divide out_features.
 
-    Hints: 6 lines. weight.shape[0] // world rows per rank; .contiguous() (or .clone()).
+    Hints: 6 lines. weight.shape[0] // world rows per rank;
+    .clone(memory_format=torch.contiguous_format) copies into a contiguous tensor.
     """
     ### BEGIN SOLUTION
     out_features = weight.shape[0]
@@ -104,7 +109,7 @@ def shard_columns(weight: Tensor, rank: int, world: int) -> Tensor:
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in 0..{world - 1}, got {rank}")
     part = out_features // world
-    return weight[rank * part:(rank + 1) * part].contiguous()
+    return weight[rank * part:(rank + 1) * part].clone(memory_format=torch.contiguous_format)
     ### END SOLUTION
 
 
@@ -112,7 +117,7 @@ def shard_rows(weight: Tensor, rank: int, world: int) -> Tensor:
     """Rank `rank`'s shard of a row-parallel linear layer: a block of input features.
 
     weight: [out_features, in_features] -> [out_features, in_features / world], columns
-    rank * in/world ... (rank + 1) * in/world - 1, contiguous.
+    rank * in/world ... (rank + 1) * in/world - 1: a contiguous copy, as shard_columns returns.
     Raises ValueError as shard_columns does, for in_features.
 
     Hints: 1 line: the columns of weight are the rows of weight.T.

@@ -52,6 +52,10 @@ def run_async(coroutine):
 
 
 # -- 8.1 parse_sse ------------------------------------------------------------------------------------
+# The characters str.splitlines() also breaks lines at, which SSE does not: they belong to the text.
+NOT_LINE_ENDS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
 def openai_payloads(text: str) -> list:
     """The payloads the official openai client's SSE decoder finds in a complete stream."""
     out = []
@@ -66,35 +70,58 @@ def openai_payloads(text: str) -> list:
     return out
 
 
-def random_stream(rng: random.Random) -> tuple[str, list[str]]:
-    """A complete SSE stream (text) with comments, other fields, multi-line data, CRLF / CR / LF line
-    endings, JSON and plain payloads, and [DONE]; and the same stream cut into lines in random places."""
-    end = rng.choice(["\n", "\r\n", "\r"])
+def odd_text(rng: random.Random) -> str:
+    """A short text with some of the characters SSE does not end lines at, tabs and trailing spaces."""
+    return "".join(rng.choice(["a", "é", " ", "\t", ":", *NOT_LINE_ENDS]) for _ in range(rng.randint(1, 6)))
+
+
+def random_event(rng: random.Random, i: int, odd: bool) -> list[str]:
+    """The lines of one event: comments and fields that carry nothing (odd: with odd text in them, field names
+    that are not data by case or a leading space), then one or more data lines, JSON or plain text."""
     lines = []
-    for i in range(rng.randint(1, 6)):
-        if rng.random() < 0.3:
-            lines.append(": keep-alive")
-        if rng.random() < 0.3:
-            lines.append(f"id: {i}")
-        kind = rng.random()
-        if kind < 0.5:
-            payload = json.dumps({"choices": [{"index": 0, "text": rng.choice(["def", " x", "\n", "é", ""])}],
-                                  "n": i})
-            lines.append(("data: " if rng.random() < 0.7 else "data:") + payload)
-        elif kind < 0.8:
-            first, second = f'{{"a": {i},', '"b": [1, 2]}'
-            lines += [f"data: {first}", f"data:{second}"]
-        else:
-            lines += ["data: plain text", "data:  two spaces"]
-        lines.append("")
-    lines += ["data: [DONE]", ""]
-    text = end.join(lines) + end
-    # Feed it back in pieces: single lines without endings (like httpx's iter_lines), or several at once.
+    if rng.random() < 0.3:
+        lines.append(": keep-alive" + (odd_text(rng) if odd else ""))
+    if rng.random() < 0.3:
+        lines.append(f"id: {i}")
+    if odd and rng.random() < 0.5:
+        lines.append(rng.choice(["Data: shouted", " data: indented", "DATA:x", "event: up" + odd_text(rng),
+                                 "retry: 10", "event"]))
+    kind = rng.random()
+    if kind < 0.4:
+        text = rng.choice(["def", " x", "\n", "é", ""]) + (odd_text(rng) if odd else "")
+        payload = json.dumps({"choices": [{"index": 0, "text": text}], "n": i}, ensure_ascii=not odd)
+        lines.append(("data: " if rng.random() < 0.7 else "data:") + payload)
+    elif kind < 0.6:
+        first, second = f'{{"a": {i},', '"b": [1, 2]}'
+        lines += [f"data: {first}", f"data:{second}"]
+    elif kind < 0.8 or not odd:
+        lines += ["data: plain text", "data:  two spaces"]
+    else:  # plain text with odd characters inside and around it, a bare "data" line, a tab after the colon
+        lines += ["data: " + odd_text(rng) + "x" + odd_text(rng), "data", "data:\t" + odd_text(rng), "data: a: b"]
+    return lines + [""]
+
+
+def random_stream(rng: random.Random, odd: bool = False) -> tuple[str, list[str]]:
+    """A complete SSE stream (text) with comments, other fields, multi-line data, JSON and plain payloads, and
+    [DONE], its lines ending in CRLF, CR or LF (odd: mixed within the stream, and odd text in the lines); and the
+    same stream cut into items in random places: single lines without endings (like httpx's iter_lines), or
+    several whole lines at once."""
+    lines = [line for i in range(rng.randint(1, 6)) for line in random_event(rng, i, odd)] + ["data: [DONE]", ""]
+    stream_end = rng.choice(["\n", "\r\n", "\r"])
+    ends = []
+    for i, line in enumerate(lines):
+        end = rng.choice(["\n", "\r\n", "\r"]) if odd else stream_end
+        if line == "" and i and ends[-1] == "\r" and end == "\n":
+            end = "\r"  # CR then an LF-ended blank line would read as one CRLF
+        ends.append(end)
+    text = "".join(line + end for line, end in zip(lines, ends))
     pieces, i = [], 0
     while i < len(lines):
         take = rng.randint(1, 3)
-        chunk = lines[i:i + take]
-        pieces.append(chunk[0] if take == 1 and rng.random() < 0.5 else end.join(chunk) + end)
+        if take == 1 and rng.random() < 0.5:
+            pieces.append(lines[i])
+        else:
+            pieces.append("".join(line + end for line, end in zip(lines[i:i + take], ends[i:i + take])))
         i += take
     return text, pieces
 
@@ -113,9 +140,29 @@ def test_parse_sse_decodes_random_streams_like_the_openai_client(lab):
 
 
 @exercise("8.1")
+def test_parse_sse_ends_lines_only_at_cr_lf_and_crlf(lab):
+    """40 seeded streams whose text holds the characters str.splitlines also breaks at (form feed, vertical tab,
+    \\x1c-\\x1e, NEL, U+2028, U+2029), tabs, colons and trailing spaces, with field names that are data only by
+    another case or after a space, and CR, LF and CRLF mixed: the payloads the openai client's decoder finds"""
+    rng = random.Random(8011)
+    for case in range(40):
+        text, pieces = random_stream(rng, odd=True)
+        want = openai_payloads(text)
+        got = list(lab.parse_sse(pieces))
+        assert got == want, f"stream {case} {text!r}, fed as {pieces!r}: got {got!r}, the openai client: {want!r}"
+        assert list(lab.parse_sse([text])) == want, f"stream {case} {text!r} given as one string: got " \
+                                                    f"{list(lab.parse_sse([text]))!r}, the openai client: {want!r}"
+    for char in NOT_LINE_ENDS:
+        lines = [f"data: a{char}b", f": c{char}d", f"data:{char}", ""]
+        got = list(lab.parse_sse(lines))
+        assert got == [f"a{char}b\n{char}"], f"parse_sse({lines!r}) gave {got!r}: {char!r} does not end an SSE line"
+
+
+@exercise("8.1")
 def test_parse_sse_fixed_cases(lab):
-    """multi-line data joined with a newline, one space stripped, comments skipped, [DONE] as a string, a last
-    event without its blank line still yielded, an event of comments only yields nothing"""
+    """multi-line data joined with a newline, one space stripped (one only, nothing else), comments skipped,
+    [DONE] as a string, a last event without its blank line still yielded, an event of comments or other fields
+    only yields nothing, field names compared exactly, CR alone ends a line, no lines yield nothing"""
     cases = [
         (["data: {\"a\":", "data: 1}", ""], [{"a": 1}]),
         (["data:  x", ""], [" x"]),
@@ -124,6 +171,14 @@ def test_parse_sse_fixed_cases(lab):
         (["data: a\r\ndata: b\r\n\r\n"], ["a\nb"]),
         (["event: message\nretry: 10\n\ndata: 7\n\n"], [7]),
         (["data", ""], [""]),
+        (["data:", "data: b", ""], ["\nb"]),
+        (["data: x \t", "data:\ty", ""], ["x \t\n\ty"]),
+        (["data: a: b", ""], ["a: b"]),
+        (["Data: no", " data: no", "DATA:no", "data : no", "event", "id", ""], []),
+        (["data: one\rdata: two\r\rdata: three\r"], ["one\ntwo", "three"]),
+        (["id: 4", "", ": only a comment", "", "data: 5", ""], [5]),
+        ([], []),
+        ([""], []),
     ]
     for lines, want in cases:
         got = list(lab.parse_sse(lines))
@@ -169,32 +224,41 @@ def test_request_metrics_match_the_formulas_on_random_records(lab):
 @exercise("8.2")
 def test_request_metrics_fixed_cases(lab):
     """start 10, chunks at 10.5, 10.6, 10.75, 10.8, end 10.9, 5 tokens: TTFT 0.5, TPOT 0.1, ITL [0.1, 0.15, 0.05],
-    E2E 0.9; one token: TPOT None, ITL []; two tokens in one chunk: TPOT is the tail; a failed request raises"""
+    E2E 0.9; one token: TPOT None, ITL []; no token counted: TPOT None; two tokens in one chunk: TPOT is the
+    tail; a failed request, one without chunk times and one without an end raise ValueError"""
     got = lab.request_metrics(RequestRecord("a", 10.0, [10.5, 10.6, 10.75, 10.8], 10.9, output_tokens=5,
                                             success=True))
     assert math.isclose(got.ttft, 0.5) and math.isclose(got.tpot, 0.1) and math.isclose(got.e2e, 0.9), got
     assert np.allclose(got.itl, [0.1, 0.15, 0.05]), got
     one = lab.request_metrics(RequestRecord("b", 0.0, [0.25], 0.25, output_tokens=1, success=True))
     assert one.tpot is None and list(one.itl) == [] and one.ttft == 0.25, f"a one-token request: {one}"
+    none = lab.request_metrics(RequestRecord("z", 0.0, [0.25, 0.5], 0.5, output_tokens=0, success=True))
+    assert none.tpot is None and math.isclose(none.e2e, 0.5), f"no output token counted (output_tokens 0): {none}"
     both = lab.request_metrics(RequestRecord("c", 0.0, [0.5], 0.75, output_tokens=2, success=True))
     assert math.isclose(both.tpot, 0.25) and list(both.itl) == [], f"two tokens in one chunk: {both}"
     for bad in (RequestRecord("d", 0.0, [1.0], 2.0, output_tokens=3, success=False, error="HTTP 500"),
-                RequestRecord("e", 0.0, [], 2.0, output_tokens=3, success=True)):
+                RequestRecord("e", 0.0, [], 2.0, output_tokens=3, success=True),
+                RequestRecord("f", 0.0, [1.0, 1.5], None, output_tokens=3, success=True)):
         with pytest.raises(ValueError):
-            lab.request_metrics(bad)
+            got = lab.request_metrics(bad)
+            raise AssertionError(f"request_metrics({bad}) returned {got}; expected a ValueError")
 
 
 # -- 8.3 percentile and goodput ------------------------------------------------------------------------
 @exercise("8.3")
 def test_percentile_equals_numpy_on_random_values(lab):
-    """percentile equals numpy.percentile (linear) for 1 to 50 seeded values of both signs, q in 0..100"""
+    """percentile equals numpy.percentile (linear) for 1 to 50 seeded values of both signs (some with ties), at
+    q on a grid from 0 to 100 and at seeded q, whole positions (no interpolation) included"""
     rng = np.random.default_rng(803)
-    for n in (1, 2, 3, 7, 10, 50):
+    for n in (1, 2, 3, 7, 10, 50, *rng.integers(4, 60, 4).tolist()):
         values = (rng.standard_normal(n) * 10).tolist()
-        for q in (0, 1, 25, 50, 90, 99, 99.9, 100):
+        if n > 3 and n % 2:
+            values = np.round(values).tolist()  # ties
+        whole = [100 * i / (n - 1) for i in range(n)] if n > 1 else []  # q where p = q / 100 * (n - 1) is an index
+        for q in (0, 1, 25, 50, 90, 99, 99.9, 100, *rng.uniform(0, 100, 5).tolist(), *whole[:4]):
             got, want = lab.percentile(values, q), float(np.percentile(values, q))
             assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12), \
-                f"percentile of {n} values at q={q}: {got}, numpy says {want}"
+                f"percentile of {n} values {values} at q={q}: {got}, numpy says {want}"
 
 
 @exercise("8.3")
@@ -235,18 +299,27 @@ def test_goodput_counts_requests_meeting_every_slo(lab):
 
 @exercise("8.3")
 def test_goodput_fixed_cases(lab):
-    """a TTFT exactly at its limit meets it; a one-token request meets any TPOT limit; a failed request never
-    counts; duration 0 and unknown metric names raise ValueError"""
+    """a TTFT, TPOT or E2E exactly at its limit meets it; a one-token request meets any TPOT limit; a failed
+    request never counts; no records give 0; a duration of 0, below 0 or NaN and unknown metric names (with
+    records or without) raise ValueError"""
     at_limit = RequestRecord("a", 0.0, [0.5, 0.6], 1.0, output_tokens=3, success=True)  # TTFT 0.5, TPOT 0.25
     one = RequestRecord("b", 0.0, [0.25], 0.25, output_tokens=1, success=True)
     failed = RequestRecord("c", 0.0, [0.1], 0.2, output_tokens=2, success=False, error="HTTP 429")
     assert lab.goodput([at_limit, one, failed], 2.0, {"ttft": 0.5}) == 1.0, "TTFT 0.5 under a 0.5 s limit counts"
     assert lab.goodput([at_limit, one, failed], 2.0, {"tpot": 0.1}) == 0.5, \
         "TPOT 0.25 misses a 0.1 s limit; a one-token request (TPOT None) meets it"
+    assert lab.goodput([at_limit, one], 4.0, {"tpot": 0.25, "e2e": 1.0}) == 0.5, \
+        "TPOT 0.25 and E2E 1.0 exactly at their limits (0.25 s, 1 s) meet them"
+    assert lab.goodput([at_limit, one], 4.0, {"e2e": 0.999}) == 0.25, "E2E 1.0 misses a 0.999 s limit"
     assert lab.goodput([failed], 1.0, {}) == 0.0, "a failed request counted"
-    for duration, slo in ((0.0, {"ttft": 1}), (-1.0, {}), (1.0, {"latency": 1.0})):
+    assert lab.goodput([], 3.0, {"ttft": 1.0}) == 0.0, "no records: goodput 0"
+    for records, duration, slo in (([at_limit], 0.0, {"ttft": 1}), ([at_limit], -1.0, {}),
+                                   ([at_limit], math.nan, {"ttft": 1}), ([at_limit], 1.0, {"latency": 1.0}),
+                                   ([], 1.0, {"latency": 1.0}), ([failed], 1.0, {"TTFT": 1.0}), ([], math.nan, {})):
         with pytest.raises(ValueError):
-            lab.goodput([at_limit], duration, slo)
+            got = lab.goodput(records, duration, slo)
+            raise AssertionError(f"goodput({len(records)} records, duration={duration}, slo={slo}) returned {got}; "
+                                 f"expected a ValueError")
 
 
 # -- 8.4 arrival_times ----------------------------------------------------------------------------------
@@ -299,35 +372,39 @@ def test_arrivals_are_seeded_numpy_gamma_draws(lab):
 
 @exercise("8.4")
 def test_arrivals_fixed_cases(lab):
-    """rate inf sends all at t = 0; n = 0 gives []; rate <= 0, burstiness <= 0 or inf, and n < 0 raise"""
+    """rate inf sends all at t = 0; n = 0 gives []; rate <= 0 or NaN, burstiness <= 0, inf or NaN, and n < 0 or
+    not an integer raise ValueError"""
     assert lab.arrival_times(4, math.inf, 0) == [0.0] * 4, "rate = inf must send every request at t = 0"
     assert lab.arrival_times(0, 2.0, 0) == [], "n = 0 must give no times"
-    for args in ((3, 0.0, 0, 1.0), (3, -1.0, 0, 1.0), (3, 1.0, 0, 0.0), (3, 1.0, 0, math.inf), (-1, 1.0, 0, 1.0)):
+    for args in ((3, 0.0, 0, 1.0), (3, -1.0, 0, 1.0), (3, math.nan, 0, 1.0), (3, 1.0, 0, 0.0), (3, 1.0, 0, -2.0),
+                 (3, 1.0, 0, math.inf), (3, 1.0, 0, math.nan), (-1, 1.0, 0, 1.0), (2.5, 1.0, 0, 1.0)):
         with pytest.raises(ValueError):
-            lab.arrival_times(*args)
+            got = lab.arrival_times(*args)
+            raise AssertionError(f"arrival_times{args} returned {got}; expected a ValueError")
 
 
 # -- 8.5 admit ------------------------------------------------------------------------------------------
 @exercise("8.5")
 def test_admit_fixed_cases(lab):
     """max 4: 3 waiting admitted; 4 waiting at 2/s -> 1 s; 9 at 2/s -> 3 s; 9 at 0.5/s -> 12 s; 9 with no drain
-    -> 6 s; 20 at 100/s -> 1 s (never 0)"""
+    -> 6 s, with a negative drain rate too; 20 at 100/s -> 1 s (never 0)"""
     assert lab.admit(3, 4, 2.0) is None, "3 waiting under a max of 4 must be admitted (None)"
     assert lab.admit(0, 1, 0.0) is None, "an empty queue must admit"
     for args, want in (((4, 4, 2.0), 1), ((9, 4, 2.0), 3), ((9, 4, 0.5), 12), ((9, 4, 0.0), 6), ((20, 4, 100.0), 1),
-                       ((5, 4, 0.4), 5)):
+                       ((5, 4, 0.4), 5), ((9, 4, -3.0), 6), ((7, 7, 0.0), 1)):
         got = lab.admit(*args)
         assert got is not None and math.isclose(got, want), f"admit{args} = {got}, expected {want} s"
 
 
 @exercise("8.5")
 def test_admit_matches_the_rule_on_random_queues(lab):
-    """500 seeded (waiting, max, drain rate) cases: None below the max, else max(1, ceil(excess / rate)), at least 1"""
+    """500 seeded (waiting, max, drain rate) cases (no drain, a negative one, exactly full queues): None below the
+    max, else max(1, ceil(excess / rate)), at least 1"""
     rng = random.Random(805)
     for _ in range(500):
         max_waiting = rng.randint(1, 20)
         waiting = rng.randint(0, 40)
-        drain = rng.choice([0.0, rng.uniform(0.05, 50.0)])
+        drain = rng.choice([0.0, rng.uniform(0.05, 50.0), rng.uniform(0.05, 50.0), -rng.uniform(0.05, 5.0)])
         got = lab.admit(waiting, max_waiting, drain)
         if waiting < max_waiting:
             assert got is None, f"admit({waiting}, {max_waiting}, {drain}) = {got}: below the max, admit (None)"
@@ -340,21 +417,27 @@ def test_admit_matches_the_rule_on_random_queues(lab):
 # -- 8.6 apply_grammar_mask ----------------------------------------------------------------------------
 @exercise("8.6")
 def test_grammar_mask_equals_xgrammars_kernel(lab):
-    """on seeded random bitmasks (every bit pattern, sign bits included, extra words past the vocabulary) the
-    mask keeps exactly the logits xgrammar's apply_token_bitmask_inplace keeps, unchanged, and -inf elsewhere"""
-    for rows, vocab, extra_words in ((1, 32, 0), (3, 4096, 0), (5, 1000, 0), (2, 33, 1), (4, 70, 2)):
-        gen = torch.Generator().manual_seed(rows * vocab + extra_words)
-        words = (vocab + 31) // 32 + extra_words
-        bitmask = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen, dtype=torch.int64).to(torch.int32)
-        bitmask[0, 0] = -1
-        bitmask[-1, -1] = -2**31
-        logits = torch.randn(rows, vocab, generator=gen) * 5
-        expected = logits.clone()
-        xgr.apply_token_bitmask_inplace(expected, bitmask[:, :(vocab + 31) // 32].contiguous())
-        before = logits.clone()
-        got = lab.apply_grammar_mask(logits, bitmask)
-        assert_close(got, expected, f"the mask of {rows} rows over {vocab} tokens", atol=0, rtol=0)
-        assert torch.equal(logits, before), "apply_grammar_mask changed the logits it was given"
+    """on seeded random bitmasks (every bit pattern, sign bits included, extra words past the vocabulary) over
+    float32, bfloat16 and float16 logits the mask keeps exactly the logits xgrammar's apply_token_bitmask_inplace
+    keeps, unchanged and in their dtype, and -inf elsewhere"""
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    with one_thread():
+        for case, (rows, vocab, extra_words) in enumerate(((1, 32, 0), (3, 4096, 0), (5, 1000, 0), (2, 33, 1),
+                                                           (4, 70, 2), (3, 64, 1))):
+            gen = torch.Generator().manual_seed(rows * vocab + extra_words)
+            words = (vocab + 31) // 32 + extra_words
+            bitmask = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen, dtype=torch.int64).to(torch.int32)
+            bitmask[0, 0] = -1
+            bitmask[-1, -1] = -2**31
+            logits = (torch.randn(rows, vocab, generator=gen) * 5).to(dtypes[case % 3])
+            expected = logits.clone()
+            xgr.apply_token_bitmask_inplace(expected, bitmask[:, :(vocab + 31) // 32].contiguous())
+            before = logits.clone()
+            got = lab.apply_grammar_mask(logits, bitmask)
+            what = f"the mask of {rows} rows over {vocab} tokens ({logits.dtype})"
+            assert_close(got, expected, what, atol=0, rtol=0)
+            assert got.dtype == logits.dtype, f"{what}: returned {got.dtype} logits"
+            assert torch.equal(logits, before), "apply_grammar_mask changed the logits it was given"
 
 
 @exercise("8.6")
@@ -378,14 +461,15 @@ def test_grammar_mask_fixed_cases(lab):
 @exercise("8.7")
 def test_cost_per_million_tokens_fixed_cases(lab):
     """$3.60/h at 1 token/s is $1000 per million; $2.50/h at 2500 tok/s is $0.2778; $0/h is free; tokens/s <= 0
-    raises ValueError"""
+    or NaN raises ValueError"""
     for price, rate, want in ((3.6, 1.0, 1000.0), (2.5, 2500.0, 2.5 / 9e6 * 1e6), (0.0, 10.0, 0.0), (36.0, 1e4, 1.0)):
         got = lab.cost_per_million_tokens(price, rate)
         assert math.isclose(got, want, rel_tol=1e-12), f"cost_per_million_tokens({price}, {rate}) = {got}, " \
                                                        f"expected {want}"
-    for args in ((1.0, 0.0), (1.0, -5.0)):
+    for args in ((1.0, 0.0), (1.0, -5.0), (1.0, math.nan), (2.0, -math.inf)):
         with pytest.raises(ValueError):
-            lab.cost_per_million_tokens(*args)
+            got = lab.cost_per_million_tokens(*args)
+            raise AssertionError(f"cost_per_million_tokens{args} returned {got}; expected a ValueError")
 
 
 @exercise("8.7")
@@ -407,7 +491,9 @@ def kind(reason: str | None) -> str | None:
 @exercise("8.8")
 def test_breaker_fixed_cases(lab):
     """each rule fires at its boundary: the 3rd call of max_calls 3, the call that brings tokens to max_tokens,
-    the 2nd copy (numbers and case normalised) within a window of 2; repeat before tokens before calls"""
+    the 2nd copy (numbers and case normalised) within a window of 2, a whole window of copies; repeat before tokens
+    before calls; two breakers side by side keep their own counts and caps; caps that are not integers >= 1
+    (zero, negative, float, NaN) or max_repeats past the window raise ValueError"""
     b = lab.LoopBreaker(max_calls=3, max_tokens=1000, repeat_window=2, max_repeats=2)
     assert [kind(b.check(t, 10)) for t in ("a", "b", "c")] == [None, None, "calls"], "max_calls 3: stop on call 3"
     b = lab.LoopBreaker(max_calls=10, max_tokens=100, repeat_window=3, max_repeats=3)
@@ -423,9 +509,19 @@ def test_breaker_fixed_cases(lab):
     assert [kind(b.check("same", 3)) for _ in range(2)] == [None, "repeat"], "all three fire: repeat comes first"
     b = lab.LoopBreaker(max_calls=2, max_tokens=5, repeat_window=2, max_repeats=2)
     assert [kind(b.check(t, 3)) for t in ("p", "q")] == [None, "tokens"], "tokens and calls fire: tokens first"
-    for caps in ((0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1), (1, 1, 1, 0), (1, 1, 2, 3)):
+    b = lab.LoopBreaker(max_calls=10, max_tokens=10_000, repeat_window=3, max_repeats=3)
+    assert [kind(b.check("same", 1)) for _ in range(3)] == [None, None, "repeat"], \
+        "max_repeats equal to repeat_window: the whole window the same output"
+    short, long = (lab.LoopBreaker(max_calls=n, max_tokens=10_000, repeat_window=2, max_repeats=2) for n in (2, 5))
+    got = [kind(b.check(t, 1)) for t in ("a", "b") for b in (short, long)]
+    assert got == [None, None, "calls", None], \
+        f"two breakers (max_calls 2 and 5) called in turn: {got}; each must count its own calls with its own caps"
+    refused = [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1), (1, 1, 1, 0), (1, 1, 2, 3), (-3, 5, 2, 1), (5, -1, 2, 1),
+               (2.5, 10, 2, 1), (5, 10, 3, 1.5), (5, math.nan, 2, 1), (5, 10, 3, 4)]
+    for caps in refused:
         with pytest.raises(ValueError):
             lab.LoopBreaker(*caps)
+            raise AssertionError(f"LoopBreaker{caps} was accepted; expected a ValueError")
 
 
 @exercise("8.8")

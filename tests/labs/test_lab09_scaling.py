@@ -12,6 +12,7 @@ import functools
 import math
 import random
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -40,34 +41,80 @@ EXERCISES = {"9.1": "shard_columns, shard_rows", "9.2": "tp_mlp_forward", "9.3":
 
 
 # -- 9.1 shard_columns, shard_rows -----------------------------------------------------------------------
+SHARDS = (("shard_columns", 0), ("shard_rows", 1))  # (the function, the dimension of the weight it splits)
+
+
+def random_weight(rng: random.Random, seed: int) -> torch.Tensor:
+    """A seeded weight of both signs, [out, in] of products of 2, 3 and 5 (several worlds divide them),
+    stored row-major, or as the transpose of a row-major [in, out] (column-major: not contiguous)."""
+    out, inp = (rng.choice([2, 3, 4, 5, 6]) * rng.choice([1, 2, 4, 6]) for _ in range(2))
+    return randn(seed, out, inp) if rng.random() < 0.5 else randn(seed, inp, out).T
+
+
 @exercise("9.1")
 def test_shards_are_torch_splits_on_random_weights(lab):
-    """on seeded weights of both signs (non-square, world 1 to 8), rank r's column shard is the r-th of
-    torch.tensor_split(weight, world, dim=0) and its row shard the r-th along dim 1, contiguous"""
-    for seed, (out, inp) in enumerate(((8, 12), (12, 8), (16, 16), (24, 40))):
-        w = randn(900 + seed, out, inp)
-        for world in (n for n in (1, 2, 4, 8) if out % n == 0 and inp % n == 0):
-            for rank in range(world):
-                for name, dim in (("shard_columns", 0), ("shard_rows", 1)):
+    """on seeded weights of both signs (non-square, row- or column-major, every world from 1 to 8 that divides
+    them), rank r's column shard is the r-th of torch.tensor_split(weight, world, dim=0) and its row shard the
+    r-th along dim 1, contiguous"""
+    rng = random.Random(901)
+    with one_thread():
+        for seed in range(12):
+            w = random_weight(rng, 900 + seed)
+            for name, dim in SHARDS:
+                for world in (n for n in range(1, 9) if w.shape[dim] % n == 0):
+                    for rank in range(world):
+                        got = getattr(lab, name)(w, rank, world)
+                        what = f"{name} of a {'x'.join(map(str, w.shape))} weight, rank {rank} of {world}"
+                        assert_close(got, torch.tensor_split(w, world, dim=dim)[rank], what, atol=0, rtol=0)
+                        assert got.is_contiguous(), f"{what}: a non-contiguous shard (a rank keeps a contiguous copy)"
+
+
+@exercise("9.1")
+def test_shards_are_copies_in_the_weights_dtype(lab):
+    """shards of seeded float32, bfloat16 and int8 weights (world 1 too: the whole weight) keep the weight's dtype
+    and share no memory with it: writing to the weight afterwards leaves every shard as it was, and writing to a
+    shard leaves the weight"""
+    rng = random.Random(911)
+    with one_thread():
+        for seed, dtype in enumerate((torch.float32, torch.bfloat16, torch.int8, torch.float32)):
+            w = (random_weight(rng, 910 + seed) * 20).to(dtype)
+            before = w.clone()
+            for name, dim in SHARDS:
+                for world in (1, *(n for n in (2, 3, 4) if w.shape[dim] % n == 0)):
+                    rank = rng.randrange(world)
+                    what = f"{name} of a {'x'.join(map(str, w.shape))} {dtype} weight, rank {rank} of {world}"
                     got = getattr(lab, name)(w, rank, world)
-                    want = torch.tensor_split(w, world, dim=dim)[rank]
-                    assert_close(got, want, f"{name} of a {out}x{inp} weight, rank {rank} of {world}", atol=0, rtol=0)
-                    assert got.is_contiguous(), f"{name} returned a non-contiguous view: a rank keeps a copy"
+                    want = torch.tensor_split(before, world, dim=dim)[rank]
+                    assert isinstance(got, torch.Tensor) and got.dtype == dtype, \
+                        f"{what}: the shard is {getattr(got, 'dtype', type(got).__name__)}, the weight {dtype}"
+                    assert got.untyped_storage().data_ptr() != w.untyped_storage().data_ptr(), \
+                        f"{what}: the shard is a view of the weight's memory, not a copy"
+                    w.add_(1)
+                    assert torch.equal(got, want), f"{what}: the shard changed when the weight was written to"
+                    got.sub_(3)
+                    assert torch.equal(w, before + 1), f"{what}: writing to the shard changed the weight"
+                    w.copy_(before)
 
 
 @exercise("9.1")
 def test_shards_fixed_cases_and_refusals(lab):
     """arange(24) as 4x6: column shard 1 of 2 is rows 2-3, row shard 1 of 3 is columns 2-3; the shards put
-    back together give the weight; world not dividing, world 0 and a rank out of range raise ValueError"""
+    back together give the weight; world not dividing (the other dimension divided), world 0 or negative (even
+    dividing the size), and a rank out of range raise ValueError"""
     w = torch.arange(24.0).reshape(4, 6)
     assert torch.equal(lab.shard_columns(w, 1, 2), w[2:4]), "column shard 1 of 2 must be rows 2 and 3 of W"
     assert torch.equal(lab.shard_rows(w, 1, 3), w[:, 2:4]), "row shard 1 of 3 must be columns 2 and 3 of W"
     assert torch.equal(torch.cat([lab.shard_columns(w, r, 4) for r in range(4)]), w), "column shards do not tile W"
     assert torch.equal(torch.cat([lab.shard_rows(w, r, 6) for r in range(6)], dim=1), w), "row shards do not tile W"
-    for name, args in (("shard_columns", (w, 0, 3)), ("shard_rows", (w, 0, 4)), ("shard_columns", (w, 2, 2)),
-                       ("shard_rows", (w, -1, 2)), ("shard_columns", (w, 0, 0))):
+    refused = [("shard_columns", 0, 3), ("shard_rows", 0, 4), ("shard_columns", 2, 2), ("shard_rows", -1, 2),
+               ("shard_columns", 4, 4), ("shard_rows", 6, 6)]
+    refused += [(name, rank, world) for name in ("shard_columns", "shard_rows") for rank, world in
+                ((0, 0), (0, -1), (0, -2), (-1, -2), (1, -2))]
+    for name, rank, world in refused:
         with pytest.raises(ValueError):
-            getattr(lab, name)(*args)
+            got = getattr(lab, name)(w, rank, world)
+            raise AssertionError(f"{name}(a 4x6 weight, rank={rank}, world={world}) returned {got!r}; expected a "
+                                 f"ValueError")
 
 
 # -- 9.2 tp_mlp_forward -----------------------------------------------------------------------------------
@@ -104,28 +151,29 @@ def check_tp_mlp(lab, x, gate_up, down, world, what):
 
 @exercise("9.2")
 def test_tp_mlp_equals_the_unsharded_mlp_with_one_all_reduce(lab):
-    """seeded MLPs (hidden 16 to 48, width 24 to 96, 1 to 7 tokens), world 1, 2, 4: the output equals the
-    unsharded SwiGLU MLP, all_reduce runs once, on each rank's partial [tokens, hidden] of down"""
-    for seed, (tokens, hidden, width) in enumerate(((1, 16, 24), (5, 32, 48), (7, 48, 96))):
-        x, gate_up, down = randn(920 + seed, tokens, hidden), randn(930 + seed, 2 * width, hidden, scale=0.5), \
-            randn(940 + seed, hidden, width, scale=0.5)
-        for world in (1, 2, 4):
-            check_tp_mlp(lab, x, gate_up, down, world, f"{tokens} tokens, hidden {hidden}, width {width}, "
-                                                       f"world {world}")
+    """seeded MLPs (hidden 16 to 48, width 24 to 96, 1 to 7 tokens), world 1, 2, 3, 4 and 6: the output equals
+    the unsharded SwiGLU MLP, all_reduce runs once, on each rank's partial [tokens, hidden] of down"""
+    with one_thread():
+        for seed, (tokens, hidden, width) in enumerate(((1, 16, 24), (5, 32, 48), (7, 48, 96))):
+            x, gate_up, down = randn(920 + seed, tokens, hidden), randn(930 + seed, 2 * width, hidden, scale=0.5), \
+                randn(940 + seed, hidden, width, scale=0.5)
+            for world in (1, 2, 3, 4, 6):
+                check_tp_mlp(lab, x, gate_up, down, world, f"{tokens} tokens, hidden {hidden}, width {width}, "
+                                                           f"world {world}")
 
 
 @exercise("9.2")
 def test_tp_mlp_on_the_bundled_models_layer(lab):
-    """the MLP of tiny's first layer (hidden 256, width 768) on 3 tokens, world 2 and 4, equals the model's
+    """the MLP of tiny's first layer (hidden 256, width 768) on 3 tokens, world 2, 3 and 4, equals the model's
     own mlp(x), with one all-reduce of the down partials"""
     model = bundled_model()
     layer = model.model.layers[0].mlp
     x = randn(950, 3, model.config.hidden_size)
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         want = layer(x)
         gate_up, down = layer.gate_up_proj.weight.detach(), layer.down_proj.weight.detach()
         assert_close(mlp(x, gate_up, down), want, "the grader's MLP formula against tiny's layer", atol=1e-5)
-        for world in (2, 4):
+        for world in (2, 3, 4):
             check_tp_mlp(lab, x, gate_up, down, world, f"tiny's layer 0 MLP, world {world}")
 
 
@@ -136,6 +184,9 @@ def bundled_model():
 
 
 # -- 9.3 pack_kv, unpack_kv -------------------------------------------------------------------------------
+POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def slots(k_blocks, table, num_tokens):
     """The reference: token t read alone from slot t % block_size of block table[t // block_size]."""
     bs = k_blocks.shape[2]
@@ -144,45 +195,61 @@ def slots(k_blocks, table, num_tokens):
 
 @exercise("9.3")
 def test_pack_gathers_exactly_the_filled_slots(lab):
-    """seeded pools (1-3 layers, block sizes 1, 4, 16), scattered block tables, 1 to 40 tokens (full and
-    partial last blocks): the buffer is [2, layers, tokens, heads, dim] with each token read from its slot"""
+    """seeded pools (1-3 layers, block sizes 1, 4, 5, 16; float32, bfloat16, float16), scattered block tables
+    (lists or tuples), 1 to 40 tokens (the last block full or partial): the buffer is [2, layers, tokens, heads,
+    dim] in the pool's dtype, contiguous, with each token read from its slot"""
     rng = random.Random(903)
-    for case in range(30):
-        layers, bs, heads, dim = rng.randint(1, 3), rng.choice([1, 4, 16]), rng.randint(1, 3), rng.randint(1, 4)
-        num_tokens = rng.randint(1, 40)
-        need = -(-num_tokens // bs)
-        blocks = need + rng.randint(0, 5)
-        k, v = randn(case, layers, blocks, bs, heads, dim), randn(case + 100, layers, blocks, bs, heads, dim)
-        table = rng.sample(range(blocks), need)
-        got = lab.pack_kv(k, v, table, num_tokens)
-        want = torch.stack([slots(k, table, num_tokens), slots(v, table, num_tokens)])
-        assert_close(got, want, f"case {case}: pack_kv of {num_tokens} tokens in blocks {table} of size {bs}",
-                     atol=0, rtol=0)
-        assert got.is_contiguous(), f"case {case}: the packed buffer must be contiguous (it goes on the wire)"
+    with one_thread():
+        for case in range(30):
+            layers, bs, heads, dim = rng.randint(1, 3), rng.choice([1, 4, 5, 16]), rng.randint(1, 3), rng.randint(1, 4)
+            num_tokens = bs * rng.randint(1, 3) if case % 4 == 0 else rng.randint(1, 40)
+            need = -(-num_tokens // bs)
+            blocks = need + rng.randint(0, 5)
+            dtype = POOL_DTYPES[case % 3]
+            k = randn(case, layers, blocks, bs, heads, dim).to(dtype)
+            v = randn(case + 100, layers, blocks, bs, heads, dim).to(dtype)
+            table = rng.sample(range(blocks), need)
+            table = tuple(table) if case % 2 else table
+            got = lab.pack_kv(k, v, table, num_tokens)
+            want = torch.stack([slots(k, table, num_tokens), slots(v, table, num_tokens)])
+            what = f"case {case}: pack_kv of {num_tokens} tokens in blocks {table} of size {bs} ({dtype})"
+            assert_close(got, want, what, atol=0, rtol=0)
+            assert got.dtype == dtype, f"{what}: the buffer is {got.dtype}, the pool {dtype}"
+            assert got.is_contiguous(), f"{what}: the packed buffer must be contiguous (it goes on the wire)"
 
 
 @exercise("9.3")
 def test_unpack_writes_the_filled_slots_and_nothing_else(lab):
-    """seeded buffers unpacked into other blocks of a pool filled with sentinels: each token lands in its
-    slot, every other slot (the last block's tail, other blocks) keeps its value; pack(unpack(b)) == b"""
+    """seeded buffers (float32, bfloat16, float16) unpacked into other blocks (lists or tuples) of a pool filled
+    with sentinels: each token lands in its slot, every other slot (the last block's tail, other blocks) keeps its
+    value; pack(unpack(b)) == b"""
     rng = random.Random(913)
-    for case in range(30):
-        layers, bs, heads, dim = rng.randint(1, 3), rng.choice([1, 4, 16]), rng.randint(1, 3), rng.randint(1, 4)
-        num_tokens = rng.randint(1, 40)
-        need = -(-num_tokens // bs)
-        blocks = need + rng.randint(0, 5)
-        buffer = randn(case + 200, 2, layers, num_tokens, heads, dim)
-        k, v = torch.full((layers, blocks, bs, heads, dim), 7.0), torch.full((layers, blocks, bs, heads, dim), -7.0)
-        table = rng.sample(range(blocks), need)
-        lab.unpack_kv(buffer, k, v, table)
-        want_k, want_v = torch.full_like(k, 7.0), torch.full_like(v, -7.0)
-        for t in range(num_tokens):
-            want_k[:, table[t // bs], t % bs] = buffer[0, :, t]
-            want_v[:, table[t // bs], t % bs] = buffer[1, :, t]
-        assert_close(k, want_k, f"case {case}: the key pool after unpacking {num_tokens} tokens into {table} "
-                                f"(blocks of {bs})", atol=0, rtol=0)
-        assert_close(v, want_v, f"case {case}: the value pool after unpacking", atol=0, rtol=0)
-        assert torch.equal(lab.pack_kv(k, v, table, num_tokens), buffer), f"case {case}: pack(unpack(b)) != b"
+    with one_thread():
+        for case in range(30):
+            check_unpack(lab, rng, case)
+
+
+def check_unpack(lab, rng: random.Random, case: int) -> None:
+    """One seeded case: a buffer unpacked into a pool of sentinels, checked slot by slot."""
+    layers, bs, heads, dim = rng.randint(1, 3), rng.choice([1, 4, 5, 16]), rng.randint(1, 3), rng.randint(1, 4)
+    num_tokens = bs * rng.randint(1, 3) if case % 4 == 0 else rng.randint(1, 40)
+    need = -(-num_tokens // bs)
+    blocks = need + rng.randint(0, 5)
+    dtype = POOL_DTYPES[case % 3]
+    buffer = randn(case + 200, 2, layers, num_tokens, heads, dim).to(dtype)
+    k = torch.full((layers, blocks, bs, heads, dim), 7.0, dtype=dtype)
+    v = torch.full((layers, blocks, bs, heads, dim), -7.0, dtype=dtype)
+    table = rng.sample(range(blocks), need)
+    table = tuple(table) if case % 2 else table
+    lab.unpack_kv(buffer, k, v, table)
+    want_k, want_v = torch.full_like(k, 7.0), torch.full_like(v, -7.0)
+    for t in range(num_tokens):
+        want_k[:, table[t // bs], t % bs] = buffer[0, :, t]
+        want_v[:, table[t // bs], t % bs] = buffer[1, :, t]
+    assert_close(k, want_k, f"case {case}: the key pool after unpacking {num_tokens} tokens into {table} "
+                            f"(blocks of {bs})", atol=0, rtol=0)
+    assert_close(v, want_v, f"case {case}: the value pool after unpacking", atol=0, rtol=0)
+    assert torch.equal(lab.pack_kv(k, v, table, num_tokens), buffer), f"case {case}: pack(unpack(b)) != b"
 
 
 @exercise("9.3")
@@ -227,8 +294,12 @@ def test_prefix_aware_matches_the_reference_on_random_fleets(lab):
 @exercise("9.4")
 def test_prefix_aware_fixed_cases(lab):
     """a hit loses to a replica more than slack busier's lightest rival, wins within slack; a dead replica's
-    hit is never taken; ties go to the lower load, then the lower index; no replica alive raises"""
+    hit is never taken; ties go to the lower load, then the lower index; two policies of different slacks keep
+    their own; no replica alive raises"""
     views = [ReplicaView(9, 2000), ReplicaView(3, 1500), ReplicaView(2, 0), ReplicaView(0, 4000, alive=False)]
+    strict, loose = lab.PrefixAware(0), lab.PrefixAware(100)
+    assert (strict.choose(views, 2100), loose.choose(views, 2100), strict.choose(views, 2100)) == (2, 0, 2), \
+        "PrefixAware(0) and PrefixAware(100) side by side: each must route with its own slack (2, then 0, then 2)"
     assert lab.PrefixAware(4).choose(views, 2100) == 1, "slack 4: replica 0 (load 9) is too busy, 1 (load 3) wins"
     assert lab.PrefixAware(0).choose(views, 2100) == 2, "slack 0: only the least loaded alive replica (2)"
     assert lab.PrefixAware(100).choose(views, 2100) == 0, "slack 100: the biggest alive hit (0), not the dead one"
@@ -271,13 +342,14 @@ def test_autoscale_rule_fixed_cases(lab):
 
 @exercise("9.5")
 def test_autoscale_rule_matches_the_spec_on_random_states(lab):
-    """3000 seeded fleet states (1-40 replicas, 0-8 starting, queues 0-800, per_replica 4-32, keep 0.3-0.9)
-    give the spec's answer"""
+    """3000 seeded fleet states (1-40 replicas, 0-8 starting, queues 0-800) under seeded options (per_replica
+    1.5-60, whole or not; keep 0.15-0.95) give the spec's answer"""
     rng = random.Random(905)
     for _ in range(3000):
         state = FleetState(rng.uniform(0, 600), rng.randint(1, 40), rng.choice([0, 0, 0, rng.randint(1, 8)]),
                            rng.randint(0, 400), rng.randint(0, 400))
-        options = {"per_replica": rng.choice([4.0, 8.0, 16.0, 32.0]), "keep": rng.choice([0.3, 0.5, 0.7, 0.9])}
+        options = {"per_replica": rng.choice([4.0, 8.0, 32.0, round(rng.uniform(1.5, 60), 2)]),
+                   "keep": rng.choice([0.25, 0.5, 0.75, round(rng.uniform(0.15, 0.95), 3)])}
         got, want = lab.autoscale_rule(state, **options), spec_rule(state, **options)
         assert got == want, f"autoscale_rule({state}, {options}) = {got}, the spec says {want}"
 
@@ -285,28 +357,37 @@ def test_autoscale_rule_matches_the_spec_on_random_states(lab):
 # -- 9.6 allreduce_bytes_per_token ------------------------------------------------------------------------
 @exercise("9.6")
 def test_allreduce_bytes_match_the_engines_formulas(lab):
-    """for the public model shapes, world 1 to 8 and 2- or 4-byte values: the ring bytes per rank of the
-    engine's per-token all-reduce payload (minillm/distributed/comm.py)"""
-    for name in ("SmolLM2-135M", "Qwen2.5-0.5B", "Llama-3.1-8B", "Llama-3.1-70B", "tiny"):
-        cfg = model_shape(name)
-        for world in range(1, 9):
-            for dtype_bytes in (2, 4):
+    """for the public model shapes and 40 seeded ones (hidden 8 to 16384, 1 to 120 layers), world 1 to 16 and
+    1-, 2- or 4-byte values: the ring bytes per rank of the engine's per-token all-reduce payload
+    (minillm/distributed/comm.py)"""
+    rng = random.Random(906)
+    shapes = [(name, model_shape(name)) for name in ("SmolLM2-135M", "Qwen2.5-0.5B", "Llama-3.1-8B", "Llama-3.1-70B",
+                                                     "tiny")]
+    shapes += [(f"seeded shape {i}", SimpleNamespace(hidden_size=rng.randint(8, 16384),
+                                                     num_hidden_layers=rng.randint(1, 120))) for i in range(40)]
+    for name, cfg in shapes:
+        for world in range(1, 17):
+            for dtype_bytes in (1, 2, 4):
                 got = lab.allreduce_bytes_per_token(cfg.hidden_size, cfg.num_hidden_layers, world, dtype_bytes)
                 want = ring_bytes_per_rank(allreduce_bytes_per_token(cfg, dtype_bytes), world)
                 assert math.isclose(got, want, rel_tol=1e-12), \
-                    f"{name}, world {world}, {dtype_bytes}-byte values: {got} bytes, expected {want}"
+                    (f"{name} (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers), world {world}, "
+                     f"{dtype_bytes}-byte values: {got} bytes, expected {want}")
 
 
 @exercise("9.6")
 def test_allreduce_bytes_fixed_cases(lab):
     """hidden 4096, 32 layers, bf16: 0 at world 1, 524288 at world 2, 786432 at 4; the default is 2 bytes;
-    world 0 raises ValueError"""
+    world 0 or negative raises ValueError"""
     assert lab.allreduce_bytes_per_token(4096, 32, 1, 2) == 0, "one rank sends nothing"
     assert math.isclose(lab.allreduce_bytes_per_token(4096, 32, 2, 2), 524288), "32 * 2 * 2 * 1/2 * 4096 * 2"
     assert math.isclose(lab.allreduce_bytes_per_token(4096, 32, 4, 2), 786432), "32 * 2 * 2 * 3/4 * 4096 * 2"
     assert math.isclose(lab.allreduce_bytes_per_token(4096, 32, 2), 524288), "dtype_bytes defaults to 2"
-    with pytest.raises(ValueError):
-        lab.allreduce_bytes_per_token(4096, 32, 0, 2)
+    for world in (0, -1, -4):
+        with pytest.raises(ValueError):
+            got = lab.allreduce_bytes_per_token(4096, 32, world, 2)
+            raise AssertionError(f"allreduce_bytes_per_token(4096, 32, world={world}) returned {got!r}; expected a "
+                                 f"ValueError")
 
 
 # -- 9.E your parts in the real pieces --------------------------------------------------------------------

@@ -1,0 +1,12 @@
+"""TPOT is None for exactly one token only: a request that counted no token gets (E2E - TTFT) / -1."""
+EXERCISE = "8.2"
+
+
+def request_metrics(record):
+    if not record.success or not record.chunk_times or record.end is None:
+        raise ValueError(f"request {record.request_id!r} has no metrics")
+    ttft = record.chunk_times[0] - record.start
+    e2e = record.end - record.start
+    itl = [b - a for a, b in zip(record.chunk_times, record.chunk_times[1:])]
+    tpot = (e2e - ttft) / (record.output_tokens - 1) if record.output_tokens != 1 else None
+    return RequestMetrics(ttft, tpot, itl, e2e)
