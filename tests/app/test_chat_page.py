@@ -49,9 +49,12 @@ def test_the_second_turn_finds_the_first_in_the_prefix_cache(chat):
     assert first.cached_tokens == 0 and second.cached_tokens >= 16
     assert second.prompt_tokens > first.prompt_tokens + first.output_tokens, "turn 2 sends the whole conversation"
     assert first.answer and second.answer and first.ttft > 0 and second.decode_rate > 0
-    shown = [m.value for m in chat.metric if m.label == "From the prefix cache"]
+    shown = [m.value for m in chat.metric if m.label == "Cache hits"]
     assert shown == [f"0 of {first.prompt_tokens}", f"{second.cached_tokens} of {second.prompt_tokens}"]
-    assert [m.markdown[0].value for m in chat.chat_message][::2] == [FIRST, SECOND]
+    messages = chat.chat_message
+    assert [m.markdown[0].value for m in messages[::2]] == [FIRST, SECOND]
+    answers = [m.code[0].value.strip() for m in messages[1::2]]
+    assert answers == [first.answer.strip(), second.answer.strip()], "a code model's answers, as code"
     assert len(chat.get("plotly_chart")) == 2, "one pool picture per turn"
     assert list(figures(chat)) == ["KV pool: 64 blocks of 16 tokens"], "two conversations at tiny's full context"
     cells = pool_cells(chat, 2)

@@ -57,13 +57,23 @@ elif session.template.is_default:
                f"{session.engine.config.block_size} tokens: a first turn shorter than a block leaves none to find.")
 
 
+def show_answer(slot, text: str) -> None:
+    """A code model's answer as code (Markdown would eat its indentation), a chat model's as Markdown."""
+    if session.template.is_default:
+        slot.code(text or " ", language="python", wrap_lines=True)
+    else:
+        slot.markdown(text or "*(nothing)*")
+
+
 def what_the_engine_did(turn: Turn, number: int) -> None:
     """The turn's prefix-cache hits, latency and decode speed, and the pool at its last step."""
     m = st.columns(3)
-    m[0].metric("From the prefix cache", f"{turn.cached_tokens} of {turn.prompt_tokens}",
-                help="Prompt tokens whose K/V the pool already held (earlier turns): not recomputed.")
-    m[1].metric("TTFT", f"{turn.ttft * MS:.0f} ms" if turn.ttft is not None else "-")
-    m[2].metric("Decode", f"{turn.decode_rate:.1f} tok/s" if turn.decode_rate else "-")
+    m[0].metric("Cache hits", f"{turn.cached_tokens} of {turn.prompt_tokens}",
+                help="Prompt tokens whose K/V the pool already held from earlier turns (the prefix cache found "
+                     "their blocks): not recomputed.")
+    m[1].metric("TTFT", f"{turn.ttft * MS:.0f} ms" if turn.ttft is not None else "-", help="Time to first token.")
+    m[2].metric("Decode", f"{turn.decode_rate:.0f} tok/s" if turn.decode_rate else "-",
+                help="Decode tokens per second: 1 / TPOT.")
     if turn.kv is not None:
         st.plotly_chart(block_map(turn.kv, COLORS), key=f"chat_pool_{number}")
         size = turn.kv.block_size
@@ -73,10 +83,10 @@ def what_the_engine_did(turn: Turn, number: int) -> None:
 
 
 def exchange(turn: Turn, number: int) -> None:
-    left, right = st.columns([3, 2])
+    left, right = st.columns([1, 1])
     with left:
         st.chat_message("user").markdown(turn.user)
-        st.chat_message("assistant").markdown(turn.answer or "*(nothing)*")
+        show_answer(st.chat_message("assistant"), turn.answer)
     with right:
         what_the_engine_did(turn, number)
 
@@ -89,11 +99,13 @@ message = st.chat_input("Write a message", key="chat_input")
 if message:
     st.session_state.pop("chat_error", None)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=0.9)
-    with st.columns([3, 2])[0]:
+    with st.columns([1, 1])[0]:
         st.chat_message("user").markdown(message)
+        slot, text = st.chat_message("assistant").empty(), ""
         try:
-            with st.chat_message("assistant"):
-                st.write_stream(session.ask(message, params, system))
+            for piece in session.ask(message, params, system):  # the answer as the engine writes it
+                text += piece
+                show_answer(slot, text)
         except ValueError as exc:
             st.session_state["chat_error"] = f"Cannot answer: {exc}"
     st.rerun()  # redraw the turn with the engine's figures beside it
