@@ -2,7 +2,7 @@
 
 Each answer streams token by token; after it, one line says what the engine did for this turn:
 
-    [TTFT 412 ms | decode 18.3 tokens/s | prefix cache served 48 of 71 prompt tokens | 23 tokens, stop]
+    [TTFT 2821 ms | decode 3.0 tokens/s | prefix cache served 32 of 61 prompt tokens | 8 tokens, stop]
 
 The whole conversation is the prompt of every turn (the model remembers nothing between requests),
 so the prefix cache matters here: the earlier turns' K/V blocks are still in the pool, and only the
