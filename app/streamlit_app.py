@@ -1,8 +1,9 @@
 """The Inference Engineering Lab visualizer: `make app`, or `streamlit run app/streamlit_app.py`.
 
-The engine runs live on the bundled model; each page draws one side of it from the same run. Each page is a
-folder of minillm_visualizer/ (the page's script, its runs and charts), imported from this script's folder,
-which Streamlit puts on sys.path.
+The engine runs live on the real model when it is installed (else the bundled one); each run page draws one side
+of it from the same run, and the Chat page holds a conversation with it. Each page is a folder of
+minillm_visualizer/ (the page's script, its runs and charts), imported from this script's folder, which Streamlit
+puts on sys.path.
 """
 import streamlit as st
 
@@ -24,7 +25,7 @@ RUN_PAGES = [
     page("timeline", "Scheduler timeline", ":material/view_timeline:"),
     page("memory", "Paged memory explorer", ":material/grid_view:"),
 ]
-current = st.navigation({"The engine, live": RUN_PAGES,
+current = st.navigation({"The engine, live": [*RUN_PAGES, page("chat", "Chat", ":material/chat:")],
                          "Techniques": [page("speculative", "Speculative decoding", ":material/fast_forward:"),
                                         page("quantization", "Quantization", ":material/compress:"),
                                         page("kernels", "Kernels", ":material/grid_on:")],

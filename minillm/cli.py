@@ -1,5 +1,5 @@
 """The command line:
-`python -m minillm generate | quantize | serve | route | batch | bench | train [heads | distill]`."""
+`python -m minillm generate | chat | quantize | serve | route | batch | bench | train [heads | distill]`."""
 import argparse
 import ipaddress
 import sys
@@ -26,6 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-text token")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
+
+    chat = sub.add_parser("chat", help="chat with a model in the terminal: streamed answers, TTFT, tokens/s and "
+                                       "prefix-cache reuse after each")
+    chat.add_argument("--model", default=None,
+                      help="model name, folder or .gguf file (default: smollm2-135m-instruct if installed, else tiny)")
+    chat.add_argument("--max-tokens", type=int, default=256, help="per answer (fewer when the context runs out)")
+    chat.add_argument("--temperature", type=float, default=0.2)
+    chat.add_argument("--top-p", type=float, default=0.9)
+    chat.add_argument("--system", default=None, help="a system message opening the conversation")
+    chat.add_argument("--device", default="auto")
+    chat.add_argument("--dtype", default="auto")
 
     quant = sub.add_parser("quantize", help="write a quantized copy of a model (safetensors, loads with LLM(DIR))")
     quant.add_argument("model", help="bundled model name or Hugging Face model directory")
@@ -97,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _generate(args)
+    if args.command == "chat":
+        return _chat(args)
     if args.command == "quantize":
         return _quantize(args)
     if args.command == "serve":
@@ -162,6 +175,19 @@ def _generate(args) -> int:
           f"TTFT {m['ttft'] * 1000:.1f} ms | decode {decode} | {m['output_tokens']} tokens in "
           f"{time.perf_counter() - start:.2f} s | finish: {output.finish_reason}")
     return 0
+
+
+def _chat(args) -> int:
+    from minillm import LLM, SamplingParams
+    from minillm.models.registry import preferred_model
+    from minillm.terminal_chat import chat
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+        llm = LLM(args.model or preferred_model(), device=args.device, dtype=args.dtype)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return chat(llm, params, args.system)
 
 
 def is_loopback(host: str) -> bool:

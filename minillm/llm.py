@@ -1,14 +1,17 @@
-"""LLM: the front door. Load a model once, then generate, stream, or inspect logits.
+"""LLM: the front door. Load a model once, then generate, stream, chat, or inspect logits.
 
     llm = LLM()                                    # the bundled `tiny` model, offline
     outs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32, temperature=0))
     for chunk in llm.stream("class Stack:"): print(chunk.text, end="")
+    LLM("smollm2-135m-instruct").chat([{"role": "user", "content": "Hi!"}])[0].text
 """
+import functools
 from collections.abc import Iterator
 
 import torch
 from tqdm.auto import tqdm
 
+from minillm.chat_template import ChatTemplate
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.registry import DEFAULT_MODEL
@@ -77,6 +80,27 @@ class LLM:
         finally:
             if not finished:
                 self.engine.abort(rid)
+
+    @functools.cached_property
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template (its tokenizer_config.json's, else chat_template.DEFAULT_TEMPLATE)."""
+        return ChatTemplate.for_model(self.engine.model_dir)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """vLLM's LLM.chat: a conversation (a list of {"role", "content"} dicts) or a list of them, each
+        rendered with the model's chat template up to where the assistant's answer begins, then
+        generated as generate() does: -> one RequestOutput per conversation, its text the answer. An
+        instruct model's answer ends at its end-of-turn token (its EOS), which the text leaves out.
+        Malformed messages raise ValueError (chat_template.check_messages)."""
+        many = isinstance(messages, list) and bool(messages) and isinstance(messages[0], list)
+        prompts = [self.chat_template.render(m) for m in (messages if many else [messages])]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def stream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None) -> Iterator[StreamChunk]:
+        """stream() on one conversation rendered as chat() renders it: the answer as it is generated."""
+        return self.stream(self.chat_template.render(messages), sampling_params)
 
     @torch.inference_mode()
     def logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:

@@ -92,7 +92,7 @@ def test_64_greedy_tokens_equal_transformers(real, hf_model, tok):
 
 
 def test_chat_template_renders_as_transformers(real, tok):
-    from minillm.serve.chat import ChatTemplate
+    from minillm.chat_template import ChatTemplate
     template = ChatTemplate.for_model(real[1])
     for messages in CONVERSATIONS:
         for prompt in (True, False):

@@ -7,7 +7,7 @@
 
 The folder sits in a cache (MINILLM_CACHE, default ~/.cache/minillm) under a key made of the file's
 path, size and modification time and of FORMAT_VERSION, so a changed file or converter converts
-anew. Everything else then reads it as any checkpoint (loader.py, tokenizer.py, serve/chat.py, and
+anew. Everything else then reads it as any checkpoint (loader.py, tokenizer.py, chat_template.py, and
 transformers too), and a later load costs what loading any float32 checkpoint costs.
 
 Why un-permute: llama.cpp's converter reorders the rows of each head of q_proj and k_proj for

@@ -1,5 +1,5 @@
 """A GGUF file's tokenizer as Hugging Face files: tokenizer.json (a `tokenizers` byte-level BPE) and
-tokenizer_config.json (special tokens and the chat template, where serve/chat.py and transformers
+tokenizer_config.json (special tokens and the chat template, where chat_template.py and transformers
 look for them).
 
 A GGUF stores no tokenizer.json, only its parts, under llama.cpp's key names:

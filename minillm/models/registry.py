@@ -51,6 +51,12 @@ def installed_models() -> list[str]:
     return [name for name in PACKAGED_MODELS if packaged_gguf(name) is not None]
 
 
+def preferred_model() -> str:
+    """The model a chat (the CLI's, the visualizer's) starts on: the first installed real model, else
+    the bundled DEFAULT_MODEL."""
+    return next(iter(installed_models()), DEFAULT_MODEL)
+
+
 def available_models() -> list[str]:
     """Every name LLM(...) takes without a path: the bundled models, then the installed real ones."""
     return bundled_models() + installed_models()

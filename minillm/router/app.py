@@ -27,10 +27,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from minillm.chat_template import ChatTemplate
 from minillm.models.registry import resolve_model_path
 from minillm.router.metrics import metrics_registry
 from minillm.router.state import NoReplicaAlive, Replica, RouterState
-from minillm.serve.chat import ChatTemplate
 from minillm.serve.errors import APIError, error_body, install_error_handlers
 from minillm.serve.responses import sse
 from minillm.tokenizer import Tokenizer

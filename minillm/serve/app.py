@@ -21,10 +21,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from minillm.async_llm import AsyncLLM
+from minillm.chat_template import ChatTemplate
 from minillm.outputs import StreamChunk
 from minillm.serve.admission import DrainRate, admit
 from minillm.serve.auth import RequireAPIKey
-from minillm.serve.chat import ChatTemplate
 from minillm.serve.errors import APIError, error_body, install_error_handlers
 from minillm.serve.generation import Generation
 from minillm.serve.metrics import CountRequests, ServerMetrics

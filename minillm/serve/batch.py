@@ -22,12 +22,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from minillm.chat_template import ChatTemplate
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput
 from minillm.serve.app import COMPLETIONS_DEFAULT_MAX_TOKENS
-from minillm.serve.chat import ChatTemplate
 from minillm.serve.errors import error_body, validation_message
 from minillm.serve.protocol import ChatRequest, CompletionRequest
 from minillm.serve.responses import chat_choice, completion_choice, envelope, new_id, usage

@@ -1,5 +1,6 @@
 """Fixtures for the visualizer's tests: the app under Streamlit's AppTest, on the small bundled model."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,9 @@ APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
 # Streamlit runs the app with the script's folder first on sys.path: that is how the pages import
 # minillm_visualizer, which is not installed. The tests do the same, so they import the very files the app runs.
 sys.path.insert(0, str(APP.parent))
+# The app starts on the real model when it is installed; its tests start on tiny (the browser test's server
+# inherits this too). Set MINILLM_APP_MODEL yourself to run them on another model.
+os.environ.setdefault("MINILLM_APP_MODEL", "tiny")
 
 
 @pytest.fixture(autouse=True)

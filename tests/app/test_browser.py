@@ -5,7 +5,8 @@ runs the proposals, the k sweep and the comparison), runs the engine with the so
 my lab notebook", and saves screenshots under the test's temporary directory
 (the path is printed). The Quantization page has a test of its own: its figures, the side-by-side generation and
 the sensitivity heatmap; so has the Kernels page: a kernel's recorded access map, and paged decode's walk through
-the pool; so has the Serving page: a small load test against the in-process server. Every request the browser makes,
+the pool; so has the Serving page: a small load test against the in-process server; so has the Chat page: two turns,
+the second one served in part by the prefix cache. Every request the browser makes,
 on every page of every test, must go to the app on 127.0.0.1: the app works offline. Skips, saying why, where no
 Chromium can be had.
 """
@@ -212,6 +213,30 @@ def test_the_serving_page_in_a_real_browser(page, tmp_path):
     assert page.get_by_text("4 of 4", exact=True).count() == 1, "the server counted the 4 requests"
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 3, "the curve, the distributions and the cost"
     page.screenshot(path=tmp_path / "serving.png", full_page=True)
+    print(f"screenshot in {tmp_path}")
+
+
+def test_the_chat_page_in_a_real_browser(page, tmp_path):
+    """Two turns typed into the chat box: each answer streams in, the second turn's prompt is partly served by
+    the prefix cache (its first turn's blocks marked hit), and each turn has its pool picture beside it."""
+    from test_chat_page import FIRST, SECOND
+    page.get_by_role("link", name="Chat").click(timeout=60_000)
+    box = page.get_by_role("spinbutton", name="Max tokens per answer", exact=True)
+    box.fill("12")
+    box.press("Enter")
+    page.wait_for_timeout(500)
+    for number, text in ((1, FIRST), (2, SECOND)):
+        chat_box = page.get_by_placeholder("Write a message")
+        chat_box.fill(text)
+        chat_box.press("Enter")
+        page.get_by_text(f"Turn {number}: green").wait_for(timeout=120_000)
+    page.locator('[data-testid="stPlotlyChart"]').nth(1).wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
+    assert page.locator('[data-testid="stException"]').count() == 0, "the chat page raised"
+    assert page.locator('[data-testid="stChatMessage"]').count() == 4, "two questions, two answers"
+    hits = re.search(r"Turn 2: green hit: (\d+) blocks", page.get_by_text("Turn 2: green").inner_text())
+    assert hits and int(hits.group(1)) > 0, "turn 2 found turn 1's blocks in the prefix cache"
+    page.screenshot(path=tmp_path / "chat.png", full_page=True)
     print(f"screenshot in {tmp_path}")
 
 

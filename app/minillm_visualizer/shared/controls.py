@@ -8,9 +8,9 @@ from minillm.cache.pool import block_bytes
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from minillm_visualizer.shared.engine_run import EngineRun
-from minillm_visualizer.shared.engines import build_engine, model_choices
+from minillm_visualizer.shared.engines import app_models, build_engine
 from minillm_visualizer.shared.learner_parts import describe, failure, learner_components, notebook_switch
-from minillm_visualizer.shared.settings import DEFAULTS, engine_config, request_specs
+from minillm_visualizer.shared.settings import DEFAULTS, default_kv_mib, engine_config, request_specs
 
 REFRESH_S = 0.25
 LABS = {"00": "labs/lab00_roofline.ipynb", "03": "labs/lab03_paged.ipynb", "04": "labs/lab04_batching.ipynb"}
@@ -27,8 +27,17 @@ def keep_knobs() -> None:
     widgets it did not draw; state we assign ourselves it keeps)."""
     for key in [k for k in st.session_state if k.startswith("k_")]:
         st.session_state[key] = st.session_state[key]
-    for name, value in {**DEFAULTS, "model": model_choices()[0] if model_choices() else "pico"}.items():
+    if "k_model" not in st.session_state:
+        model = app_models()[0]
+        st.session_state["k_model"] = model
+        st.session_state.setdefault("k_kv_mib", default_kv_mib(model))
+    for name, value in DEFAULTS.items():
         st.session_state.setdefault(f"k_{name}", value)
+
+
+def _model_changed() -> None:
+    """Another model: the KV budget follows it, to the same number of blocks (settings.default_kv_mib)."""
+    st.session_state["k_kv_mib"] = default_kv_mib(st.session_state["k_model"])
 
 
 def knobs() -> dict:
@@ -37,7 +46,8 @@ def knobs() -> dict:
     sb.header("Run settings")
     sb.caption("They apply when you press **Run**.")
     notebook_switch()
-    sb.selectbox("Model", model_choices(), key="k_model")
+    sb.selectbox("Model", app_models(), key="k_model", on_change=_model_changed,
+                 help="The KV budget follows the model: the same number of blocks for each.")
     with sb.expander("Requests", expanded=True):
         st.radio("Requests", ["Seeded workload", "My prompts"], key="k_source", horizontal=True,
                  label_visibility="collapsed")

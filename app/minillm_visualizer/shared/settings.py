@@ -10,7 +10,10 @@ import torch
 import minillm
 from minillm import EngineConfig, SamplingParams
 from minillm.bench.workload import chat_workload
+from minillm.cache.pool import block_bytes
 from minillm.config import Components
+from minillm.models.config import ModelConfig
+from minillm.models.registry import resolve_model_path
 from minillm.tokenizer import Tokenizer
 from minillm_visualizer.shared.engine_run import RequestSpec
 from minillm_visualizer.shared.learner_parts import KERNELS_LAB, LAB_PARTS, default_folder
@@ -24,6 +27,16 @@ DEFAULTS = {
     "pace_ms": 0, "mine": False, "mine_labs": [lab for lab in LAB_PARTS if lab != KERNELS_LAB],
     "mine_folder": default_folder(),
 }
+
+DEFAULT_KV_BLOCKS = 64  # the KV budget's default, in blocks of 16 tokens: 6 MiB of tiny's, 45 MiB of SmolLM2-135M's
+
+
+def default_kv_mib(model: str) -> float:
+    """The KV budget (MiB) that holds DEFAULT_KV_BLOCKS of this model's blocks, so that every model starts with
+    the same pool in tokens: the same memory pressure on the same workload."""
+    cfg = ModelConfig.from_file(resolve_model_path(model) / "config.json")
+    per_block = block_bytes(cfg, DEFAULTS["block_size"], EngineConfig().torch_dtype)
+    return round(DEFAULT_KV_BLOCKS * per_block / 2**20, 2)
 
 
 def engine_config(values: dict, components: Components | None = None) -> EngineConfig:
