@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -273,3 +274,17 @@ def _healthy(base: str) -> bool:
         return httpx.get(base + "/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_stopped_server_frees_its_engine_and_kv_pool():
+    """Nothing outlives a server that stopped: FastAPI caches endpoint callables for the process's life, so an
+    endpoint that held the server (a bound method, a closure) kept every stopped server's pool alive."""
+    import gc
+    llm = LLM("tiny", num_kv_blocks=64)
+    engine, pool = weakref.ref(llm.engine), weakref.ref(llm.engine.cache)
+    with serve_in_thread(llm) as server:
+        assert httpx.get(server.base_url + "/v1/models").status_code == 200
+        assert httpx.get(server.base_url + "/metrics").status_code == 200
+    del llm, server
+    gc.collect()
+    assert engine() is None and pool() is None, "the stopped server's engine is still referenced"

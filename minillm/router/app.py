@@ -175,6 +175,29 @@ def _describe(error: Exception) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
+# Module-level endpoints that find the router through the request: FastAPI caches every endpoint callable for
+# the process's life, so one holding the router (a closure) would keep each stopped router alive.
+async def proxy(request: Request) -> Response:
+    headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_HEADERS}
+    return await request.app.state.router.forward(request.method, request.url.path, await request.body(), headers)
+
+
+async def health(request: Request):
+    state = request.app.state.router.state
+    replicas = [{"url": r.url, "alive": r.alive, "in_flight": r.in_flight} for r in state.replicas]
+    alive = any(r["alive"] for r in replicas)
+    return JSONResponse({"status": "ok" if alive else "no replica alive", "replicas": replicas},
+                        status_code=200 if alive else 503)
+
+
+async def metrics(request: Request):
+    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+
+
+ROUTES = [("POST", "/v1/completions", proxy), ("POST", "/v1/chat/completions", proxy), ("GET", "/v1/models", proxy),
+          ("GET", "/health", health), ("GET", "/metrics", metrics)]
+
+
 def build_router(urls: list[str], policy: str = "prefix_aware", model: str = "tiny", timeouts: Timeouts = Timeouts(),
                  health_interval: float = 1.0, block_size: int = 16, index_capacity: int = 65_536) -> FastAPI:
     """The router's app over replica base URLs. model: its tokenizer and chat template (the replicas')."""
@@ -195,26 +218,9 @@ def build_router(urls: list[str], policy: str = "prefix_aware", model: str = "ti
 
     app = FastAPI(title="minillm router", summary="cache-aware routing over OpenAI-compatible replicas",
                   lifespan=lifespan)
-    app.state.router = router
+    app.state.router, app.state.metrics_registry = router, registry
     install_error_handlers(app)
 
-    async def proxy(request: Request) -> Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_HEADERS}
-        return await router.forward(request.method, request.url.path, await request.body(), headers)
-
-    app.post("/v1/completions")(proxy)
-    app.post("/v1/chat/completions")(proxy)
-    app.get("/v1/models")(proxy)
-
-    @app.get("/health")
-    async def health():
-        replicas = [{"url": r.url, "alive": r.alive, "in_flight": r.in_flight} for r in state.replicas]
-        alive = any(r.alive for r in state.replicas)
-        return JSONResponse({"status": "ok" if alive else "no replica alive", "replicas": replicas},
-                            status_code=200 if alive else 503)
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
+    for method, path, endpoint in ROUTES:
+        app.add_api_route(path, endpoint, methods=[method])
     return app
