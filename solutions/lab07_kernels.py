@@ -37,7 +37,8 @@
 # and signatures. Run each `check(...)` cell for feedback; `make grade LAB=07` grades the notebook.
 #
 # There is no GPU here, so the kernels run in **Triton's interpreter** (`TRITON_INTERPRET=1`, set by
-# `minillm.kernels.runtime` before Triton is imported): it runs the programs of a grid one after the
+# `import minillm`, which must come before Triton is imported: restart the kernel if a cell imported
+# triton first, and the kernels' runtime tells you so): it runs the programs of a grid one after the
 # other, in numpy. The results are those of a GPU; the speed is not, and nothing timed in this
 # notebook says anything about a GPU. The shapes are small for that reason, but never multiples of
 # the block sizes: that is where kernels go wrong. Each exercise's launcher has the signature of

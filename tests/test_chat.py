@@ -48,6 +48,7 @@ def tiny() -> LLM:
     return LLM("tiny")
 
 
+@pytest.mark.slow
 def test_the_rendered_prompt_equals_transformers_apply_chat_template(real, hf_tokenizer):
     for messages in CONVERSATIONS:
         text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -58,6 +59,7 @@ def test_the_rendered_prompt_equals_transformers_apply_chat_template(real, hf_to
         assert out.prompt == text and out.prompt_token_ids == ids
 
 
+@pytest.mark.slow
 def test_the_real_model_answers_a_greeting_in_english_and_stops_at_the_end_of_its_turn(real):
     out = real.chat(CONVERSATIONS[0], GREEDY, use_tqdm=False)[0]
     assert out.finish_reason == "stop", f"no end of turn within {GREEDY.max_tokens} tokens: {out.text!r}"
@@ -67,6 +69,7 @@ def test_the_real_model_answers_a_greeting_in_english_and_stops_at_the_end_of_it
     assert "<|im_end|>" not in out.text and "<|im_start|>" not in out.text
 
 
+@pytest.mark.slow
 def test_a_second_turn_finds_the_first_in_the_prefix_cache(real):
     first = real.chat(CONVERSATIONS[0], GREEDY, use_tqdm=False)[0]
     follow_up = [*CONVERSATIONS[0], {"role": "assistant", "content": first.text},

@@ -3,6 +3,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.subprocess
+
 SYSTEM = "You are a helpful assistant who writes short Python functions."  # over one block: turn 2 can hit it
 STATS = re.compile(r"\[TTFT (\d+) ms \| decode ([\d.]+) tokens/s \| prefix cache served (\d+) of (\d+) prompt tokens "
                    r"\| (\d+) tokens, (stop|length)\]")

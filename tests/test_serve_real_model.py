@@ -11,6 +11,8 @@ from minillm import AsyncLLM
 from minillm.models import registry
 from minillm.serve import serve_in_thread
 
+pytestmark = pytest.mark.slow  # the real model
+
 NAME = "smollm2-135m-instruct"
 if registry.packaged_gguf(NAME) is None:
     pytest.skip(f"the real model is not installed: {registry.PACKAGED_MODELS[NAME].install_command()}",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minillm.config import Components
+from minillm.labkit.fixtures import one_thread
 from minillm.labkit.plug import calls
 from minillm.sampling import SamplingParams
 
@@ -66,23 +67,29 @@ def check_against_reference(components: Components, sampled: bool = False, **con
     reference: under continuous batching, and under static batching too when a static_step is plugged.
     config: EngineConfig fields for both engines (speculative=..., say)."""
     policies = ["continuous"] + (["static"] if components.static_step is not None else [])
-    for policy in policies:
-        reference = run(None, sampled, scheduler=policy, **config)
-        assert reference.preemptions and reference.cached_prompt_tokens, \
-            f"the end-to-end workload no longer exercises preemption and prefix hits under {policy} batching"
-        assert policy == "static" or reference.chunked_prefills, "the end-to-end workload no longer chunks prefills"
-        mine = run(components, sampled, scheduler=policy, **config)
-        # Parts with the engine's interfaces make the engine's decisions: the same hits, the same preemptions.
-        assert mine.cached_prompt_tokens == reference.cached_prompt_tokens, (
-            f"{policy} batching: the prefix cache supplied {mine.cached_prompt_tokens} prompt tokens with your "
-            f"parts, {reference.cached_prompt_tokens} with the engine's own")
-        assert mine.preemptions == reference.preemptions, (
-            f"{policy} batching: {mine.preemptions} preemptions with your parts, {reference.preemptions} with "
-            f"the engine's own")
-        for i, (got, want) in enumerate(zip(mine.tokens, reference.tokens)):
-            assert got == want, (f"{policy} batching, request {i}: the engine with your parts generated {got}, "
-                                 f"the reference engine {want} (same prompts, seeds and settings)")
-        assert mine.used_blocks_at_end == 0, (f"{policy} batching: {mine.used_blocks_at_end} KV blocks are still "
-                                              f"held after every request finished: a leak")
+    with one_thread():
+        for policy in policies:
+            _check_policy(components, sampled, policy, config)
     unused = [part for part, n in calls(components).items() if n == 0]
     assert not unused, f"the engine never called your {', '.join(unused)}"
+
+
+def _check_policy(components: Components, sampled: bool, policy: str, config: dict) -> None:
+    """One scheduling policy of check_against_reference."""
+    reference = run(None, sampled, scheduler=policy, **config)
+    assert reference.preemptions and reference.cached_prompt_tokens, \
+        f"the end-to-end workload no longer exercises preemption and prefix hits under {policy} batching"
+    assert policy == "static" or reference.chunked_prefills, "the end-to-end workload no longer chunks prefills"
+    mine = run(components, sampled, scheduler=policy, **config)
+    # Parts with the engine's interfaces make the engine's decisions: the same hits, the same preemptions.
+    assert mine.cached_prompt_tokens == reference.cached_prompt_tokens, (
+        f"{policy} batching: the prefix cache supplied {mine.cached_prompt_tokens} prompt tokens with your "
+        f"parts, {reference.cached_prompt_tokens} with the engine's own")
+    assert mine.preemptions == reference.preemptions, (
+        f"{policy} batching: {mine.preemptions} preemptions with your parts, {reference.preemptions} with "
+        f"the engine's own")
+    for i, (got, want) in enumerate(zip(mine.tokens, reference.tokens)):
+        assert got == want, (f"{policy} batching, request {i}: the engine with your parts generated {got}, "
+                             f"the reference engine {want} (same prompts, seeds and settings)")
+    assert mine.used_blocks_at_end == 0, (f"{policy} batching: {mine.used_blocks_at_end} KV blocks are still "
+                                          f"held after every request finished: a leak")

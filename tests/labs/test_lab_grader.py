@@ -35,7 +35,7 @@ def test_no_notebook_without_a_source():
         assert not strays, f"{folder}/ has notebooks no solutions/*.py generates: {strays}"
 
 
-@pytest.mark.parametrize("lab", LABS)
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: f"lab{lab}")  # so that -k lab05 selects them
 def test_every_exercise_is_graded_and_every_grade_has_an_exercise(lab):
     module = grader_module(lab)
     in_notebook = load_notebook(next((ROOT / "solutions").glob(f"lab{lab}_*.ipynb"))).exercises
@@ -91,7 +91,7 @@ def test_wrong_implementation_is_caught(negative):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("lab", LABS)
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: f"lab{lab}")  # so that -k lab05 selects them
 def test_every_graded_test_catches_some_wrong_implementation(lab):
     """A test that no plausible wrong implementation fails proves nothing: each graded test must
     fail for at least one negative of its exercise (the end-to-end test: of a part it plugs in)."""
