@@ -1,29 +1,23 @@
 """The solution notebooks, each run top to bottom once per test session and kept with its outputs.
 
 test_lab_notebooks_run.py runs them; the browser test opens the kept copies instead of running the notebooks a
-second time. (A plain module, not a conftest.py: the tests in tests/app import their conftest by name, and a second
-conftest.py loaded after theirs would shadow it.)
+second time (whichever test asks first runs it). (A plain module, not a conftest.py: the tests in tests/app import
+their conftest by name, and a second conftest.py loaded after theirs would shadow it.)
 """
+import fcntl
 import os
 import time
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def each_notebook(sources: list[Path]) -> list:
-    """The parameters of a test per solution notebook. Under pytest-xdist a lab's run and its browser test go to
-    the same worker (one xdist_group), so the browser opens the notebook that worker ran, after it ran."""
-    return [pytest.param(s, id=s.stem, marks=pytest.mark.xdist_group(f"notebook-{s.stem}")) for s in sources]
-
-
 class ExecutedNotebooks:
     """solutions/<stem>.ipynb run in a real kernel, saved with its outputs in this session's pytest temporary folder
-    (the one all pytest-xdist workers share, so the browser test finds a notebook another worker ran)."""
+    (the one all pytest-xdist workers share: a notebook runs once however many tests and workers ask)."""
 
     def __init__(self, tmp_path_factory):
         base = tmp_path_factory.getbasetemp()
@@ -32,22 +26,36 @@ class ExecutedNotebooks:
         self.folder.mkdir(exist_ok=True)
 
     def run(self, stem: str, timeout: float) -> tuple[nbformat.NotebookNode, float]:
-        """Run the notebook top to bottom: (the executed notebook, seconds). Saved even when a cell fails,
-        with the outputs up to the failure."""
+        """The notebook run top to bottom, once a session whichever test and worker asks first (the others wait on
+        its lock, then read it): (the executed notebook, seconds). A cell that failed raises, on every call."""
+        saved = self.folder / f"{stem}.ipynb"
+        with open(self.folder / f"{stem}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not saved.exists():
+                self._execute(stem, timeout, saved)
+            nb = nbformat.read(saved, as_version=4)
+        record = nb.metadata["minillm_run"]
+        if record["error"]:
+            raise RuntimeError(f"{stem} failed when this session ran it, after {record['seconds']:.0f} s:\n"
+                               f"{record['error']}")
+        return nb, record["seconds"]
+
+    def path(self, stem: str, timeout: float) -> Path:
+        """The executed notebook's file (run now if this session has not run it yet)."""
+        self.run(stem, timeout)
+        return self.folder / f"{stem}.ipynb"
+
+    @staticmethod
+    def _execute(stem: str, timeout: float, saved: Path) -> None:
+        """Run it and save it with its outputs (up to the failure, if a cell fails) and how the run went."""
         nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
-        start = time.perf_counter()
+        start, error = time.perf_counter(), None
         try:
             NotebookClient(nb, timeout=timeout, kernel_name="python3",
                            resources={"metadata": {"path": str(ROOT / "solutions")}}).execute()
-            return nb, time.perf_counter() - start
-        finally:  # written whole, then renamed: a reader in another worker never sees half a notebook
-            partial = self.folder / f"{stem}.{os.getpid()}.partial"
-            nbformat.write(nb, partial)
-            partial.replace(self.folder / f"{stem}.ipynb")
-
-    def path(self, stem: str, timeout: float) -> Path:
-        """The executed notebook: this session's run when there was one, else a run now."""
-        saved = self.folder / f"{stem}.ipynb"
-        if not saved.exists():
-            self.run(stem, timeout)
-        return saved
+        except Exception as e:  # noqa: BLE001  (saved, then raised by run() for every test that asks)
+            error = f"{type(e).__name__}: {e}"[-4000:]
+        nb.metadata["minillm_run"] = {"seconds": time.perf_counter() - start, "error": error}
+        partial = saved.with_suffix(".partial")  # written whole, then renamed: no reader sees half a notebook
+        nbformat.write(nb, partial)
+        partial.replace(saved)

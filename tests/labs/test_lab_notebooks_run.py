@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from executed_notebooks import ExecutedNotebooks, each_notebook
+from executed_notebooks import ExecutedNotebooks
 
 from minillm.labkit.notebook import lab_sources
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.notebook, pytest.mark.subprocess, pytest.mark.slow]
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("source", each_notebook(lab_sources(ROOT)))
+@pytest.mark.parametrize("source", lab_sources(ROOT), ids=lambda p: p.stem)
 def test_solution_notebook_runs_top_to_bottom_and_its_checks_pass(source, tmp_path_factory, record_property):
     nb, elapsed = ExecutedNotebooks(tmp_path_factory).run(source.stem, timeout=CELL_TIMEOUT_S)
     record_property("seconds", round(elapsed, 1))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from executed_notebooks import ExecutedNotebooks, each_notebook
+from executed_notebooks import ExecutedNotebooks
 
 from minillm.labkit.notebook import lab_sources
 from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve
@@ -80,7 +80,7 @@ def browser(tmp_path_factory):
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("source", each_notebook(lab_sources(ROOT)))
+@pytest.mark.parametrize("source", lab_sources(ROOT), ids=lambda p: p.stem)
 def test_notebook_shows_no_error_and_its_figures_span_their_data(source, browser, jupyterlab, tmp_path_factory):
     path = ExecutedNotebooks(tmp_path_factory).path(source.stem, timeout=RUN_TIMEOUT_S)
     nb = nbformat.read(path, as_version=4)
