@@ -812,14 +812,14 @@ else:
 # batch, under the dotted weight-bound line: the weights are read once per step, and every request
 # in the step shares that read. As the batch grows, the step's arithmetic catches up with its
 # reading: the last column, the step's time per token, falls toward one token's arithmetic time
-# (printed above), and the curve approaches the dashed compute ceiling. (That ceiling is measured on
-# one 1024 × 1024 matmul; on a busy machine it can come out low enough for the largest batch to
-# touch or pass it.) Where the time per token nears that floor, decode has turned compute-bound: a
-# larger batch then adds little or no throughput, and every request waits longer per token. On this
-# CPU the turn comes late, at the largest batches here, well past the batch where the two ceilings
-# cross, because at small batches the engine's step reaches neither ceiling (see below). A GPU
-# streaming a 7B model has the same shape, with the turn at a far larger batch, since its ridge is
-# far higher.
+# (printed above), and the curve approaches the dashed compute ceiling. (That ceiling comes from one
+# 1024 × 1024 matmul: the engine's matmuls can run a little faster or slower than it, and a busy
+# machine measures it low, so the largest batches may touch or pass it.) Where the time per token
+# nears that floor, decode has turned compute-bound: a larger batch then adds little or no
+# throughput, and every request waits longer per token. On this CPU the turn comes late, at the
+# largest batches here, well past the batch where the two ceilings cross, because at small batches
+# the engine's step reaches neither ceiling (see below). A GPU streaming a 7B model has the same
+# shape, with the turn at a far larger batch, since its ridge is far higher.
 #
 # Two effects of this machine show up too. At small batches the measured curve stays well below
 # both lines: the engine's step also samples and does its bookkeeping, and small matrix products
