@@ -455,15 +455,15 @@ fig.show()
 # llama.cpp's **Q4_1** format. Q4_1 cuts each row into blocks of 32 consecutive inputs and gives
 # each block a float16 step `d` and a float16 minimum `m`; a weight is `m + d·q`, with `q` in 0..15.
 # minillm's loader turned those into float32, so "full precision" below means these float32
-# values, and each block of 32 already holds at most 16 distinct, evenly spaced values. That
-# changes what requantizing does:
+# values, and each block of 32 already holds at most 16 distinct values, all on one evenly spaced
+# grid. That changes what requantizing does:
 #
 # * **Groups of 32** are the blocks themselves (the same 32 consecutive inputs). A codec shaped
 #   like Q4_1, a float minimum and a step per group taken from the group's minimum and maximum,
 #   finds each block's grid again.
 # * **Groups of 64 or more** straddle blocks that had different grids. One grid of 16 levels has to
-#   serve them all, and weights move. (128 does not divide the 576 inputs of the attention and MLP
-#   input projections, so the largest group here is 192.)
+#   serve them all, and weights move. (128 does not divide 576, the inputs of every projection but
+#   the MLP's down projection, so the largest group here is 192.)
 # * **Your int4 codec is shaped differently**: its zero point is a whole code and its range always
 #   holds 0, so its levels are `scale·(q − zero)`, with one at 0 where Q4_1 had one at `m`. In a
 #   block with weights of both signs the step comes out the same (`scale = d`), but the levels sit
