@@ -704,7 +704,7 @@ fig.show()
 #   below; whatever it copies, prompt lookup gets.)
 # * **c_k.** Each decode step now streams all 540 MB of weights from memory, the regime lab 00
 #   calls memory-bound, and the k extra rows a verification computes share that one read. The
-#   arithmetic of those rows is not free on a CPU, so `c_k` stays above 1; the table shows how far.
+#   arithmetic of those rows is not free on a CPU, so expect `c_k` above 1; the table shows how far.
 #
 # The requests go through the model's chat template (`llm.chat_template.render(messages)`, what
 # `LLM.chat` does), greedily and one at a time, with your `propose_ngram` and your `verify` inside
@@ -775,8 +775,10 @@ if real_installed:
 # `c_k`, and greedy output is unchanged. The two lines above put the same proposer, with the same k,
 # on both models: read off which factor moved, α (how much the model copies) or `c_k` (what the
 # extra rows cost when each step has 540 MB of weights to read rather than 23 MB from the caches).
-# On a GPU, where verifying a few rows costs about one decode step, the same tokens per forward
-# would be nearly all speedup.
+# On a shared CPU, `c_k` and the speedup move from run to run while α and tokens per forward do not
+# (greedy output is the same every time): run the two cells again before you conclude. On a GPU,
+# where verifying a few rows costs about one decode step, the same tokens per forward would be
+# nearly all speedup.
 #
 # ## How production engines do it
 #

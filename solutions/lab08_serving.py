@@ -675,12 +675,13 @@ server.stop()
 #   prompt the engine sees holds more tokens than the words you wrote: `usage.prompt_tokens`
 #   counts them. The answer ends at the model's end-of-turn token.
 # * `response_format` with a `json_schema` turns on your grammar mask (8.6's job) for this request:
-#   the answer is JSON of that shape, whatever the model would have preferred to write. The mask
-#   fixes the form, not the facts: read the answers.
+#   the answer is JSON of that shape (if `max_tokens` leaves room to close it), whatever the model
+#   would have preferred to write. The mask fixes the form, not the facts: read the answers.
 #
-# Below, the server runs the real model on a free port of 127.0.0.1; three questions stream back
-# through your `parse_sse`, each one timed chunk by chunk into a `RequestRecord` for your
-# `request_metrics`, and each answer is checked against the schema with `jsonschema`. Then one
+# Below, the server runs the real model, with your mask, on a free port of 127.0.0.1. Three
+# questions stream back through your `parse_sse`, each one timed chunk by chunk into a
+# `RequestRecord` for your `request_metrics`, and each answer is checked against the schema with
+# `jsonschema`. Then one
 # question without `response_format`, to see what the model writes when nothing constrains it.
 # It takes well under a minute on a 2-core CPU; if the model is not installed, the cell tells you
 # how to install it and skips.
@@ -727,7 +728,8 @@ else:
     json_format = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL}}
     lands = ["France", "Japan", "Italy"]
     questions = [f"What is the capital of {land}? Give the city and the country." for land in lands]
-    with serve_in_thread(LLM(REAL, max_num_seqs=2, num_kv_blocks=64)) as real_server:  # stops at the end of the block
+    yours = Components(grammar_mask=apply_grammar_mask, source="this notebook")
+    with serve_in_thread(LLM(REAL, max_num_seqs=2, num_kv_blocks=64, components=yours)) as real_server:  # stops after
         answers = [ask(real_server.base_url, q, json_format) for q in questions]
         free_text, _ = ask(real_server.base_url, questions[0], None)
     print(f"{'the capital of':>14} {'prompt':>6} {'output':>6} {'TTFT':>7} {'TPOT':>7} {'E2E':>6}  valid  answer")
