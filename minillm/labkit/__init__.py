@@ -4,5 +4,6 @@ In a notebook:  from minillm.labkit import check;  check("1.3")
 Maintainers:    python -m minillm.labkit build   (what `make labs` runs)
 """
 from minillm.labkit.grading import check, exercise
+from minillm.labkit.real_model import REAL_MODEL, real_model_installed
 
-__all__ = ["check", "exercise"]
+__all__ = ["check", "exercise", "REAL_MODEL", "real_model_installed"]
