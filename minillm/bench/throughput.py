@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.registry import SMOLLM_SHAPE
 from minillm.bench.workload import chat_workload
@@ -50,6 +50,7 @@ class Sweep:
 
 PROMPTS = dict(max_prompt=320, median_prompt=96)  # prompt lengths, log-normal from 8 tokens, in every sweep
 QUICK = Sweep(requests=16, batch_sizes=(4, 8), max_output=48, median_output=16)
+QUICK_BIG = Sweep(requests=8, batch_sizes=(2, 4), max_output=16, median_output=8)  # --quick on a big model
 FULL = Sweep(requests=64, batch_sizes=(4, 8, 16, 32), max_output=192, median_output=64)
 
 
@@ -101,7 +102,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
 def measure(model: str, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
     """Continuous against static batching at every batch size of the sweep (the two interleaved,
     in alternating order, so drift hits both alike); transformers and sequential for reference."""
-    sweep = QUICK if quick else FULL
+    big = quick and is_big(model)
+    sweep = QUICK_BIG if big else QUICK if quick else FULL
     n, batches, max_output = sweep.requests, sweep.batch_sizes, sweep.max_output
     workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output, **PROMPTS)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
@@ -140,14 +142,15 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"]} for b in batches]
     best = rates[f"continuous, batch {batches[-1]}"]
     reference = {k: v for k, v in rates.items() if not k.startswith(("continuous", "static"))}
-    figures = {"model": label, "requests": n, "batch_sizes": list(batches),
+    figures = {"model": label, "smaller_quick_workload": big, "requests": n, "batch_sizes": list(batches),
                "output_tokens": sum(r.output_len for r in workload), "tokens_per_s": rates, "sweep": ratios,
                "continuous_never_slower_than_static": all(r["continuous / static"] >= 1 for r in ratios),
                f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
                "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
                                                         for o in outputs.values())}
     print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-{PROMPTS['max_prompt']}, "
-          f"output 4-{max_output} tokens, log-normal, median {PROMPTS['median_prompt']} and {sweep.median_output})")
+          f"output 4-{max_output} tokens, log-normal, median {PROMPTS['median_prompt']} and {sweep.median_output})"
+          + (f"; --quick: {SMALLER_QUICK}" if big else ""))
     print_table(ratios, "offline throughput: continuous vs static batching at each batch size")
     if full_steps:
         step = {k: statistics.median(t[k] for t in full_steps) for k in full_steps[0]}
