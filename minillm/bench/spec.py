@@ -316,7 +316,8 @@ def report(results: dict, variants: dict[str, tuple[str, int]], faithful: list[l
     for w, what in (("edit", "the best proposer on the edit workload"),
                     ("code", "the heads or the distilled draft on code prompts, batch 1")):
         t = targets[w]
-        got = "not measured (neither ships)" if t["measured"] is None else f"{t['measured']:.2f}x ({t['by']})"
+        got = ("not measured (neither ships for this model)" if t["measured"] is None
+               else f"{t['measured']:.2f}x ({t['by']})")
         print(f"target >= {t['target']}x, {what}: {got}: {'met' if t['met'] else 'NOT met'}")
     figures = {"model": model, "settings": dataclasses.asdict(s), "notes": notes,
                "batch1_greedy": batch1, "batch1_temperature_1": hot, f"batch_{s.batch}": big,

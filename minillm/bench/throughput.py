@@ -46,11 +46,14 @@ class Sweep:
     batch_sizes: tuple[int, ...]
     max_output: int      # output lengths are log-normal around median_output, capped here
     median_output: int
+    max_prompt: int = 320  # prompt lengths, log-normal from 8 tokens around median_prompt, capped here
+    median_prompt: int = 96
 
 
-PROMPTS = dict(max_prompt=320, median_prompt=96)  # prompt lengths, log-normal from 8 tokens, in every sweep
 QUICK = Sweep(requests=16, batch_sizes=(4, 8), max_output=48, median_output=16)
-QUICK_BIG = Sweep(requests=8, batch_sizes=(2, 4), max_output=16, median_output=8)  # --quick on a big model
+# --quick on a big model: fewer requests, and prompts shorter than their outputs, so decode (what batching
+# speeds up) is most of the time rather than prefill
+QUICK_BIG = Sweep(requests=8, batch_sizes=(2, 4), max_output=32, median_output=16, max_prompt=64, median_prompt=16)
 FULL = Sweep(requests=64, batch_sizes=(4, 8, 16, 32), max_output=192, median_output=64)
 
 
@@ -105,7 +108,8 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
     big = quick and is_big(model)
     sweep = QUICK_BIG if big else QUICK if quick else FULL
     n, batches, max_output = sweep.requests, sweep.batch_sizes, sweep.max_output
-    workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output, **PROMPTS)
+    workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output,
+                            max_prompt=sweep.max_prompt, median_prompt=sweep.median_prompt)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
     rates, outputs, full_steps = {}, {}, []
     profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
@@ -148,8 +152,8 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
                "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
                                                         for o in outputs.values())}
-    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-{PROMPTS['max_prompt']}, "
-          f"output 4-{max_output} tokens, log-normal, median {PROMPTS['median_prompt']} and {sweep.median_output})"
+    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-{sweep.max_prompt}, "
+          f"output 4-{max_output} tokens, log-normal, median {sweep.median_prompt} and {sweep.median_output})"
           + (f"; --quick: {SMALLER_QUICK}" if big else ""))
     print_table(ratios, "offline throughput: continuous vs static batching at each batch size")
     if full_steps:
