@@ -52,8 +52,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     conditions = check_conditions()
     # the small pool holds one context-long prompt (16 blocks) and little more, so sessions compete
     big = quick and is_big(model)
-    sessions, small, tier_blocks, max_tokens = ((4, 20, 256, 4) if big else (6, 20, 256, 4) if quick
-                                                else (16, 24, 1024, 8))
+    sessions, small, tier_blocks, max_tokens = (6, 20, 256, 4) if quick else (16, 24, 1024, 8)
     probe = LLM(model, num_kv_blocks=1)
     corpus = probe.tokenizer.encode(inspect.getsource(json.decoder))  # real Python, the same everywhere
     workload = agent_workload(corpus, sessions, seed=0, system_tokens=64, task_tokens=16, tool_tokens=24,

@@ -51,7 +51,7 @@ FULL = Settings(windows=20, window_tokens=256, group_sizes=(32, 64, 128), fp8=Tr
 QUICK = Settings(windows=4, window_tokens=128, group_sizes=(64,), fp8=False, prompt_tokens=32, new_tokens=16,
                  repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False)
 # --quick on a big model: fewer windows and tokens, and no random orders (each growing set is a copy of the model)
-QUICK_BIG = dataclasses.replace(QUICK, windows=3, window_tokens=64, prompt_tokens=16, new_tokens=8, seeds=())
+QUICK_BIG = dataclasses.replace(QUICK, windows=2, window_tokens=32, prompt_tokens=16, new_tokens=8, seeds=())
 
 
 def unfit_group(group_size: int, config) -> str | None:
