@@ -153,9 +153,12 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     cont, ratios = schedulers["continuous"], {}
     for name in SCHEDULERS[1:]:
         other = schedulers[name]
-        ratios[f"goodput_continuous_over_{name}"] = cont["goodput"] / other["goodput"] if other["goodput"] else math.inf
+        # None: neither had a request meeting the SLO (a slow machine or a big model), so no ratio
+        goodput = (cont["goodput"] / other["goodput"] if other["goodput"] else math.inf if cont["goodput"] else None)
+        ratios[f"goodput_continuous_over_{name}"] = goodput
         ratios[f"ttft_p99_{name}_over_continuous"] = other["ttft_p99"] / cont["ttft_p99"]
-        print(f"continuous vs {name}: goodput {ratios[f'goodput_continuous_over_{name}']:.1f}x higher, "
+        shown = "0 on both (no request met the SLO)" if goodput is None else f"{goodput:.1f}x higher"
+        print(f"continuous vs {name}: goodput {shown}, "
               f"p99 TTFT {ratios[f'ttft_p99_{name}_over_continuous']:.1f}x lower")
     best = best_online_load(points)
     cost = online_vs_batch(price_per_hour, best and best["good_output_throughput"], batch["output_throughput"])
