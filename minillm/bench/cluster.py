@@ -53,10 +53,13 @@ REPEATS = {True: 1, False: 6}  # real runs of each load, quick or not (each afte
 #   A quick run is a smoke run: one pair a load, whose p99s of 24 requests are near their maxima
 REQUESTS = {True: 24, False: 90}  # requests a replica in each real run, quick or not
 QUICK_BIG = 12  # --quick on a big model: requests a replica in each real run, and in each calibration
+# and only the heavy loads (the light one idles most of its wall time, minutes on a big model), two routers
+QUICK_BIG_LOADS = LOADS[1:]
+QUICK_BIG_ROUTERS = ("round_robin", "prefix_aware")
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar, requests_each: int,
-             calibration_requests: int) -> list[dict]:
+             calibration_requests: int, loads: list[tuple[str, float, int]]) -> list[dict]:
     """Real runs against simulated ones at a light and a heavy load on one replica, and the heavy load on
     each of two replicas in processes of their own behind round robin (rates from `profile`). This
     machine's speed drifts from minute to minute, so a full run repeats each real run, each right after a
@@ -67,11 +70,12 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar, requests
     split the error in its parts: the simulator on a profile fitted to the real run's own steps (its
     batching and queueing alone, the machine's drift taken out), and a row per load for the step model
     alone (each real step against its price, times its warmup factor if it ran soon after an idle pause).
-    requests_each: requests a replica in each real run; calibration_requests: in each calibration."""
+    requests_each: requests a replica in each real run; calibration_requests: in each calibration; loads:
+    (name, utilisation a replica, replicas) of each, from LOADS."""
     alone = alone_seconds(profile)
     knobs = replica_knobs(engine)
     rows = []
-    for seed, (name, utilisation, replicas) in enumerate(LOADS, start=10):
+    for seed, (name, utilisation, replicas) in enumerate(loads, start=10 + LOADS.index(loads[0])):
         requests = workload(requests_each * replicas, replicas * utilisation / alone, seed=seed)
         fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
@@ -169,7 +173,7 @@ def autoscaling(profile: StepProfile, quick: bool, bar) -> list[dict]:
 
 def tensor_parallel(model: str, quick: bool) -> dict:
     """TP=2 on gloo against TP=1: the all-reduce traffic per token measured and by formula, its time, tokens/s."""
-    tp = measure_tp_communication(model, tp=2, tokens=16 if quick else 64)
+    tp = measure_tp_communication(model, tp=2, tokens=(8 if is_big(model) else 16) if quick else 64)
     rows = [{"figure": "bytes all-reduced per token", "measured": tp["bytes_per_token_measured"],
              "formula": tp["bytes_per_token_formula"]},
             {"figure": "ring bytes sent per rank per token", "measured": "-",
@@ -196,9 +200,11 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
         profile = measure_profile(engine, requests=calibration)
         bar.set_description("cluster: real vs simulated")
-        checks = validate(engine, profile, quick, bar, requests_each, calibration)
+        checks = validate(engine, profile, quick, bar, requests_each, calibration,
+                          QUICK_BIG_LOADS if big else LOADS)
         bar.set_description("cluster: routing on a real fleet")
-        real_routes = measure_routing(replicas=2, quick=quick, model=model)
+        real_routes = measure_routing(replicas=2, quick=quick, model=model,
+                                      **({"policies": QUICK_BIG_ROUTERS} if big else {}))
         bar.update()
         routes = routing(fleet_profile, replicas, sessions, bar)
         bar.set_description("cluster: prefill:decode ratios")
@@ -220,7 +226,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     print(machine_line(conditions))
     if big:
         print(f"--quick: {SMALLER_QUICK}: {requests_each} requests a replica in each real run and in each "
-              f"calibration")
+              f"calibration, the loads {', '.join(name for name, _, _ in QUICK_BIG_LOADS)} only, routers "
+              f"{', '.join(QUICK_BIG_ROUTERS)}, 8 tokens for tensor parallelism")
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
     runs = f"the median of {REPEATS[quick]} runs" if REPEATS[quick] > 1 else "one run"
     print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "
