@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from minillm.bench.registry import BENCHMARKS
 from minillm.models import registry
@@ -21,11 +22,15 @@ if registry.packaged_gguf(NAME) is None:
 @pytest.fixture(scope="module", autouse=True)
 def cache(tmp_path_factory):
     """The model converted once for this module into a cache of its own, which the processes the
-    benchmarks start (servers, replicas, workers) find through the environment too."""
+    benchmarks start (servers, replicas, workers) find through the environment too; one torch thread,
+    as `--threads 1` gives (on a busy 2-core machine, two threads spin-wait for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINILLM_CACHE", str(tmp_path_factory.mktemp("cache")))
         registry.resolve_model_path(NAME)
         yield
+    torch.set_num_threads(threads)
 
 
 def quick_run(name: str, tmp_path) -> tuple[dict, dict]:
