@@ -13,6 +13,21 @@ from tqdm.auto import tqdm
 
 from minillm.perf.measure import machine
 
+BIG_MODEL_BYTES = 100 * 2**20  # tiny's weights are 23 MB, SmolLM2-135M's 540 MB (float32)
+
+
+def is_big(model: str | Path) -> bool:
+    """Whether a model's weight files pass BIG_MODEL_BYTES (a name or a folder). A quick run on a big
+    model takes a smaller workload (fewer requests, prompts and tokens, and says so), so that it
+    stays a smoke run of a minute or two on 2 CPU cores: every decode step streams all its weights."""
+    from minillm.models.registry import resolve_model_path
+    folder = resolve_model_path(model)
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)
+               if f.name != "spec_heads.safetensors") > BIG_MODEL_BYTES
+
+
+SMALLER_QUICK = "a smaller quick workload for a big model"  # the printed reason, the same in every benchmark
+
 
 def progress(benchmark: str, total: int, unit: str = "run") -> tqdm:
     """A bar on stderr over a benchmark's variants and repetitions, erased when done so the printed

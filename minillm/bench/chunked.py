@@ -12,7 +12,7 @@ import time
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.perf.serving import percentile
 
@@ -46,7 +46,9 @@ def scenario(model: str, decoders: int, long_prompts: int, every: int, long_len:
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     model = model or "tiny"
     conditions = check_conditions()
-    decoders, long_prompts, every, long_len, repeats = (4, 3, 12, 320, 1) if quick else (8, 6, 16, 448, 3)
+    big = quick and is_big(model)
+    decoders, long_prompts, every, long_len, repeats = ((4, 2, 8, 256, 1) if big else (4, 3, 12, 320, 1) if quick
+                                                        else (8, 6, 16, 448, 3))
     variants = {"unchunked": dict(enable_chunked_prefill=False, max_num_batched_tokens=512),
                 "chunked (budget 64)": dict(enable_chunked_prefill=True, max_num_batched_tokens=64)}
     runs = {name: [] for name in variants}
@@ -59,13 +61,15 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     keys = ("itl_p50_ms", "itl_p99_ms", "itl_max_ms", "tokens_per_s")
     results = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}
     un, ch = results["unchunked"], results["chunked (budget 64)"]
-    figures = {"model": model, "decoding_requests": decoders, "long_prompts": long_prompts,
+    figures = {"model": model, "smaller_quick_workload": big, "decoding_requests": decoders,
+               "long_prompts": long_prompts,
                "long_prompt_tokens": long_len, "repeats": repeats, **results,
                "p99_itl_ratio": un["itl_p99_ms"] / ch["itl_p99_ms"],
                "throughput_ratio": ch["tokens_per_s"] / un["tokens_per_s"],
                "outputs_identical": runs["unchunked"][0]["outputs"] == runs["chunked (budget 64)"][0]["outputs"]}
     print(f"{machine_line(conditions)}\nmodel: {model}; {decoders} requests decoding while {long_prompts} "
-          f"prompts of {long_len} tokens arrive, one every {every} steps; median of {repeats}")
+          f"prompts of {long_len} tokens arrive, one every {every} steps; median of {repeats}"
+          + (f" (--quick: {SMALLER_QUICK})" if big else ""))
     print_table([{"variant": k, "ITL p50 ms": v["itl_p50_ms"], "ITL p99 ms": v["itl_p99_ms"],
                   "ITL max ms": v["itl_max_ms"], "output tok/s": v["tokens_per_s"]} for k, v in results.items()],
                 "inter-token latency of the decoding requests")

@@ -15,7 +15,7 @@ the real engine, and fleets no laptop runs.
 import statistics
 from functools import partial
 
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
 from minillm.distributed.disagg_measure import measure_disaggregation
@@ -52,9 +52,14 @@ REPEATS = {True: 1, False: 6}  # real runs of each load, quick or not (each afte
 #   median of six such pairs landed within 14% where one of three missed by up to 23% (the same recordings).
 #   A quick run is a smoke run: one pair a load, whose p99s of 24 requests are near their maxima
 REQUESTS = {True: 24, False: 90}  # requests a replica in each real run, quick or not
+QUICK_BIG = 12  # --quick on a big model: requests a replica in each real run, and in each calibration
+# and only the heavy loads (the light one idles most of its wall time, minutes on a big model), two routers
+QUICK_BIG_LOADS = LOADS[1:]
+QUICK_BIG_ROUTERS = ("round_robin", "prefix_aware")
 
 
-def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[dict]:
+def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar, requests_each: int,
+             calibration_requests: int, loads: list[tuple[str, float, int]]) -> list[dict]:
     """Real runs against simulated ones at a light and a heavy load on one replica, and the heavy load on
     each of two replicas in processes of their own behind round robin (rates from `profile`). This
     machine's speed drifts from minute to minute, so a full run repeats each real run, each right after a
@@ -64,21 +69,23 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar) -> list[
     calibration measured, at a pace that persists from step to step as the measured one did. Two checks
     split the error in its parts: the simulator on a profile fitted to the real run's own steps (its
     batching and queueing alone, the machine's drift taken out), and a row per load for the step model
-    alone (each real step against its price, times its warmup factor if it ran soon after an idle pause)."""
+    alone (each real step against its price, times its warmup factor if it ran soon after an idle pause).
+    requests_each: requests a replica in each real run; calibration_requests: in each calibration; loads:
+    (name, utilisation a replica, replicas) of each, from LOADS."""
     alone = alone_seconds(profile)
     knobs = replica_knobs(engine)
     rows = []
-    for seed, (name, utilisation, replicas) in enumerate(LOADS, start=10):
-        requests = workload(REQUESTS[quick] * replicas, replicas * utilisation / alone, seed=seed)
+    for seed, (name, utilisation, replicas) in enumerate(loads, start=10 + LOADS.index(loads[0])):
+        requests = workload(requests_each * replicas, replicas * utilisation / alone, seed=seed)
         fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
         for _ in range(REPEATS[quick]):
             if replicas == 1:
-                calibrated = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
+                calibrated = measure_profile(engine, requests=calibration_requests)
                 real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
             else:
                 calibration, (steps, woke), knobs, real = replay_fleet(engine.config.model, requests, replicas,
-                                                                     CALIBRATION_REQUESTS[quick])
+                                                                     calibration_requests)
                 calibrated = fit_profile(*calibration)
             reals.append(summary(real))
             sims.append(predict(requests, calibrated, **fleet, **knobs))
@@ -166,7 +173,7 @@ def autoscaling(profile: StepProfile, quick: bool, bar) -> list[dict]:
 
 def tensor_parallel(model: str, quick: bool) -> dict:
     """TP=2 on gloo against TP=1: the all-reduce traffic per token measured and by formula, its time, tokens/s."""
-    tp = measure_tp_communication(model, tp=2, tokens=16 if quick else 64)
+    tp = measure_tp_communication(model, tp=2, tokens=(8 if is_big(model) else 16) if quick else 64)
     rows = [{"figure": "bytes all-reduced per token", "measured": tp["bytes_per_token_measured"],
              "formula": tp["bytes_per_token_formula"]},
             {"figure": "ring bytes sent per rank per token", "measured": "-",
@@ -185,14 +192,19 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     conditions = check_conditions()
     fleet_profile = StepProfile.from_roofline(model_shape(FLEET_MODEL), PROFILES[FLEET_GPU])
     replicas, sessions = (8, 60) if quick else (64, 600)
+    big = quick and is_big(model)
+    requests_each = QUICK_BIG if big else REQUESTS[quick]
+    calibration = QUICK_BIG if big else CALIBRATION_REQUESTS[quick]
     with progress("cluster", len(LOADS) + 3 + 4 + 4 + 3, unit="part") as bar:
         bar.set_description("cluster: calibrating on the real engine")
         engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
-        profile = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
+        profile = measure_profile(engine, requests=calibration)
         bar.set_description("cluster: real vs simulated")
-        checks = validate(engine, profile, quick, bar)
+        checks = validate(engine, profile, quick, bar, requests_each, calibration,
+                          QUICK_BIG_LOADS if big else LOADS)
         bar.set_description("cluster: routing on a real fleet")
-        real_routes = measure_routing(replicas=2, quick=quick, model=model)
+        real_routes = measure_routing(replicas=2, quick=quick, model=model,
+                                      **({"policies": QUICK_BIG_ROUTERS} if big else {}))
         bar.update()
         routes = routing(fleet_profile, replicas, sessions, bar)
         bar.set_description("cluster: prefill:decode ratios")
@@ -212,10 +224,14 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                                        fleet_profile, slo, kv_blocks=20_000, router="prefix_aware")
         bar.update()
     print(machine_line(conditions))
+    if big:
+        print(f"--quick: {SMALLER_QUICK}: {requests_each} requests a replica in each real run and in each "
+              f"calibration, the loads {', '.join(name for name, _, _ in QUICK_BIG_LOADS)} only, routers "
+              f"{', '.join(QUICK_BIG_ROUTERS)}, 8 tokens for tensor parallelism")
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
     runs = f"the median of {REPEATS[quick]} runs" if REPEATS[quick] > 1 else "one run"
     print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "
-                        f"processes of their own behind round robin; real: {runs} of {REQUESTS[quick]} requests "
+                        f"processes of their own behind round robin; real: {runs} of {requests_each} requests "
                         f"a replica)")
     figures_checked = [r for r in checks if r["real"] != "-"]
     worst = max(abs(r["simulated"] - r["real"]) / r["real"] for r in figures_checked)
@@ -244,7 +260,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     print(f"\n6. capacity plan: {rate:g} agent sessions/s of {FLEET_MODEL} on {FLEET_GPU} need {needed} replicas "
           f"to meet TTFT <= {slo['ttft']} s and TPOT <= {slo['tpot'] * 1e3:.0f} ms for 99% of calls (simulated: "
           f"attainment {plan['slo_attainment']:.1%}, TTFT p99 {plan['ttft_p99']:.2f} s)")
-    figures = {"model": model, "profile": vars(profile), "validation": checks, "validation_worst_error": worst,
+    figures = {"model": model, "smaller_quick_workload": big, "profile": vars(profile), "validation": checks,
+               "validation_worst_error": worst,
                "validation_worst_error_own_steps": worst_own,
                "disaggregated_ratios": ratios, "autoscaling": scaling, "routing_real": real_routes,
                "disaggregation": disagg, "tensor_parallel": tp, "routing": routes,

@@ -9,7 +9,7 @@ import json
 import statistics
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 
 
@@ -37,7 +37,8 @@ def measure(llm: LLM, prompts: list[list[int]], new_tokens: int, bar) -> dict:
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     model = model or "tiny"
     conditions = check_conditions()
-    n, system_tokens, new = (6, 256, 4) if quick else (24, 448, 8)
+    big = quick and is_big(model)
+    n, system_tokens, new = (4, 192, 4) if big else (6, 256, 4) if quick else (24, 448, 8)
     variants = [("prefix caching off", False), ("prefix caching on", True)]
     results = {}
     with progress("prefix", n * len(variants), unit="req") as bar:
@@ -47,13 +48,14 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
             results[name] = measure(llm, shared_prompt_workload(llm, system_tokens, n), new, bar)
     off, on = results["prefix caching off"], results["prefix caching on"]
     figures = {
-        "model": model, "requests": n, "system_prompt_tokens": system_tokens,
+        "model": model, "smaller_quick_workload": big, "requests": n, "system_prompt_tokens": system_tokens,
         "computed_tokens_off": off["computed_prompt_tokens"], "computed_tokens_on": on["computed_prompt_tokens"],
         "ttft_ms_off": off["ttft_median_ms"], "ttft_ms_on": on["ttft_median_ms"],
         "ttft_speedup": off["ttft_median_ms"] / on["ttft_median_ms"], "hit_rate": on["hit_rate"],
         "outputs_identical": off["outputs"] == on["outputs"],
     }
-    print(f"{machine_line(conditions)}\nmodel: {model}; {n} requests sharing a {system_tokens}-token system prompt")
+    print(f"{machine_line(conditions)}\nmodel: {model}; {n} requests sharing a {system_tokens}-token system prompt"
+          + (f" (--quick: {SMALLER_QUICK})" if big else ""))
     print_table([{"variant": k, "prompt tokens": v["prompt_tokens"], "computed": v["computed_prompt_tokens"],
                   "median TTFT ms": v["ttft_median_ms"], "hit rate": f"{v['hit_rate']:.0%}"}
                  for k, v in results.items()], "prefill work and time to first token")

@@ -9,20 +9,26 @@ spread the simulator draws from), and how alike consecutive steps' strays are (t
 """
 from dataclasses import asdict
 
-from minillm.bench import print_table, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.sim.calibrate import CALIBRATION_REQUESTS, measure_profile
 from minillm.sim.profile import LONG_STEP, warmup_bins
 
+QUICK_BIG_REQUESTS = 12  # a calibration's burst and trickle with --quick on a big model
+
 
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     model = model or "tiny"
     conditions = check_conditions()
+    big = quick and is_big(model)
+    requests = QUICK_BIG_REQUESTS if big else CALIBRATION_REQUESTS[quick]
     engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
-    profile = measure_profile(engine, requests=CALIBRATION_REQUESTS[quick])
+    profile = measure_profile(engine, requests=requests)
     print(machine_line(conditions))
+    if big:
+        print(f"--quick: {SMALLER_QUICK}: a calibration of {requests} requests (and {requests // 2} lone prompts)")
     print_table([{"term": "fixed per step (a step of one token)", "ms": profile.fixed * 1e3},
                  *({"term": f"a step of {n} tokens adds", "ms": s * 1e3} for n, s in profile.token_curve),
                  {"term": "each token past the last point", "ms": profile.per_decode_seq * 1e3},
@@ -40,6 +46,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     if profile.long_spread:
         print(f"the long steps alone (priced at {LONG_STEP:g} one-token steps or more), which stray less: 5% took at "
               f"most {profile.strays(0.05, long=True):.0%}, 95% at most {profile.strays(0.95, long=True):.0%}")
-    figures = {"model": model, "profile": asdict(profile)}
+    figures = {"model": model, "smaller_quick_workload": big, "calibration_requests": requests,
+               "profile": asdict(profile)}
     write_json(json_path, "profile", figures, conditions)
     return figures

@@ -19,7 +19,7 @@ import time
 import torch
 
 from minillm import LLM
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.decode import minillm_decode
 from minillm.models.registry import resolve_model_path
@@ -50,6 +50,8 @@ FULL = Settings(windows=20, window_tokens=256, group_sizes=(32, 64, 128), fp8=Tr
                 exhaustive=True)
 QUICK = Settings(windows=4, window_tokens=128, group_sizes=(64,), fp8=False, prompt_tokens=32, new_tokens=16,
                  repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False)
+# --quick on a big model: fewer windows and tokens, and no random orders (each growing set is a copy of the model)
+QUICK_BIG = dataclasses.replace(QUICK, windows=2, window_tokens=32, prompt_tokens=16, new_tokens=8, seeds=())
 
 
 def unfit_group(group_size: int, config) -> str | None:
@@ -107,8 +109,13 @@ def layers_label(units) -> str:
 
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     model = model or "tiny"
-    started, conditions, s, notes = time.perf_counter(), check_conditions(), QUICK if quick else FULL, []
+    started, conditions, notes = time.perf_counter(), check_conditions(), []
     path = resolve_model_path(model)
+    big = quick and is_big(path)
+    s = QUICK_BIG if big else QUICK if quick else FULL
+    if big:
+        notes.append(f"--quick: {SMALLER_QUICK}: {s.windows} windows of {s.window_tokens} tokens, growing sets in "
+                     f"the two sensitivity orders only")
     windows = heldout_windows(path, s.windows, s.window_tokens)  # [windows, tokens + 1]
     full = LLM(str(path), dtype="float32", device="cpu").model
     specs = [("int8", 0), *(("int4", g) for g in s.group_sizes), *([("fp8", 0)] if s.fp8 else [])]

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from minillm.bench import print_table, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, best_online_load, online_vs_batch
 from minillm.perf.serving import summarize
@@ -32,9 +32,13 @@ SCHEDULERS = ("continuous", "static", "sequential")
 SLO = {"ttft": 1.0, "tpot": 0.1}
 COMPARE_LOAD = 0.75                       # the schedulers' request rate, as a fraction of the capacity
 SWEEP_LOADS = {True: (0.25, 0.5, 1.0, 2.0), False: (0.125, 0.25, 0.5, 1.0, 1.5, 2.0)}  # by --quick
+QUICK_BIG_SWEEP = (0.5, 2.0)  # --quick on a big model: a light and an overloaded point of the curve
 
 
-def sizes(quick: bool) -> dict:
+def sizes(quick: bool, big: bool = False) -> dict:
+    """big: --quick on a big model, fewer and shorter requests."""
+    if big:
+        return dict(n=8, prompt_len=32, output_len=8)
     return dict(n=16, prompt_len=32, output_len=12) if quick else dict(n=48, prompt_len=128, output_len=64)
 
 
@@ -74,12 +78,14 @@ def standard_table(summaries: dict[str, dict], title: str) -> None:
                  for label, key, scale in FIGURES], title)
 
 
-def rate_sweep(base_url: str, model: str, rates: list[float], slo: dict, shape: dict, seed: int) -> list[dict]:
-    """One load test per rate, each with its own prompts (a repeat would hit the prefix cache)."""
+def rate_sweep(base_url: str, model: str, rates: list[float], slo: dict, shape: dict, seed: int,
+               tokenizer_model: str = "tiny") -> list[dict]:
+    """One load test per rate, each with its own prompts (a repeat would hit the prefix cache);
+    tokenizer_model: whose tokens the prompt lengths count."""
     points = []
     for i, rate in enumerate(rates):
         items = make_workload(shape["n"], seed=seed + 1 + i, prompt_len=shape["prompt_len"],
-                              output_len=shape["output_len"], range_ratio=0.5)
+                              output_len=shape["output_len"], range_ratio=0.5, tokenizer_model=tokenizer_model)
         result = load(base_url, items, model, rate=rate, seed=seed + 1 + i, desc=f"serve: {rate} req/s")
         points.append({"rate": rate, **summarize(result.records, result.duration, slo),
                        "records": [asdict(r) for r in result.records]})
@@ -122,32 +128,37 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         price_per_hour: float = DEFAULT_PRICE_PER_HOUR, seed: int = 0, slo: dict | None = None) -> dict:
     model, slo = model or "tiny", slo or SLO
     conditions = check_conditions()
-    shape = sizes(quick)
+    big = quick and base_url is None and is_big(model)
+    shape = sizes(quick, big)
     print(f"{machine_line(conditions)}\nmodel: {model}; {shape['n']} requests of ~{shape['prompt_len']} prompt and "
-          f"~{shape['output_len']} output tokens (held-out corpus, +-50%, ignore_eos)")
+          f"~{shape['output_len']} output tokens (held-out corpus, +-50%, ignore_eos)"
+          + (f"; --quick: {SMALLER_QUICK}, {len(QUICK_BIG_SWEEP)} swept rates" if big else ""))
     if base_url is not None:
         figures = remote(base_url, model, shape, rate or math.inf, max_concurrency, sweep, slo, seed)
         write_json(json_path, "serve", figures, conditions)
         return figures
     items = make_workload(shape["n"], seed=seed, prompt_len=shape["prompt_len"], output_len=shape["output_len"],
-                          range_ratio=0.5)
+                          range_ratio=0.5, tokenizer_model=model)  # lengths in the served model's own tokens
     with in_process_server(model, "continuous") as server:
         load(server.base_url, items[:2], model, progress=False)  # warm-up: the first steps of a process are slow
         batch = offline_batch(model, items)
         capacity = batch["output_throughput"] / (batch["output_tokens"] / len(items))  # requests/s, all at once
-        rates = sweep or [round(f * capacity, 2) for f in SWEEP_LOADS[quick]]
+        rates = sweep or [round(f * capacity, 2) for f in (QUICK_BIG_SWEEP if big else SWEEP_LOADS[quick])]
         print(f"offline batch: {batch['output_throughput']:.1f} output tokens/s = capacity {capacity:.2f} req/s; "
               f"SLO: TTFT <= {slo['ttft'] * 1e3:.0f} ms, TPOT <= {slo['tpot'] * 1e3:.0f} ms")
         rate = rate or round(COMPARE_LOAD * capacity, 2)
         schedulers = compare_schedulers(model, items, rate, slo, seed)
-        points = rate_sweep(server.base_url, model, rates, slo, shape, seed)
+        points = rate_sweep(server.base_url, model, rates, slo, shape, seed, tokenizer_model=model)
     standard_table(schedulers, f"the same Poisson arrivals at {rate} req/s ({rate / capacity:.2f} x capacity)")
     cont, ratios = schedulers["continuous"], {}
     for name in SCHEDULERS[1:]:
         other = schedulers[name]
-        ratios[f"goodput_continuous_over_{name}"] = cont["goodput"] / other["goodput"] if other["goodput"] else math.inf
+        # None: neither had a request meeting the SLO (a slow machine or a big model), so no ratio
+        goodput = (cont["goodput"] / other["goodput"] if other["goodput"] else math.inf if cont["goodput"] else None)
+        ratios[f"goodput_continuous_over_{name}"] = goodput
         ratios[f"ttft_p99_{name}_over_continuous"] = other["ttft_p99"] / cont["ttft_p99"]
-        print(f"continuous vs {name}: goodput {ratios[f'goodput_continuous_over_{name}']:.1f}x higher, "
+        shown = "0 on both (no request met the SLO)" if goodput is None else f"{goodput:.1f}x higher"
+        print(f"continuous vs {name}: goodput {shown}, "
               f"p99 TTFT {ratios[f'ttft_p99_{name}_over_continuous']:.1f}x lower")
     best = best_online_load(points)
     cost = online_vs_batch(price_per_hour, best and best["good_output_throughput"], batch["output_throughput"])
@@ -159,7 +170,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         print(f"online at {best['rate']} req/s (the swept rate with the most output tokens/s from requests meeting "
               f"the SLO): {cost['online_usd_per_1m']:.2f} $/1M ({cost['online_tokens_per_s']:.1f} good tok/s); "
               f"batch is {cost['batch_cheaper_x']:.1f}x cheaper")
-    figures = {"model": model, "workload": shape, "slo": slo, "capacity_rps": capacity, "rate": rate,
-               "batch": batch, "schedulers": schedulers, "ratios": ratios, "sweep": points, "cost": cost}
+    figures = {"model": model, "smaller_quick_workload": big, "workload": shape, "slo": slo, "capacity_rps": capacity,
+               "rate": rate, "batch": batch, "schedulers": schedulers, "ratios": ratios, "sweep": points, "cost": cost}
     write_json(json_path, "serve", figures, conditions)
     return figures

@@ -16,17 +16,19 @@ output tokens/s of the whole batch (prefill included), with and without speculat
 import ast
 import dataclasses
 import itertools
+import json
 import math
 import statistics
 import textwrap
 import time
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import SpeculativeConfig
 from minillm.corpus import is_heldout, stdlib_files
 from minillm.models.registry import bundled_models, resolve_model_path
+from minillm.speculative.draft import check_same_vocabulary
 from minillm.speculative.heads import HEADS_FILE
 from minillm.speculative.speculator import SpecStats
 from minillm.speculative.theory import expected_tokens_per_forward
@@ -53,6 +55,7 @@ class Settings:
 
 FULL = Settings(prompts=8, new_tokens=128, repeats=3, ks=(1, 2, 4, 8), sampled_k=4, batch=16, batch_ks=(2, 4))
 QUICK = Settings(prompts=3, new_tokens=40, repeats=1, ks=(1, 4), sampled_k=4, batch=8, batch_ks=(4,))
+QUICK_BIG = Settings(prompts=2, new_tokens=24, repeats=1, ks=(4,), sampled_k=4, batch=4, batch_ks=(4,), code_tokens=128)
 
 
 def heldout_sources() -> list[str]:
@@ -100,20 +103,40 @@ def edit_prompts(tokenizer, sources: list[str], n: int, body: tuple[int, int]) -
     return round_robin(groups, n)
 
 
+def draft_misfit(draft: str, target: Tokenizer, target_vocab: int) -> str | None:
+    """Why `draft` cannot propose for this target (another tokenizer), or None: checked before any
+    engine loads, so a big target is not loaded only to refuse its draft."""
+    path = resolve_model_path(draft)
+    draft_vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    try:
+        check_same_vocabulary(Tokenizer(path), target, draft_vocab, target_vocab, draft)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def proposers(model: str) -> tuple[list[tuple[str, dict]], list[str]]:
     """(label, SpeculativeConfig fields) of each proposer available for this target, and a note on
-    each one skipped."""
-    found = [("ngram", {"method": "ngram"}), ("draft pico", {"method": "draft", "draft_model": "pico"})]
-    notes = []
-    if "pico-distilled" in bundled_models():
-        found.append(("draft pico-distilled", {"method": "draft", "draft_model": "pico-distilled"}))
-    else:
-        notes.append("draft pico-distilled skipped: minillm/assets/models/pico-distilled does not exist "
-                     "(`python -m minillm train distill`)")
-    if (resolve_model_path(model) / HEADS_FILE).is_file():
+    each one skipped. Prompt lookup (ngram) fits every target; a draft only one with its tokenizer."""
+    path = resolve_model_path(model)
+    target = Tokenizer(path)
+    target_vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    found, notes = [("ngram", {"method": "ngram"})], []
+    for draft in ("pico", "pico-distilled"):
+        if draft not in bundled_models():
+            notes.append(f"draft {draft} skipped: minillm/assets/models/{draft} does not exist"
+                         + (" (`python -m minillm train distill`)" if draft == "pico-distilled" else ""))
+        elif why := draft_misfit(draft, target, target_vocab):
+            notes.append(f"draft {draft} skipped: {why}")
+        else:
+            found.append((f"draft {draft}", {"method": "draft", "draft_model": draft}))
+    if not any(label.startswith("draft") for label, _ in found):
+        notes.append(f"no bundled draft shares {model}'s tokenizer, so no draft runs here; the proposers that fit "
+                     f"it: {', '.join(label for label, _ in found)}")
+    if (path / HEADS_FILE).is_file():
         found.append(("heads", {"method": "heads"}))
     else:
-        notes.append(f"heads skipped: {model} has no {HEADS_FILE} (`python -m minillm train heads`)")
+        notes.append(f"heads skipped: {model} has no {HEADS_FILE} (`python -m minillm train heads --model {model}`)")
     return found, notes
 
 
@@ -200,8 +223,15 @@ def copied(outputs: list[list[int]], faithful: list[list[int]]) -> float:
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     model = model or "tiny"
     conditions = check_conditions()
-    s = QUICK if quick else FULL
+    big = quick and is_big(model)
+    s = QUICK_BIG if big else QUICK if quick else FULL
     found, notes = proposers(model)
+    if big:
+        notes.insert(0, f"--quick: {SMALLER_QUICK}: {s.prompts} prompts of {s.new_tokens} new tokens, k={s.ks}, "
+                        f"{s.batch} requests at once")
+    if model not in bundled_models():
+        notes.append(f"held out from the bundled models' training only: {model} was trained elsewhere, likely on "
+                     f"public code that includes these stdlib files")
     tokenizer, sources = Tokenizer(resolve_model_path(model)), heldout_sources()
     edits = edit_prompts(tokenizer, sources, s.batch, s.edit_body)
     prompts = {"code": code_prompts(tokenizer, sources, s.batch, s.code_tokens), "edit": [p for p, _ in edits]}
@@ -286,7 +316,8 @@ def report(results: dict, variants: dict[str, tuple[str, int]], faithful: list[l
     for w, what in (("edit", "the best proposer on the edit workload"),
                     ("code", "the heads or the distilled draft on code prompts, batch 1")):
         t = targets[w]
-        got = "not measured (neither ships)" if t["measured"] is None else f"{t['measured']:.2f}x ({t['by']})"
+        got = ("not measured (neither ships for this model)" if t["measured"] is None
+               else f"{t['measured']:.2f}x ({t['by']})")
         print(f"target >= {t['target']}x, {what}: {got}: {'met' if t['met'] else 'NOT met'}")
     figures = {"model": model, "settings": dataclasses.asdict(s), "notes": notes,
                "batch1_greedy": batch1, "batch1_temperature_1": hot, f"batch_{s.batch}": big,

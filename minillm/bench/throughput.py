@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.bench import print_table, progress, write_json
+from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.registry import SMOLLM_SHAPE
 from minillm.bench.workload import chat_workload
@@ -46,10 +46,14 @@ class Sweep:
     batch_sizes: tuple[int, ...]
     max_output: int      # output lengths are log-normal around median_output, capped here
     median_output: int
+    max_prompt: int = 320  # prompt lengths, log-normal from 8 tokens around median_prompt, capped here
+    median_prompt: int = 96
 
 
-PROMPTS = dict(max_prompt=320, median_prompt=96)  # prompt lengths, log-normal from 8 tokens, in every sweep
 QUICK = Sweep(requests=16, batch_sizes=(4, 8), max_output=48, median_output=16)
+# --quick on a big model: fewer requests, and prompts shorter than their outputs, so decode (what batching
+# speeds up) is most of the time rather than prefill
+QUICK_BIG = Sweep(requests=8, batch_sizes=(2, 4), max_output=32, median_output=16, max_prompt=64, median_prompt=16)
 FULL = Sweep(requests=64, batch_sizes=(4, 8, 16, 32), max_output=192, median_output=64)
 
 
@@ -101,9 +105,11 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
 def measure(model: str, label: str, quick: bool, json_path: str | None, conditions: dict) -> dict:
     """Continuous against static batching at every batch size of the sweep (the two interleaved,
     in alternating order, so drift hits both alike); transformers and sequential for reference."""
-    sweep = QUICK if quick else FULL
+    big = quick and is_big(model)
+    sweep = QUICK_BIG if big else QUICK if quick else FULL
     n, batches, max_output = sweep.requests, sweep.batch_sizes, sweep.max_output
-    workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output, **PROMPTS)
+    workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output,
+                            max_prompt=sweep.max_prompt, median_prompt=sweep.median_prompt)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
     rates, outputs, full_steps = {}, {}, []
     profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
@@ -140,14 +146,15 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"]} for b in batches]
     best = rates[f"continuous, batch {batches[-1]}"]
     reference = {k: v for k, v in rates.items() if not k.startswith(("continuous", "static"))}
-    figures = {"model": label, "requests": n, "batch_sizes": list(batches),
+    figures = {"model": label, "smaller_quick_workload": big, "requests": n, "batch_sizes": list(batches),
                "output_tokens": sum(r.output_len for r in workload), "tokens_per_s": rates, "sweep": ratios,
                "continuous_never_slower_than_static": all(r["continuous / static"] >= 1 for r in ratios),
                f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
                "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
                                                         for o in outputs.values())}
-    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-{PROMPTS['max_prompt']}, "
-          f"output 4-{max_output} tokens, log-normal, median {PROMPTS['median_prompt']} and {sweep.median_output})")
+    print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-{sweep.max_prompt}, "
+          f"output 4-{max_output} tokens, log-normal, median {sweep.median_prompt} and {sweep.median_output})"
+          + (f"; --quick: {SMALLER_QUICK}" if big else ""))
     print_table(ratios, "offline throughput: continuous vs static batching at each batch size")
     if full_steps:
         step = {k: statistics.median(t[k] for t in full_steps) for k in full_steps[0]}
