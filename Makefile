@@ -43,13 +43,14 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 # Two pytest-xdist workers on two cores, each on one torch thread (tests/conftest.py), so the two do not fight
-# over the cores. (Not --dist loadgroup: pytest 9 ignores the group xdist 3.8 writes into each test's id.)
+# over the cores. --dist worksteal: an idle worker takes tests queued on the busy one (with the default `load`,
+# one worker ran the last 6 minutes alone). (Not loadgroup: pytest 9 ignores the group xdist 3.8 writes.)
 test: lint
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 FAST := not (slow or subprocess or notebook or browser or gpu)
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "$(FAST)" tests --ignore=tests/labs --ignore=tests/app
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "$(FAST)" tests --ignore=tests/labs --ignore=tests/app
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab labs/

@@ -19,6 +19,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
 
 
+def _give_memory_back() -> None:
+    gc.collect()
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _memory_back_after_each_module():
     """After each test module: free its engines, servers and models now, and give the pages back.
@@ -27,9 +33,15 @@ def _memory_back_after_each_module():
     for reuse instead of returning them: a worker's memory then only grows, module after module, until the
     two workers together pass 8 GB. gc.collect() frees the cycles and malloc_trim(0) hands the pages back."""
     yield
-    gc.collect()
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
+    _give_memory_back()
+
+
+@pytest.fixture(autouse=True)
+def _memory_back_after_each_slow_test(request):
+    """The same after each slow test (a real model, a benchmark, a notebook): a module of them holds GBs."""
+    yield
+    if request.node.get_closest_marker("slow"):
+        _give_memory_back()
 
 
 @pytest.fixture(scope="session")

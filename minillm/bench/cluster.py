@@ -20,6 +20,7 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
 from minillm.distributed.disagg_measure import measure_disaggregation
 from minillm.distributed.measure import measure_tp_communication
+from minillm.distributed.tp_model import tp_sizes
 from minillm.engine.engine import LLMEngine
 from minillm.perf import PROFILES, kv_bytes_per_token, model_shape
 from minillm.router.measure import measure_routing
@@ -171,17 +172,20 @@ def autoscaling(profile: StepProfile, quick: bool, bar) -> list[dict]:
     return rows
 
 
-def tensor_parallel(model: str, quick: bool) -> dict:
-    """TP=2 on gloo against TP=1: the all-reduce traffic per token measured and by formula, its time, tokens/s."""
-    tp = measure_tp_communication(model, tp=2, tokens=(8 if is_big(model) else 16) if quick else 64)
+def tensor_parallel(model: str, model_config, quick: bool) -> dict:
+    """TP on gloo against TP=1, at the smallest size > 1 that splits the model (2, or 3 for SmolLM2's 9 heads):
+    the all-reduce traffic per token measured and by formula, its time, tokens/s."""
+    size = next(n for n in tp_sizes(model_config) + [2] if n > 1)  # [2]: a model TP cannot split refuses by name
+    tp = measure_tp_communication(model, tp=size, tokens=(8 if is_big(model) else 16) if quick else 64)
     rows = [{"figure": "bytes all-reduced per token", "measured": tp["bytes_per_token_measured"],
              "formula": tp["bytes_per_token_formula"]},
             {"figure": "ring bytes sent per rank per token", "measured": "-",
              "formula": tp["ring_bytes_per_rank_per_token"]},
             {"figure": "all-reduce ms per step", "measured": tp["allreduce_seconds_per_step"] * 1e3, "formula": "-"},
-            {"figure": "output tokens/s, TP=1 -> TP=2", "measured": f"{tp['tokens_per_s_tp1']:.1f} -> "
-                                                                   f"{tp['tokens_per_s_tp2']:.1f}", "formula": "-"}]
-    title = (f"{model}, 2 ranks, {tp['allreduce_calls']} all-reduces over {tp['steps']} steps; greedy tokens equal "
+            {"figure": f"output tokens/s, TP=1 -> TP={size}", "measured": f"{tp['tokens_per_s_tp1']:.1f} -> "
+                                                                         f"{tp[f'tokens_per_s_tp{size}']:.1f}",
+             "formula": "-"}]
+    title = (f"{model}, {size} ranks, {tp['allreduce_calls']} all-reduces over {tp['steps']} steps; greedy tokens equal "
              f"to TP=1: {tp['greedy_tokens_equal']} (2 x layers x hidden x 4 bytes per token; on one 2-core CPU the "
              f"ranks share the cores, so TP cannot be faster here)")
     return {"rows": rows, "title": title, **tp}
@@ -215,7 +219,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         disagg = measure_disaggregation(model, quick=quick)
         bar.update()
         bar.set_description("cluster: tensor parallelism")
-        tp = tensor_parallel(model, quick)
+        tp = tensor_parallel(model, engine.model_config, quick)
         bar.update()
         bar.set_description("cluster: capacity plan")
         slo = SLO

@@ -22,6 +22,7 @@ from minillm import LLM
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.decode import minillm_decode
+from minillm.config import EngineConfig
 from minillm.models.registry import resolve_model_path
 from minillm.quant import QuantConfig, linear_weight_bytes
 from minillm.quant.cancellation import MAX_EXHAUSTIVE_UNITS, Search, paired_difference, search
@@ -79,8 +80,9 @@ def configs(specs, config, notes: list[str]) -> list[QuantConfig]:
 def decode_speeds(model_dir: str, schemes: list[QuantConfig], prompt: list[int], s: Settings, bar) -> dict:
     """Greedy decode tokens/s at batch 1 of the full model and each scheme, interleaved repetitions
     in rotating order. -> label -> (rates per repetition, the greedy tokens)."""
-    llms = {"full": LLM(model_dir, dtype="float32", device="cpu")}
-    llms.update({c.label(): LLM(model_dir, dtype="float32", device="cpu", quantization=c) for c in schemes})
+    tokens = len(prompt) + max(s.new_tokens, 4)
+    llms = {"full": batch_one(model_dir, tokens)}
+    llms.update({c.label(): batch_one(model_dir, tokens, quantization=c) for c in schemes})
     for llm in llms.values():
         minillm_decode(llm, prompt, 4)  # warm-up
     names, out = list(llms), {name: ([], []) for name in llms}
@@ -92,6 +94,14 @@ def decode_speeds(model_dir: str, schemes: list[QuantConfig], prompt: list[int],
             out[name][1][:] = tokens
             bar.update()
     return out
+
+
+def batch_one(model_dir: str, tokens: int, **config) -> LLM:
+    """A float32 CPU engine for one sequence of at most `tokens` tokens, its KV pool sized to just that: the
+    default pool (256 MiB) in each of the engines side by side would be most of the run's memory."""
+    block = EngineConfig.block_size
+    return LLM(model_dir, dtype="float32", device="cpu", max_num_seqs=1, num_kv_blocks=-(-tokens // block) + 1,
+               **config)
 
 
 def stderr(values) -> float:
@@ -117,7 +127,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         notes.append(f"--quick: {SMALLER_QUICK}: {s.windows} windows of {s.window_tokens} tokens, growing sets in "
                      f"the two sensitivity orders only")
     windows = heldout_windows(path, s.windows, s.window_tokens)  # [windows, tokens + 1]
-    full = LLM(str(path), dtype="float32", device="cpu").model
+    full = batch_one(str(path), s.window_tokens + 1).model
     specs = [("int8", 0), *(("int4", g) for g in s.group_sizes), *([("fp8", 0)] if s.fp8 else [])]
     schemes = configs(specs, full.config, notes)
     searched = configs(s.searched, full.config, notes)
@@ -134,6 +144,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
             bar.set_description(f"quant: {c.label()} quality")
             quantized = quantized_copy(full, c)
             table[c.label()] = (reference.compare(quantized), linear_weight_bytes(quantized))
+            del quantized  # before the next copy is made
             bar.update()
         speeds = decode_speeds(str(path), schemes, windows[0, :s.prompt_tokens].tolist(), s, bar)
         studies = []

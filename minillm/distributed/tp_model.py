@@ -30,16 +30,21 @@ from minillm.models.config import ModelConfig
 SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
+def tp_sizes(cfg: ModelConfig) -> list[int]:
+    """The tensor-parallel sizes this model splits into: those dividing its heads, kv heads and MLP width."""
+    return [n for n in range(1, math.gcd(*(getattr(cfg, f) for f in SPLIT_FIELDS)) + 1)
+            if all(getattr(cfg, f) % n == 0 for f in SPLIT_FIELDS)]
+
+
 def tp_config(cfg: ModelConfig, world: int) -> ModelConfig:
     """The config one rank's shard has: heads, kv heads and MLP width divided by `world`
     (head_dim and hidden_size unchanged). Refuses a world size that does not divide them."""
     for name in SPLIT_FIELDS:
         value = getattr(cfg, name)
         if value % world:
-            sizes = [n for n in range(1, math.gcd(*(getattr(cfg, f) for f in SPLIT_FIELDS)) + 1)
-                     if all(getattr(cfg, f) % n == 0 for f in SPLIT_FIELDS)]
             raise ValueError(f"tensor_parallel_size {world} does not divide the model's {name} ({value}): each "
-                             f"rank holds 1/{world} of them. This model accepts tensor_parallel_size in {sizes}")
+                             f"rank holds 1/{world} of them. This model accepts tensor_parallel_size in "
+                             f"{tp_sizes(cfg)}")
     return dataclasses.replace(cfg, **{name: getattr(cfg, name) // world for name in SPLIT_FIELDS})
 
 
