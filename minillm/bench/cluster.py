@@ -186,8 +186,8 @@ def tensor_parallel(model: str, model_config, quick: bool) -> dict:
                                                                          f"{tp[f'tokens_per_s_tp{size}']:.1f}",
              "formula": "-"}]
     title = (f"{model}, {size} ranks, {tp['allreduce_calls']} all-reduces over {tp['steps']} steps; greedy tokens "
-             f"equal to TP=1: {tp['greedy_tokens_equal']} (2 x layers x hidden x 4 bytes per token; on one 2-core CPU the "
-             f"ranks share the cores, so TP cannot be faster here)")
+             f"equal to TP=1: {tp['greedy_tokens_equal']} (2 x layers x hidden x 4 bytes per token; on one 2-core CPU "
+             f"the ranks share the cores, so TP cannot be faster here)")
     return {"rows": rows, "title": title, **tp}
 
 
