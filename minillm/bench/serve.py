@@ -12,6 +12,7 @@ Against any other server (--base-url, e.g. vLLM or SGLang): the table at --rate 
 --max-concurrency, and the sweep with --sweep.
 """
 import asyncio
+import gc
 import json
 import math
 import tempfile
@@ -46,10 +47,14 @@ def load(base_url: str, items, model: str, **options) -> LoadResult:
     return asyncio.run(run_load(base_url, items, model=model, ignore_eos=True, **options))
 
 
-def in_process_server(model: str, scheduler: str):
+def in_process_server(model: str, scheduler: str, weights=None):
+    """A server on its own engine, with `scheduler`; weights: an engine's loaded model to share (read-only:
+    a forward keeps no state in it), so side-by-side servers of a big model do not each hold a copy."""
     from minillm.async_llm import AsyncLLM
+    from minillm.config import EngineConfig
+    from minillm.engine.engine import LLMEngine
     from minillm.serve.server import serve_in_thread
-    return serve_in_thread(AsyncLLM(model, scheduler=scheduler))
+    return serve_in_thread(AsyncLLM.from_engine(LLMEngine(EngineConfig(model=model, scheduler=scheduler), weights)))
 
 
 def offline_batch(model: str, items) -> dict:
@@ -112,12 +117,14 @@ def remote(base_url: str, model: str, shape: dict, rate: float, max_concurrency:
     return out
 
 
-def compare_schedulers(model: str, items, rate: float, slo: dict, seed: int) -> dict:
-    """The same seeded arrivals against one fresh server per scheduler."""
+def compare_schedulers(model: str, items, rate: float, slo: dict, seed: int, weights=None) -> dict:
+    """The same seeded arrivals against one fresh server per scheduler (its own engine and KV pool; the
+    weights shared)."""
     out = {}
     for scheduler in SCHEDULERS:
-        with in_process_server(model, scheduler) as server:
+        with in_process_server(model, scheduler, weights) as server:
             result = load(server.base_url, items, model, rate=rate, seed=seed, desc=f"serve: {scheduler}")
+        gc.collect()  # the stopped server's engine and KV pool, now rather than when the collector next runs
         out[scheduler] = {**summarize(result.records, result.duration, slo),
                           "records": [asdict(r) for r in result.records]}
     return out
@@ -147,7 +154,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         print(f"offline batch: {batch['output_throughput']:.1f} output tokens/s = capacity {capacity:.2f} req/s; "
               f"SLO: TTFT <= {slo['ttft'] * 1e3:.0f} ms, TPOT <= {slo['tpot'] * 1e3:.0f} ms")
         rate = rate or round(COMPARE_LOAD * capacity, 2)
-        schedulers = compare_schedulers(model, items, rate, slo, seed)
+        schedulers = compare_schedulers(model, items, rate, slo, seed, server.llm.engine.model)
         points = rate_sweep(server.base_url, model, rates, slo, shape, seed, tokenizer_model=model)
     standard_table(schedulers, f"the same Poisson arrivals at {rate} req/s ({rate / capacity:.2f} x capacity)")
     cont, ratios = schedulers["continuous"], {}
