@@ -11,7 +11,7 @@ import torch
 from minillm.bench.registry import BENCHMARKS
 from minillm.models import registry
 
-pytestmark = pytest.mark.slow  # the real model, in every benchmark that runs one
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]  # the real model, in every benchmark that runs one
 
 NAME = "smollm2-135m-instruct"
 if registry.packaged_gguf(NAME) is None:

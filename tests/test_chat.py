@@ -11,6 +11,8 @@ from minillm import LLM, SamplingParams
 from minillm.chat_template import DEFAULT_TEMPLATE
 from minillm.models import registry
 
+pytestmark = pytest.mark.real_model  # its module fixture holds the real model
+
 NAME = "smollm2-135m-instruct"
 GGUF_FILE = registry.packaged_gguf(NAME)
 GREEDY = SamplingParams(max_tokens=48, temperature=0)

@@ -7,7 +7,7 @@ import torch
 
 from minillm.models import registry
 
-pytestmark = pytest.mark.slow  # the real model, loaded twice (minillm and transformers)
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]  # loaded twice (minillm and transformers)
 
 NAME = "smollm2-135m-instruct"
 GGUF_FILE = registry.packaged_gguf(NAME)

@@ -11,7 +11,7 @@ from minillm import AsyncLLM
 from minillm.models import registry
 from minillm.serve import serve_in_thread
 
-pytestmark = pytest.mark.slow  # the real model
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 NAME = "smollm2-135m-instruct"
 if registry.packaged_gguf(NAME) is None:

@@ -1,5 +1,7 @@
 """Inputs and reference models shared by the graded tests (and so by check() in notebooks)."""
+import atexit
 import contextlib
+import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -32,6 +34,7 @@ def checkpoint(kind: str = "llama", seed: int = 0, **overrides) -> tuple[Path, t
     from minillm.testing import make_hf_model
     logging.disable_progress_bar()
     folder = Path(tempfile.mkdtemp(prefix=f"minillm-lab-{kind}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # a notebook's kernel or pytest leaves none behind
     return folder, make_hf_model(folder, kind, seed=seed, **overrides)
 
 

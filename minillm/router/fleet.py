@@ -10,9 +10,11 @@ process outlives the fleet. `route_in_thread` alone puts a router in front of se
 `app_in_thread` serves any ASGI app (the router, a test's fake replica) in a thread.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -40,6 +42,7 @@ class Fleet:
     urls: list[str]
     router: ThreadedApp | None = None
     logs: list[str] = field(default_factory=list)  # each replica's log file
+    log_folder: str | None = None  # the logs' folder when the fleet made it (stop() removes it)
 
     @classmethod
     def start(cls, replicas: int = 2, model: str | None = None, policy: str = "prefix_aware", port: int = 0,
@@ -50,10 +53,11 @@ class Fleet:
         if replicas < 1:
             raise ValueError(f"a fleet needs at least 1 replica, got {replicas}")
         ports = [free_port() for _ in range(replicas)]
-        log_dir = log_dir or os.environ.get("TMPDIR", "/tmp")
+        owned_logs = log_dir is None  # a folder of its own, removed by stop() (errors quote the logs' tails)
+        log_dir = log_dir or tempfile.mkdtemp(prefix="minillm-fleet-")
         # replicas on one machine share its cores: each gets its share of threads, not all of them
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas)), **os.environ}
-        fleet = cls([], [f"http://127.0.0.1:{p}" for p in ports])
+        fleet = cls([], [f"http://127.0.0.1:{p}" for p in ports], log_folder=log_dir if owned_logs else None)
         try:
             for p in ports:
                 fleet.logs.append(os.path.join(log_dir, f"minillm-replica-{p}.log"))
@@ -115,6 +119,8 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)
+        if self.log_folder is not None:
+            shutil.rmtree(self.log_folder, ignore_errors=True)
 
     def __enter__(self) -> "Fleet":
         return self
