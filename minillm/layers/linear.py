@@ -48,9 +48,9 @@ class Linear(nn.Linear):
 
     def _packed_weight(self) -> torch.Tensor:
         w = self.weight
+        version = 0 if w.is_inference() else w._version  # a weight made in inference mode has no version count
         packed = self._packed
-        if packed is None or packed[1] != w.data_ptr() or packed[2] != w._version:
-            # Packed for 16 rows, oneDNN's choice of blocking; the packed weight serves any row count.
-            self._packed = packed = (torch.ops.mkldnn._reorder_linear_weight(w.detach(), 16), w.data_ptr(),
-                                     w._version)
+        if packed is None or packed[1] != w.data_ptr() or packed[2] != version:
+            # Blocked as oneDNN chooses for 16 rows; the packed weight serves any row count.
+            self._packed = packed = (torch.ops.mkldnn._reorder_linear_weight(w.detach(), 16), w.data_ptr(), version)
         return packed[0]
