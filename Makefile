@@ -67,9 +67,10 @@ bench: $(STAMP)
 	for b in $$($(PY) -m minillm.bench --list); do $(PY) -m minillm.bench $$b --quick || exit 1; done
 
 # llama.cpp, the CPU user's alternative, beside minillm in `bench decode` and `bench quant` (bench/anchors.py).
-# pip compiles it: minutes on two cores, once per machine. For the vector units every x86-64 machine of this
-# course has (AVX2, FMA, F16C; AVX-512 where /proc/cpuinfo lists it), not -march=native: that also turns on
-# AMX, whose tiles a virtual machine need not grant, and a native build gave NaN logits and crashes here.
+# pip compiles it: minutes on two cores, once per machine. Built for the vector units torch's CPU kernels use too
+# (AVX2, FMA, F16C; AVX-512 where /proc/cpuinfo lists it), not -march=native, which adds AMX matrix kernels on
+# recent Xeons: the comparison stays one of two programs on the same units. 0.3.16: version 0.3.36 crashed in
+# llama_decode here.
 LLAMA_CPP ?= llama-cpp-python==0.3.16
 AVX512 = $(shell grep -qs avx512f /proc/cpuinfo && echo ON || echo OFF)
 anchors: $(STAMP)

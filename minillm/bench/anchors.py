@@ -94,12 +94,19 @@ class LlamaCpp:
         llm.eval(prompt)
         tokens, start = [], None
         for i in range(new):
-            tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            tokens.append(int(np.argmax(self.last_logits())))
             if i == 0:
                 start = time.perf_counter()  # like minillm's TPOT: the time after the first token
             if i < new - 1:
                 llm.eval([tokens[-1]])
         return (new - 1) / (time.perf_counter() - start), tokens
+
+    def last_logits(self) -> np.ndarray:
+        """The logits after the last token evaluated: [vocab] (a view of llama.cpp's buffer). The binding
+        keeps its own copy (`scores`) only when built to keep every position's logits."""
+        import llama_cpp
+        pointer = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(pointer, shape=(self.llm.n_vocab(),))
 
     def close(self) -> None:
         self.llm.close()
