@@ -4,7 +4,8 @@ Each `python -m minillm.bench NAME --json docs/benchmarks/NAME.json` run leaves 
 machine, torch version, threads and load beside its figures. This file renders them, two ways:
 
 * as an MkDocs hook (mkdocs.yml `hooks:`): at every build the marker `<!-- benchmark records -->` in
-  docs/benchmarks/index.md becomes one section per record (the run's conditions, its headline, its tables);
+  docs/benchmarks/index.md becomes one section per record (the run's conditions, its headline, its tables),
+  and `<!-- record NAME.json FIELD -->` on any page becomes that field's tables under the run's conditions;
 * as a command: `python docs/render_benchmarks.py` rewrites the README's headline table between
   `<!-- benchmarks:begin -->` and `<!-- benchmarks:end -->`; `--check` only says whether it is current
   (`make test` runs it), so a refreshed record cannot leave a stale figure in the README.
@@ -13,6 +14,7 @@ A headline is one sentence a benchmark's record fills in (HEADLINES); a record w
 its headline fails the build, naming the record and the missing field.
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs" / "benchmarks"
 README = ROOT / "README.md"
 MARKER = "<!-- benchmark records -->"
+EXCERPT = re.compile(r"<!-- record (\S+\.json) (\S+) -->")
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 RUN_FIELDS = ("benchmark", "command", "date", "machine", "torch", "conditions")
 
@@ -63,6 +66,10 @@ HEADLINES = {
                           + ", ".join(f"{n} tokens {t * 1e3:.1f} ms more" for n, t in r["profile"]["token_curve"]
                                       if n in (2, 128, 1024))
                           + f"; a step keeps {r['profile']['persistence']:.2f} of the last one's pace"),
+    "cluster": lambda r: ("the simulator against real runs: throughput off by " + ", ".join(
+        row["error"] for row in r["validation"] if row["figure"] == "output tok/s")
+        + f", the worst latency percentile by {r['validation_worst_error']:.0%}; simulated fleet prefix hits "
+        + ", ".join(f"{row['prefix hits']} {row['router']}" for row in r["routing"])),
     "agents": lambda r: (f"a {r['variants']['recompute']['pool_blocks']}-block pool holds "
                          f"{r['sessions_held_small_pool']:.1f} waiting sessions alone, "
                          f"{r['sessions_held_small_pool_plus_tier']:.1f} with the offload tier"),
@@ -199,8 +206,21 @@ def readme_with_table(readme: str, rendered: str) -> str:
     return f"{head}{BEGIN}\n{rendered}\n{END}{tail}"
 
 
+def render_excerpt(name: str, field: str, source: str) -> str:
+    """One field of one record, for a page outside benchmarks/ (source: the page, for the error)."""
+    path = RECORDS / name
+    if not path.is_file():
+        raise ValueError(f"{source} quotes docs/benchmarks/{name}, which does not exist")
+    record = json.loads(path.read_text())
+    if field not in record:
+        raise ValueError(f"{source} quotes the field {field!r} of {name}, which has no such field")
+    return "\n\n".join([run_line(record), *tables({field: record[field]})])
+
+
 # -- the MkDocs hook --------------------------------------------------------------------------------------
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    source = f"docs/{page.file.src_uri}"
+    markdown = EXCERPT.sub(lambda m: render_excerpt(m.group(1), m.group(2), source), markdown)
     if page.file.src_uri != "benchmarks/index.md":
         return markdown
     if MARKER not in markdown:
