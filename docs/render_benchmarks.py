@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # minillm from this checkout, whether run as a script or loaded by mkdocs as a hook
+    sys.path.insert(0, str(ROOT))
 RECORDS = ROOT / "docs" / "benchmarks"
 README = ROOT / "README.md"
 MARKER = "<!-- benchmark records -->"
@@ -247,5 +249,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))  # minillm from this checkout, as the hook sees it from the repository root
     sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""The README and the docs stay true to the repository: short, every relative link landing on a file (and on a
+heading, where it names one), and every benchmark figure rendered from a committed record.
+
+`make test` also builds the site with `mkdocs build --strict`, which checks the links inside docs/; these tests
+cover the README, which MkDocs does not read, and the records the pages are rendered from.
+"""
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from minillm.bench import command_line, run_record
+from minillm.bench.registry import BENCHMARKS
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+
+
+def renderer():
+    """docs/render_benchmarks.py, the MkDocs hook, as a module (docs/ is no package)."""
+    spec = importlib.util.spec_from_file_location("render_benchmarks", ROOT / "docs" / "render_benchmarks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def anchors(page: Path) -> set[str]:
+    """The heading ids of a page as MkDocs builds it (the records rendered in where its marker stands), slugged
+    as the toc extension does: lower case, punctuation dropped, spaces to hyphens."""
+    text = page.read_text()
+    render = renderer()
+    if render.MARKER in text:
+        text = text.replace(render.MARKER, render.render_page(render.load_records()))
+    headings = re.findall(r"^#{1,6} (.+)$", text, re.M)
+    return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h).strip().lower()) for h in headings}
+
+
+def test_the_readme_stays_within_200_lines_and_shows_a_picture():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; keep it to 200 and move the rest into docs/"
+    pictures = [target for target in LINK.findall(README.read_text()) if target.endswith(".png")]
+    assert pictures and all((ROOT / p).is_file() for p in pictures), f"the README's pictures: {pictures}"
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_lands_on_a_file_and_heading(page):
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue  # a URL (http:, mailto:), or an anchor on the same page
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve()
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: {file.relative_to(ROOT)} has no heading #{anchor}")
+    assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+def test_the_readme_benchmark_table_is_the_records():
+    assert renderer().main(["--check"]) == 0, "run `python docs/render_benchmarks.py`"
+
+
+def test_every_benchmark_has_a_record_and_every_record_its_run_and_headline():
+    render = renderer()
+    records = render.load_records()  # raises, naming the file, on a record without its run's fields
+    assert {r["benchmark"] for _, r in records} == set(BENCHMARKS), "one record per benchmark in docs/benchmarks/"
+    for name, record in records:
+        assert render.headline(record, name), f"{name} has no headline in docs/render_benchmarks.py HEADLINES"
+        assert record["command"].startswith(f"python -m minillm.bench {record['benchmark']}"), name
+
+
+def test_a_record_names_the_command_as_typed_and_the_run_it_made():
+    main = str(ROOT / "minillm" / "bench" / "__main__.py")
+    assert command_line([main, "prefix", "--quick", "--json", "a b.json"]) == \
+        "python -m minillm.bench prefix --quick --json 'a b.json'"
+    assert command_line(["/usr/bin/pytest", "-k", "x"]) == "/usr/bin/pytest -k x"
+    conditions = {"torch_threads": 1, "cpus": 2, "load_avg_1min": 0.5, "busy": False}
+    record = run_record("prefix", conditions)
+    assert record["conditions"] == conditions and record["benchmark"] == "prefix"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", record["date"])
+    assert record["torch"] in record["machine"]
+    json.dumps(record)  # what write_json stores must serialize
+
+
+def test_a_record_quoted_on_a_page_is_rendered_there():
+    render = renderer()
+    text = render.EXCERPT.sub(lambda m: render.render_excerpt(m.group(1), m.group(2), "scaling.md"),
+                              (ROOT / "docs" / "scaling.md").read_text())
+    record = json.loads((ROOT / "docs" / "benchmarks" / "cluster.json").read_text())
+    assert record["command"] in text and "| load | figure |" in text
+    with pytest.raises(ValueError, match="no such field"):
+        render.render_excerpt("cluster.json", "no_such_field", "a page")
