@@ -60,11 +60,13 @@ docs-build: $(STAMP)
 docs: $(STAMP)
 	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
 
-# The real-browser test saves each page's screenshot where MINILLM_SCREENSHOTS says; they are then cut, scaled and
-# reduced to a palette for committing. Commit them only when a page changed, so git does not fill with binaries.
+# The real-browser test saves each page's screenshot where MINILLM_SCREENSHOTS says (the chat's on the real model,
+# every other page's on tiny); they are then cut, scaled and reduced to a palette for committing. Commit them only when a page changed, so git does not fill with binaries.
 screenshots: $(STAMP)
 	rm -rf runs/screenshots
 	MINILLM_SCREENSHOTS=runs/screenshots $(PY) -m pytest -q -m browser tests/app/test_browser.py
+	MINILLM_SCREENSHOTS=runs/screenshots/smollm2 MINILLM_APP_MODEL=smollm2-135m-instruct \
+		$(PY) -m pytest -q -m browser tests/app/test_browser.py -k chat
 	$(PY) docs/shrink_screenshots.py runs/screenshots docs/images/app
 
 FAST := not (slow or subprocess or notebook or browser or gpu)

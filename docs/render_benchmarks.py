@@ -165,15 +165,19 @@ def run_line(record: dict) -> str:
     load = c.get("load_avg_1min")
     busy = " (busy: compare ratios, not absolute speeds)" if c.get("busy") else ""
     when = record["date"].replace("T", " ")[:16] + " UTC"
-    return (f"`{record['command']}`  \n{when} · {record['machine']} (torch {record['torch']}) · load average "
+    torch = "" if record["torch"] in record["machine"] else f" (torch {record['torch']})"
+    return (f"`{record['command']}`  \n{when} · {record['machine']}{torch} · load average "
             f"{'unknown' if load is None else load} on {c['cpus']} CPUs{busy}")
 
 
 def section(name: str, record: dict) -> str:
     """One record's section of the benchmarks page: its heading (anchor: the file's stem), the run, the
     headline, the link to the raw record, and its tables."""
+    from minillm.bench.registry import BENCHMARKS
     stem = name.removesuffix(".json")
-    parts = [f"## {stem}", run_line(record)]
+    bench = BENCHMARKS.get(record["benchmark"])
+    parts = [f"## {stem}", *([f"*{bench.description[0].upper()}{bench.description[1:]}.*"] if bench else []),
+             run_line(record)]
     summary = headline(record, name)
     if summary:
         parts.append(f"**{summary}.**")
