@@ -10,8 +10,8 @@ machine, torch version, threads and load beside its figures. This file renders t
   `<!-- benchmarks:begin -->` and `<!-- benchmarks:end -->`; `--check` only says whether it is current
   (`make test` runs it), so a refreshed record cannot leave a stale figure in the README.
 
-A headline is one sentence a benchmark's record fills in (HEADLINES); a record whose shape no longer fits
-its headline fails the build, naming the record and the missing field.
+Beside it: docs/benchmark_headlines.py (each benchmark's sentence of figures) and docs/benchmark_tables.py (a
+record's figures as tables, whatever their shape).
 """
 import json
 import re
@@ -19,78 +19,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # minillm from this checkout, whether run as a script or loaded by mkdocs as a hook
-    sys.path.insert(0, str(ROOT))
+for folder in (ROOT, ROOT / "docs"):  # minillm from this checkout and the modules beside this one, whether it
+    if str(folder) not in sys.path:  # runs as a script or mkdocs loads it as a hook
+        sys.path.insert(0, str(folder))
+
+from benchmark_headlines import headline  # noqa: E402
+from benchmark_tables import tables  # noqa: E402
+
 RECORDS = ROOT / "docs" / "benchmarks"
 README = ROOT / "README.md"
 MARKER = "<!-- benchmark records -->"
 EXCERPT = re.compile(r"<!-- record (\S+\.json) (\S+) -->")
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 RUN_FIELDS = ("benchmark", "command", "date", "machine", "torch", "conditions")
-
-
-def _x(value: float) -> str:
-    return f"{value:.2f}x"
-
-
-def _pct(value: float) -> str:
-    return f"{value:.1%}"
-
-
-# benchmark -> the one sentence its record fills in; the README's table and each section's summary
-HEADLINES = {
-    "decode": lambda r: (f"single-stream decode at {_pct(r['minillm_vs_bare_loop'])} of the bare loop of its matrix "
-                         f"products and {_x(r['minillm_vs_transformers'])} transformers; the KV cache "
-                         f"{_x(r['per_context'][-1]['speedup'])} faster than recompute at "
-                         f"{r['per_context'][-1]['context']} tokens of context"),
-    "memory": lambda r: (f"KV memory wasted: {_pct(r['contiguous, max_model_len']['waste'])} contiguous at max "
-                         f"length, {_pct(r['paged, block 16']['waste'])} paged (block 16); "
-                         f"{r['paged, block 16']['concurrency'] / r['contiguous, max_model_len']['concurrency']:.1f}x "
-                         f"the requests at once"),
-    "prefix": lambda r: (f"median TTFT {_x(r['ttft_speedup'])} lower with prefix caching "
-                         f"({r['ttft_ms_off']:.1f} → {r['ttft_ms_on']:.1f} ms), {_pct(r['hit_rate'])} hit rate"),
-    "chunked": lambda r: (f"p99 inter-token latency {_x(r['p99_itl_ratio'])} lower with chunked prefill, at "
-                          f"{_x(r['throughput_ratio'])} the throughput"),
-    "spec": lambda r: ("batch 1, greedy: " + "; ".join(
-        f"{b['proposer']} {_x(b['speedup'])} on {workload} (k = {b['k']}, alpha {b['alpha']:.2f})"
-        for workload, b in r["best_batch1"].items())),
-    "throughput": lambda r: ("continuous batching " + ", ".join(
-        f"{_x(row['continuous / static'])} static at batch {row['batch']}" for row in r["sweep"])
-        + f"; {_x(next(iter(r['continuous_batch_8_vs'].values())))} transformers"),
-    "serve": lambda r: (f"continuous batching {_x(r['ratios']['goodput_continuous_over_static'])} the goodput of "
-                        f"static and {_x(r['ratios']['goodput_continuous_over_sequential'])} sequential on the same "
-                        f"arrivals; offline batch {_x(r['cost']['batch_cheaper_x'])} cheaper per token than online"),
-    "quant": lambda r: ("; ".join(f"{row['scheme']}: {row['of fp32']} the bytes of fp32, perplexity "
-                                  f"{row['perplexity']}, decode {row['vs full']}"
-                                  for row in r["schemes"] if row["scheme"] != "full")
-                        + f" (full: perplexity {r['schemes'][0]['perplexity']})"),
-    "profile": lambda r: (f"a step of one token {r['profile']['fixed'] * 1e3:.1f} ms, "
-                          + ", ".join(f"{n} tokens {t * 1e3:.1f} ms more" for n, t in r["profile"]["token_curve"]
-                                      if n in (2, 128, 1024))
-                          + f"; a step keeps {r['profile']['persistence']:.2f} of the last one's pace"),
-    "cluster": lambda r: ("the simulator against real runs: throughput off by " + ", ".join(
-        row["error"] for row in r["validation"] if row["figure"] == "output tok/s")
-        + f", the worst latency percentile by {r['validation_worst_error']:.0%}; simulated fleet prefix hits "
-        + ", ".join(f"{row['prefix hits']} {row['router']}" for row in r["routing"])),
-    "agents": lambda r: (f"a {r['variants']['recompute']['pool_blocks']}-block pool holds "
-                         f"{r['sessions_held_small_pool']:.1f} waiting sessions alone, "
-                         f"{r['sessions_held_small_pool_plus_tier']:.1f} with the offload tier"),
-    "kernels": lambda r: (f"{sum(row['ok'] for row in r['smoke'])} of {len(r['smoke'])} kernels match their "
-                          f"PyTorch spec on {r['device']}" + (" (correctness only: speed needs a GPU)"
-                                                              if r["device"] == "cpu" else "")),
-}
-
-
-def headline(record: dict, source: str) -> str:
-    """The record's headline sentence, or '' for a benchmark without one."""
-    make = HEADLINES.get(record["benchmark"])
-    if make is None:
-        return ""
-    try:
-        return make(record)
-    except (KeyError, IndexError, TypeError) as e:
-        raise ValueError(f"{source}: the {record['benchmark']} record has no field {e} that its headline in "
-                         f"docs/render_benchmarks.py reads; update HEADLINES or the record") from None
 
 
 def load_records(folder: Path = RECORDS) -> list[tuple[str, dict]]:
@@ -106,101 +47,6 @@ def load_records(folder: Path = RECORDS) -> list[tuple[str, dict]]:
                              f"with --json; minillm/bench/__init__.py writes them)")
         out.append((path.name, record))
     return sorted(out, key=lambda item: (order.get(item[1]["benchmark"], len(order)), item[0]))
-
-
-def cell(value) -> str:
-    """One table cell: floats to 4 significant digits (whole ones in full), long lists summarised, pipes escaped."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return f"{int(value):,}"  # a count or a byte total measured as a float: every digit
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list):
-        text = json.dumps(value, default=str)
-        if len(text) > 80:
-            return f"{len(value)} values"
-        return text.replace("|", "\\|")
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-LONG_LIST = 24  # rows of a list of records beyond which the page points to the record instead
-WIDE = 8  # fields of a family of results beyond which they are shown one field a row (else one result a row)
-
-
-def is_scalar(value) -> bool:
-    return not isinstance(value, dict) and not (isinstance(value, list) and value and isinstance(value[0], dict))
-
-
-def is_flat(value) -> bool:
-    """A dict of scalars: one result's fields (a variant's waste and concurrency, a run's percentiles)."""
-    return isinstance(value, dict) and bool(value) and all(map(is_scalar, value.values()))
-
-
-def titled(label: str, body: str) -> str:
-    return f"**{label}**\n\n{body}" if label else body
-
-
-def family(label: str, members: dict[str, dict]) -> str:
-    """Results side by side: their scalar fields as rows (many fields) or as columns (few)."""
-    fields = list(dict.fromkeys(k for row in members.values() for k, v in row.items() if is_scalar(v)))
-    if len(fields) > WIDE:
-        return titled(label, table(["figure", *members], [[f, *[row.get(f, "") for row in members.values()]]
-                                                          for f in fields]))
-    rows = [[key, *[row.get(f, "") for f in fields]] for key, row in members.items()]
-    return titled(label, table(["", *fields], rows))
-
-
-def tables(figures: dict, title: str = "") -> list[str]:
-    """The figures as Markdown tables: the scalars in one (figure | value); sibling results with the same fields,
-    or a dict of results, side by side; a list of rows as a table (long ones, and raw traces, are left to the
-    record); deeper nesting recurses under a bold title."""
-    out = []
-    scalars = [[name, value] for name, value in figures.items() if is_scalar(value)]
-    if scalars:
-        out.append(titled(title, table(["figure", "value"], scalars)))
-    flats = [name for name, value in figures.items() if is_flat(value)]
-    shapes = {name: tuple(figures[name]) for name in flats}
-    done = set()
-    for name, value in figures.items():
-        label = f"{title} / {name}" if title else name
-        if name in done:
-            continue
-        if name in flats:
-            siblings = [n for n in flats if shapes[n] == shapes[name]]
-            done.update(siblings)
-            out.append(family(title, {n: figures[n] for n in siblings}) if len(siblings) > 1
-                       else titled(label, table(["figure", "value"], list(value.items()))))
-        elif isinstance(value, list) and value and isinstance(value[0], dict):
-            if len(value) > LONG_LIST:
-                out.append(f"**{label}**: {len(value)} rows, in the record")
-                continue
-            # raw traces (a request's token times, per-request records) and nested results stay in the record
-            raw = {k for row in value for k, v in row.items() if isinstance(v, dict)
-                   or (isinstance(v, list) and (len(v) > WIDE or (v and isinstance(v[0], dict))))}
-            columns = [c for c in dict.fromkeys(k for row in value for k in row) if c not in raw]
-            note = f" ({', '.join(sorted(raw))}: in the record)" if raw else ""
-            if len(columns) > WIDE >= len(value):  # a few wide rows read better one field a row
-                key, *fields = columns
-                out.append(titled(label + note, table([key, *[cell(row.get(key, "")) for row in value]],
-                                                      [[f, *[row.get(f, "") for row in value]] for f in fields])))
-            else:
-                out.append(titled(label + note, table(columns, [[row.get(c, "") for c in columns] for row in value])))
-        elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            out.append(family(label, value))
-            for key, row in value.items():
-                nested = {k: v for k, v in row.items() if not is_scalar(v)}
-                if nested:
-                    out.extend(tables(nested, f"{label} / {key}"))
-        elif isinstance(value, dict):
-            out.extend(tables(value, label))
-    return out
 
 
 def run_line(record: dict) -> str:

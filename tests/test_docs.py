@@ -70,7 +70,7 @@ def test_every_benchmark_has_a_record_and_every_record_its_run_and_headline():
     records = render.load_records()  # raises, naming the file, on a record without its run's fields
     assert {r["benchmark"] for _, r in records} == set(BENCHMARKS), "one record per benchmark in docs/benchmarks/"
     for name, record in records:
-        assert render.headline(record, name), f"{name} has no headline in docs/render_benchmarks.py HEADLINES"
+        assert render.headline(record, name), f"{name} has no headline in docs/benchmark_headlines.py"
         assert record["command"].startswith(f"python -m minillm.bench {record['benchmark']}"), name
 
 
