@@ -31,7 +31,8 @@ HEADLINES = {
         for workload, b in r["best_batch1"].items())),
     "throughput": lambda r: ("continuous batching " + ", ".join(
         f"{_x(row['continuous / static'])} static at batch {row['batch']}" for row in r["sweep"])
-        + f"; {_x(next(iter(r['continuous_batch_8_vs'].values())))} transformers"),
+        + "; " + ", ".join(f"{_x(ratio)} {name}" for name, ratio
+                           in r[f"continuous_batch_{r['batch_sizes'][-1]}_vs"].items())),
     "serve": lambda r: (f"continuous batching {_x(r['ratios']['goodput_continuous_over_static'])} the goodput of "
                         f"static and {_x(r['ratios']['goodput_continuous_over_sequential'])} sequential on the same "
                         f"arrivals; offline batch {_x(r['cost']['batch_cheaper_x'])} cheaper per token than online"),
@@ -51,8 +52,11 @@ HEADLINES = {
                          f"{r['sessions_held_small_pool']:.1f} waiting sessions alone, "
                          f"{r['sessions_held_small_pool_plus_tier']:.1f} with the offload tier"),
     "kernels": lambda r: (f"{sum(row['ok'] for row in r['smoke'])} of {len(r['smoke'])} kernels match their "
-                          f"PyTorch spec on {r['device']}" + (" (correctness only: speed needs a GPU)"
-                                                              if r["device"] == "cpu" else "")),
+                          f"PyTorch spec in Triton's CPU interpreter (correctness only: speed needs a GPU)"
+                          if "smoke" in r else
+                          f"on {r['device']}: end-to-end decode on the Triton backend "
+                          f"{_x(r['end_to_end']['speedup'])} the torch backend's, same greedy tokens: "
+                          f"{'yes' if r['end_to_end']['same_tokens'] else 'no'}"),
 }
 
 
