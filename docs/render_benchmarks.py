@@ -86,10 +86,11 @@ def render_readme_table(records: list[tuple[str, dict]]) -> str:
         summary = headline(record, name)
         if summary:
             stem = name.removesuffix(".json")
-            model = str(record.get("model", "-")).split(",")[0]
-            quick = " --quick" if "--quick" in record["command"].split() else ""
-            rows.append(f"| [`{stem}`](docs/benchmarks/index.md#{stem}) | {summary} | {model}{quick}, "
-                        f"{record['date'][:10]}, {record['machine'].split(',')[0]} |")
+            run = [str(record["model"]).split(",")[0]] if "model" in record else []  # memory runs no model
+            run += ["--quick"] if "--quick" in record["command"].split() else []
+            cpu = record["machine"].split(",")[0].replace("(R)", "").replace("(TM)", "")
+            rows.append(f"| [`{stem}`](docs/benchmarks/index.md#{stem}) | {summary} | "
+                        f"{' '.join([*run, record['date'][:10]])}, {cpu} |")
     return "\n".join(["| benchmark | headline | run |", "| --- | --- | --- |", *rows])
 
 
