@@ -95,3 +95,38 @@ def test_a_record_quoted_on_a_page_is_rendered_there():
     assert record["command"] in text and "| load | figure |" in text
     with pytest.raises(ValueError, match="no such field"):
         render.render_excerpt("cluster.json", "no_such_field", "a page")
+
+
+def test_a_record_of_any_shape_becomes_tables_with_every_figure_and_no_raw_trace():
+    spec = importlib.util.spec_from_file_location("benchmark_tables", ROOT / "docs" / "benchmark_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    figures = {"requests": 100, "hit_rate": 0.796019, "bytes": 12288.0,
+               "paged, block 16": {"waste": 0.0203, "concurrency": 48.39},
+               "contiguous": {"waste": 0.8234, "concurrency": 8.0},
+               "sweep": [{"rate": 2.0, "goodput": 1.9, "records": [{"start": 0.1}]},
+                         {"rate": 4.0, "goodput": 3.1, "records": [{"start": 0.2}]}],
+               "steps": [{"i": i} for i in range(module.LONG_LIST + 1)]}
+    text = "\n\n".join(module.tables(figures))
+    assert "| requests | 100 |" in text and "| hit_rate | 0.796 |" in text and "| bytes | 12,288 |" in text
+    assert "| paged, block 16 | 0.0203 | 48.39 |" in text and "| contiguous | 0.8234 | 8 |" in text  # one table
+    assert text.count("| waste | concurrency |") == 1
+    assert "**sweep (records: in the record)**" in text and "| 2 | 1.9 |" in text and "start" not in text
+    assert f"**steps**: {module.LONG_LIST + 1} rows, in the record" in text
+
+
+def test_a_screenshot_is_cut_below_its_content_scaled_and_reduced_to_a_palette(tmp_path):
+    from PIL import Image, ImageDraw
+    spec = importlib.util.spec_from_file_location("shrink_screenshots", ROOT / "docs" / "shrink_screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capture = Image.new("RGB", (1500, 2400), "white")  # a page whose content ends at row 700
+    draw = ImageDraw.Draw(capture)
+    for i in range(200):  # more colours than the palette keeps
+        draw.rectangle((i * 7, 100, i * 7 + 6, 700), fill=(i, 255 - i, (3 * i) % 256))
+    capture.save(tmp_path / "page.png")
+    size = module.shrink(tmp_path / "page.png", tmp_path / "small.png")
+    small = Image.open(tmp_path / "small.png")
+    assert small.width == module.WIDTH and small.height == round((700 + 1 + 16) * module.WIDTH / 1500)
+    assert small.mode == "P" and len(small.getcolors()) <= module.COLOURS
+    assert size == (tmp_path / "small.png").stat().st_size < (tmp_path / "page.png").stat().st_size
