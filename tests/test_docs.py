@@ -7,6 +7,7 @@ cover the README, which MkDocs does not read, and the records the pages are rend
 import importlib.util
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,11 @@ def test_a_record_names_the_command_as_typed_and_the_run_it_made():
     main = str(ROOT / "minillm" / "bench" / "__main__.py")
     assert command_line([main, "prefix", "--quick", "--json", "a b.json"]) == \
         "python -m minillm.bench prefix --quick --json 'a b.json'"
+    for via in ([str(ROOT / "minillm" / "__main__.py"), "bench"], ["/venv/bin/minillm", "bench"]):
+        assert command_line([*via, "memory", "--quick"]) == "python -m minillm.bench memory --quick", via
     assert command_line(["/usr/bin/pytest", "-k", "x"]) == "/usr/bin/pytest -k x"
+    assert command_line([str(ROOT / "minillm" / "__main__.py"), "serve"]) == \
+        shlex.join([str(ROOT / "minillm" / "__main__.py"), "serve"])  # not a benchmark: as given
     conditions = {"torch_threads": 1, "cpus": 2, "load_avg_1min": 0.5, "busy": False}
     record = run_record("prefix", conditions)
     assert record["conditions"] == conditions and record["benchmark"] == "prefix"

@@ -55,11 +55,16 @@ def _fmt(v) -> str:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command that ran this process, as a reader would type it: `python -m minillm.bench ...` when
-    it is this package's command line (whose argv[0] is the path of __main__.py), else argv as given."""
+    """The command that ran this process, as a reader would type it again: `python -m minillm.bench ...` when
+    it is the benchmarks' command line, however it was started (`python -m minillm.bench`, whose argv[0] is
+    this package's __main__.py; `python -m minillm bench` or the `minillm bench` script), else argv as given."""
     argv = sys.argv if argv is None else argv
-    if argv and Path(argv[0]).resolve() == Path(__file__).with_name("__main__.py").resolve():
+    package = Path(__file__).resolve().parent
+    start = Path(argv[0]).resolve() if argv else None
+    if start == package / "__main__.py":
         return shlex.join(["python", "-m", "minillm.bench", *argv[1:]])
+    if argv[1:2] == ["bench"] and (start == package.parent / "__main__.py" or Path(argv[0]).name == "minillm"):
+        return shlex.join(["python", "-m", "minillm.bench", *argv[2:]])
     return shlex.join(argv)
 
 
