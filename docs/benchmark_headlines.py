@@ -17,13 +17,17 @@ HEADLINES = {
     "decode": lambda r: (f"single-stream decode at {_pct(r['minillm_vs_bare_loop'])} of the bare loop of its matrix "
                          f"products and {_x(r['minillm_vs_transformers'])} transformers; the KV cache "
                          f"{_x(r['per_context'][-1]['speedup'])} faster than recompute at "
-                         f"{r['per_context'][-1]['context']} tokens of context"),
+                         f"{r['per_context'][-1]['context']} tokens of context"
+                         + "".join(f"; {v['minillm_vs_it']:.2f}x {name}"
+                                   for name, v in r.get("llama_cpp", {}).items())),
     "memory": lambda r: (f"KV memory wasted: {_pct(r['contiguous, max_model_len']['waste'])} contiguous at max "
                          f"length, {_pct(r['paged, block 16']['waste'])} paged (block 16); "
                          f"{r['paged, block 16']['concurrency'] / r['contiguous, max_model_len']['concurrency']:.1f}x "
                          f"the requests at once"),
     "prefix": lambda r: (f"median TTFT {_x(r['ttft_speedup'])} lower with prefix caching "
-                         f"({r['ttft_ms_off']:.1f} → {r['ttft_ms_on']:.1f} ms), {_pct(r['hit_rate'])} hit rate"),
+                         f"({r['ttft_ms_off']:.1f} → {r['ttft_ms_on']:.1f} ms), {_pct(r['hit_rate'])} hit rate"
+                         + (f"; a multi-turn chat's last turn {_x(r['chat_ttft_speedup'])} lower"
+                            if "chat_ttft_speedup" in r else "")),
     "chunked": lambda r: (f"p99 inter-token latency {_x(r['p99_itl_ratio'])} lower with chunked prefill, at "
                           f"{_x(r['throughput_ratio'])} the throughput"),
     "spec": lambda r: ("batch 1, greedy: " + "; ".join(
