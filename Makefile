@@ -7,6 +7,7 @@
 #   make grade LAB=NN   grade your notebook for lab NN
 #   make labs    regenerate the notebooks from solutions/*.py (keeps learners' edited notebooks)
 #   make bench   the benchmarks, quick versions
+#   make anchors llama.cpp's Python binding, which the decode and quant benchmarks run beside minillm (compiles)
 #   make docs    the documentation site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as you edit
 #   make screenshots   the visualizer's pictures in docs/images/app, taken by the real-browser test
 # TORCH_SPEC lets CI pin the CPU wheel it has on disk; users get their platform's default torch.
@@ -19,7 +20,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB ?= 01
 
-.PHONY: app test test-fast lint docs-build docs screenshots lab grade labs bench venv clean
+.PHONY: app test test-fast lint docs-build docs screenshots lab grade labs bench anchors venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +86,17 @@ labs: $(STAMP)
 
 bench: $(STAMP)
 	for b in $$($(PY) -m minillm.bench --list); do $(PY) -m minillm.bench $$b --quick || exit 1; done
+
+# llama.cpp, the CPU user's alternative, beside minillm in `bench decode` and `bench quant` (bench/anchors.py).
+# pip compiles it: minutes on two cores, once per machine. For the vector units every x86-64 machine of this
+# course has (AVX2, FMA, F16C; AVX-512 where /proc/cpuinfo lists it), not -march=native: that also turns on
+# AMX, whose tiles a virtual machine need not grant, and a native build gave NaN logits and crashes here.
+LLAMA_CPP ?= llama-cpp-python==0.3.16
+AVX512 = $(shell grep -qs avx512f /proc/cpuinfo && echo ON || echo OFF)
+anchors: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+		-DGGML_AVX512=$(AVX512) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+		$(PY) -m pip install "$(LLAMA_CPP)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache
