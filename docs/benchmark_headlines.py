@@ -18,8 +18,9 @@ HEADLINES = {
                          f"products and {_x(r['minillm_vs_transformers'])} transformers; the KV cache "
                          f"{_x(r['per_context'][-1]['speedup'])} faster than recompute at "
                          f"{r['per_context'][-1]['context']} tokens of context"
-                         + "".join(f"; {v['minillm_vs_it']:.2f}x {name}"
-                                   for name, v in r.get("llama_cpp", {}).items())),
+                         + "".join(f"; {v['minillm_vs_it']:.2f}x {name}"  # a dict when llama.cpp ran, else why not
+                                   for name, v in (r.get("llama_cpp") if isinstance(r.get("llama_cpp"), dict)
+                                                   else {}).items())),
     "memory": lambda r: (f"KV memory wasted: {_pct(r['contiguous, max_model_len']['waste'])} contiguous at max "
                          f"length, {_pct(r['paged, block 16']['waste'])} paged (block 16); "
                          f"{r['paged, block 16']['concurrency'] / r['contiguous, max_model_len']['concurrency']:.1f}x "
@@ -71,6 +72,6 @@ def headline(record: dict, source: str) -> str:
         return ""
     try:
         return make(record)
-    except (KeyError, IndexError, TypeError) as e:
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
         raise ValueError(f"{source}: the {record['benchmark']} record has no field {e} that its headline in "
                          f"docs/benchmark_headlines.py reads; update HEADLINES or the record") from None
