@@ -265,6 +265,9 @@ class SequenceSnapshot:
 
 @dataclass
 class StepEvent:
+    """What one engine step did, for observers (LLMEngine.subscribe): the work scheduled, what finished, the
+    queues, the KV pool, a snapshot of every live sequence, preemptions, tokens emitted, speculative
+    verifications and the seconds of each phase."""
     step: int
     start: float                  # time.perf_counter() when the step began
     duration: float               # seconds

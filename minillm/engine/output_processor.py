@@ -16,6 +16,8 @@ from minillm.state import FinishReason, Sequence
 
 
 class OutputProcessor:
+    """Turns each sequence's new tokens into StreamChunks: incremental text, stop checks, and the
+    Completion and RequestOutput of what finished."""
     def __init__(self, finish: Callable[[Sequence, FinishReason], None], speculative: bool) -> None:
         """finish: the scheduler's transition to FINISHED; speculative: completions report the proposals."""
         self._finish, self._speculative = finish, speculative

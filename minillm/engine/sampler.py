@@ -24,6 +24,8 @@ def first_rows(batch: list[ScheduledSeq]) -> list[int]:
 
 
 class Sampler:
+    """Draws the step's new tokens: each emitting row masked by its grammar, then sampled with its own
+    params and generator (or the verified tokens of a speculating sequence); logprobs when asked for."""
     def __init__(self, components: Components) -> None:
         self._sample = components.sample
         self._grammar_mask = components.grammar_mask or apply_grammar_mask
