@@ -168,6 +168,16 @@ def test_min_tokens_holds_back_a_stop_token_and_eos(tiny):
     assert len(out.token_ids) == 7 and out.token_ids[-1] == eos and out.finish_reason == "stop"
 
 
+def test_min_tokens_holds_back_a_stop_string_inside_its_text(tiny):
+    """vLLM's rule: a stop string counts only once the output is past min_tokens, and only where it
+    ends in text that came after them. tiny writes "\ndef _get_req_req_...": "_re" first ends at
+    token 6, then at token 9."""
+    free = tiny.generate(["x = 1\n"], greedy(stop="_re"), use_tqdm=False)[0]
+    assert free.text == "\ndef _get" and len(free.token_ids) == 6
+    held = tiny.generate(["x = 1\n"], greedy(stop="_re", min_tokens=7), use_tqdm=False)[0]
+    assert held.text == "\ndef _get_req" and len(held.token_ids) == 9 and held.finish_reason == "stop"
+
+
 def repeats(tokens: list[int]) -> int:
     return len(tokens) - len(set(tokens))
 

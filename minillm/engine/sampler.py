@@ -36,8 +36,10 @@ class Sampler:
         """emitting: (sequence, batch index) of each sequence the step reached the end of (a prompt's
         other samples join at its index); logits: [rows, vocab]. -> what each emits, drawn ones first."""
         drawn = [(seq, rows[i]) for seq, i in emitting if seq not in verified]
-        processed = process_logits(logits[[row for _, row in drawn]], [history_of(seq) for seq, _ in drawn])
-        masked = self._constrain(processed, [seq for seq, _ in drawn])
+        drawn_logits = logits[[row for _, row in drawn]]  # [drawn, vocab]
+        if any(seq.params.processes_logits for seq, _ in drawn):  # else not even a History is built
+            drawn_logits = process_logits(drawn_logits, [history_of(seq) for seq, _ in drawn])
+        masked = self._constrain(drawn_logits, [seq for seq, _ in drawn])
         tokens = sample_requests(masked, [s.params for s, _ in drawn], [s.generator for s, _ in drawn], self._sample)
         emitted = [(seq, [token], row) for (seq, row), token in zip(drawn, tokens)]
         emitted += [(seq, verified[seq], rows[i]) for seq, i in emitting if seq in verified]
