@@ -46,7 +46,9 @@ def load_records(folder: Path = RECORDS) -> list[tuple[str, dict]]:
             raise ValueError(f"{path.name}: a benchmark record needs {', '.join(missing)} (run the benchmark again "
                              f"with --json; minillm/bench/__init__.py writes them)")
         out.append((path.name, record))
-    return sorted(out, key=lambda item: (order.get(item[1]["benchmark"], len(order)), item[0]))
+    # Each benchmark's own record (NAME.json, the default model) first, then its runs on other models (NAME-model.json).
+    return sorted(out, key=lambda item: (order.get(item[1]["benchmark"], len(order)),
+                                         item[0] != f"{item[1]['benchmark']}.json", item[0]))
 
 
 def run_line(record: dict) -> str:
