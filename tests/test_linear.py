@@ -1,4 +1,7 @@
 """The model's Linear: its packed CPU path for a few rows equals nn.Linear's product."""
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,3 +60,15 @@ def test_a_changed_weight_is_packed_again():
     torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-4, atol=1e-4)
     m.weight.data = torch.randn(24, 40)  # a new storage
     torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+@torch.inference_mode()
+def test_a_layer_with_a_packed_weight_deep_copies_and_pickles():
+    m = layer(40, 24, bias=True)
+    x = torch.randn(4, 40)
+    m(x)
+    assert m._packed is not None
+    for twin in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert twin._packed is None and twin.weight.data_ptr() != m.weight.data_ptr()
+        torch.testing.assert_close(twin(x), m(x), rtol=1e-5, atol=1e-5)

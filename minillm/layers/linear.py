@@ -41,6 +41,13 @@ class Linear(nn.Linear):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def __getstate__(self) -> dict:
+        # copy.deepcopy and pickle go through here: the packed copy is an opaque oneDNN tensor that neither can
+        # copy, and a copy repacks from its own weight when it needs to.
+        state = self.__dict__.copy()
+        state.pop("_packed", None)
+        return state
+
     def _packable(self, x: torch.Tensor) -> bool:
         w = self.weight
         return (w.device.type == "cpu" and w.dtype == torch.float32 and x.dtype == torch.float32
