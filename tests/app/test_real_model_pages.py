@@ -11,6 +11,7 @@ from minillm.labkit import REAL_MODEL, real_model_installed
 from minillm.models.registry import PACKAGED_MODELS, resolve_model_path
 from minillm.quant.eval import Reference, heldout_windows
 from minillm_visualizer.quantization.run import REAL_WINDOW_TOKENS, REAL_WINDOWS
+from minillm_visualizer.serving.run import server
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.timeout(300)]
 if not real_model_installed():
@@ -73,7 +74,7 @@ def test_the_quantization_page_measures_the_real_model_on_a_short_held_out_text(
     at = page("quantization/quantization.py", {"k_quant_model": REAL_MODEL, "k_quant_scheme": "int8"})
     assert not figures(at), "a real model is scored on a press, not as the page draws"
     assert any("Press **Measure int8**" in i.value for i in at.info)
-    assert at.number_input(key="k_quant_max_tokens").value == 24
+    assert at.session_state["k_quant_max_tokens"] == 24 and at.session_state["k_quant_budget_mib"] == 768.0
 
     press(at, "quant_b_measure")
     assert at.subheader[0].value == "Quality and size: int8"
@@ -97,4 +98,17 @@ def test_the_quantization_page_measures_the_real_model_on_a_short_held_out_text(
 
 
 def test_the_serving_page_completes_a_small_load_on_the_real_model():
-    ...
+    at = page("serving/serving.py", {"k_serve_model": REAL_MODEL})
+    assert at.number_input(key="k_serve_requests").value == 4 and at.number_input(key="k_serve_max_tokens").value == 8
+    assert any("is a real model: every forward reads its" in c.value for c in at.caption)
+    try:
+        press(at, "serve_b_run")
+        [point] = at.session_state["serve_result"]["points"]
+    finally:
+        server(REAL_MODEL).stop()  # a cache hit: the page's server, whose engine holds a 256 MiB KV pool
+        server.clear()
+    assert point.rate == 4.0 and point.summary["completed"] == 4 and point.summary["failed"] == 0
+    assert [r.output_tokens for r in point.records] == [8] * 4, "ignore_eos: every request makes max_tokens"
+    assert point.server_figures["minillm_generation_tokens_total"] == 32
+    assert 0 < point.summary["ttft_median"] < point.duration and point.summary["output_throughput"] > 0
+    assert {"Latency against throughput", "TTFT and ITL distributions (4 req/s)"} <= set(figures(at))
