@@ -206,8 +206,8 @@ if "spec_sweep" in st.session_state:
                            key="spec_dl_sweep", on_click="ignore")
 
 st.subheader("The proposers side by side")
-st.caption("Every proposer, and every model here that shares the target's tokenizer as a draft, on the same prompts at the same k, beside "
-           "the engine without speculation. Tokens/s is wall time on this machine, one run each: a draft model's "
+st.caption("Every proposer, and as drafts every model here that shares the target's tokenizer, on the same prompts at "
+           "the same k, beside the engine without speculation. Tokens/s is wall time on this machine, one run each: a draft model's "
            "own forwards and the verification of rejected guesses cost time, so more tokens per forward is not "
            "always more tokens per second.")
 if st.button("Compare the proposers", key="spec_b_compare", icon=":material/compare_arrows:"):
