@@ -67,6 +67,15 @@ def test_the_speculative_page_runs_prompt_lookup_on_the_real_model_and_keeps_its
     assert table["acceptance rate"].between(0, 1).all() and (table["tokens per forward"] >= 1).all()
     assert {"Tokens per target forward against k", "Acceptance rate against k"} <= set(figures(at))
 
+    press(at, "spec_b_compare")
+    table = next(df.value for df in at.dataframe if df.value.columns[0] == "proposer").set_index("proposer")
+    assert list(table.index) == ["none (no speculation)", "prompt lookup (n-gram)", "draft model",
+                                 "prediction heads (MTP)"]
+    assert table.loc["none (no speculation)", "speedup"] == 1.0
+    assert table.loc["prompt lookup (n-gram)", "tokens per forward"] > 1, "the edit repeats its prompt's body"
+    assert table.loc[["draft model", "prediction heads (MTP)"], "tokens/s"].isna().all(), "they cannot run"
+    assert any(i.value.startswith("draft model: No other model here shares") for i in at.info)
+
 
 def test_the_quantization_page_measures_the_real_model_on_a_short_held_out_text(real):
     """int8 (one scale per row) barely moves SmolLM2's next-token distributions; the figures are

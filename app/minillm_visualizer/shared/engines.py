@@ -2,10 +2,10 @@
 
 Each run gets a fresh engine (new knobs, an empty KV pool) built around the same loaded weights.
 
-Which models the pages offer: the technique pages (speculative decoding, quantization, serving, cluster)
-measure the bundled models (`model_choices`); the engine's own pages and the chat also offer the installed
-real model (`app_models`), and start on it: the app's default model is the real one when its package is
-installed, else tiny. MINILLM_APP_MODEL names another default (the app's tests set it to tiny).
+Which models the pages offer: the cluster page measures the bundled models (`model_choices`); every other page
+also offers the installed real model (`app_models`), and starts on it: the app's default model is the real one
+when its package is installed, else tiny. MINILLM_APP_MODEL names another default (the app's tests set it to
+tiny). The technique pages size their work for a real model (shared/sizing.py).
 """
 import os
 

@@ -23,7 +23,7 @@ from minillm.speculative.theory import expected_tokens_per_forward
 from minillm.state import StepEvent, Verification
 from minillm.tokenizer import Tokenizer
 from minillm.utils import cdiv
-from minillm_visualizer.shared.sizing import sequence_bound
+from minillm_visualizer.shared.sizing import is_real, sequence_bound
 
 _FUNCTION = '''def count_words(text):
     """Count how often each word occurs in text."""
@@ -114,8 +114,10 @@ def drafts_for(target: str, models: list[str]) -> list[str]:
 def proposer_problem(method: str, model: str, draft: str | None) -> str | None:
     """Why `method` cannot propose for `model` on this machine, in words; None if it can."""
     if method == "heads" and not heads_path(model).is_file():
+        # the command first has the target continue 512 prompts, the text the heads learn from
+        when = "much longer for a real model, which writes their training text" if is_real(model) else "minutes"
         return (f"No prediction heads have been trained for {model} yet (there is no {heads_path(model).name} "
-                f"beside its weights). Train them, in minutes on a CPU, with `{TRAIN_HEADS} --model {model}`, "
+                f"beside its weights). Train them ({when} on a CPU) with `{TRAIN_HEADS} --model {model}`, "
                 f"then run again.")
     if method == "draft" and not draft:
         return (f"No other model here shares {model}'s tokenizer, so none can draft for it: a draft's token ids "

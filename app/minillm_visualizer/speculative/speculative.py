@@ -207,9 +207,9 @@ if "spec_sweep" in st.session_state:
 
 st.subheader("The proposers side by side")
 st.caption("Every proposer, and as drafts every model here that shares the target's tokenizer, on the same prompts at "
-           "the same k, beside the engine without speculation. Tokens/s is wall time on this machine, one run each: a draft model's "
-           "own forwards and the verification of rejected guesses cost time, so more tokens per forward is not "
-           "always more tokens per second.")
+           "the same k, beside the engine without speculation. Tokens/s is wall time on this machine, one run each: "
+           "a draft model's own forwards and the verification of rejected guesses cost time, so more tokens per "
+           "forward is not always more tokens per second.")
 if st.button("Compare the proposers", key="spec_b_compare", icon=":material/compare_arrows:"):
     st.session_state.pop("spec_compare", None)
     try:
