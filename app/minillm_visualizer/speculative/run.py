@@ -81,7 +81,7 @@ class SpecRun:
 def label(method: str | None, draft: str | None = None) -> str:
     if method is None:
         return "none (no speculation)"
-    return f"{PROPOSERS[method]} ({draft})" if method == "draft" else PROPOSERS[method]
+    return f"{PROPOSERS[method]} ({draft})" if method == "draft" and draft else PROPOSERS[method]
 
 
 def heads_path(model: str) -> Path:
