@@ -121,3 +121,17 @@ def test_the_serving_page_completes_a_small_load_on_the_real_model():
     assert point.server_figures["minillm_generation_tokens_total"] == 32
     assert 0 < point.summary["ttft_median"] < point.duration and point.summary["output_throughput"] > 0
     assert {"Latency against throughput", "TTFT and ITL distributions (4 req/s)"} <= set(figures(at))
+
+
+def test_choosing_the_real_model_resizes_the_load_and_drops_what_it_cannot_run():
+    at = page("speculative/speculative.py", {})  # on tiny, the tests' default (MINILLM_APP_MODEL)
+    offered = at.selectbox(key="k_spec_model").options
+    assert offered[0] == "tiny" and REAL_MODEL in offered
+    at.radio(key="k_spec_method").set_value("draft").run()
+    at.selectbox(key="k_spec_model").set_value(REAL_MODEL).run()
+    assert not at.exception and at.radio(key="k_spec_method").value == "ngram", "no draft shares its tokenizer"
+    assert at.number_input(key="k_spec_max_tokens").value == 24 and at.multiselect(key="k_spec_ks").value == [1, 2, 4]
+    assert at.multiselect(key="k_spec_prompts").value == ["fibonacci", "edit: rename a function"]
+    at.selectbox(key="k_spec_model").set_value("tiny").run()
+    assert at.number_input(key="k_spec_max_tokens").value == 40 and len(at.multiselect(key="k_spec_ks").value) == 6
+    assert at.radio(key="k_spec_method").options == ["prompt lookup (n-gram)", "draft model", "prediction heads (MTP)"]

@@ -211,8 +211,8 @@ st.caption(f"Each cell quantizes one matrix of one layer alone with {base.label(
            f"sensitive. Quantizing several matrices does not simply add their cells up: errors can also cancel.")
 done = st.session_state.setdefault("quant_heatmaps", {})
 key = (model, base)
-# Each cell is a quantized copy scored on the windows: a blink on a bundled model, seconds on a real one.
-cost = "several minutes on a real model" if is_real(model) else "tens of seconds"
+# Each cell is a quantized copy scored on the windows: a blink on a bundled model, ~4 s on SmolLM2-135M (2-core CPU).
+cost = "about a quarter of an hour on a 2-core CPU" if is_real(model) else "tens of seconds"
 if st.button(f"Measure the sensitivity ({cells} cells: {cost})", key="quant_b_heatmap",
              icon=":material/grid_on:"):
     st.session_state.pop("quant_heatmap_error", None)
