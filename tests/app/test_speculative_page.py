@@ -94,12 +94,20 @@ def test_bad_input_gets_a_message_not_a_traceback(spec):
     assert any(e.startswith("Cannot run the sweep: no prompt is chosen") for e in errors(spec)), errors(spec)
 
 
-def test_missing_heads_say_how_to_train_them(spec, monkeypatch, tmp_path):
-    monkeypatch.setattr(spec_run, "heads_path", lambda model: tmp_path / HEADS_FILE)
+def test_missing_heads_are_not_offered_and_the_page_says_how_to_train_them(spec, monkeypatch, tmp_path):
     spec.radio(key="k_spec_method").set_value("heads").run()
-    assert any("python -m minillm train heads" in w.value for w in spec.warning)
-    press(spec, "spec_b_run")
-    assert any(e.startswith("Cannot run: No prediction heads") for e in errors(spec))
+    monkeypatch.setattr(spec_run, "heads_path", lambda model: tmp_path / HEADS_FILE)
+    spec.run()
+    assert spec.radio(key="k_spec_method").options == ["prompt lookup (n-gram)", "draft model"]
+    assert spec.radio(key="k_spec_method").value == "ngram", "a proposer that cannot run gives way to prompt lookup"
+    assert any("not offered for tiny" in i.value and "python -m minillm train heads" in i.value for i in spec.info)
+    with pytest.raises(ValueError, match="No prediction heads have been trained for tiny"):
+        engine_config("tiny", "heads", 4, None, 1)
+
+
+def test_only_models_with_the_targets_tokenizer_are_offered_as_drafts(spec):
+    assert spec.selectbox(key="k_spec_draft").options == ["pico", "pico-distilled"]
+    assert spec_run.drafts_for("pico", ["tiny", "pico", "pico-distilled"]) == ["tiny", "pico-distilled"]
 
 
 def test_the_proposers_are_compared_on_the_same_prompts(spec, monkeypatch, tmp_path):

@@ -8,8 +8,6 @@ from minillm.quant.codecs import FP8_DTYPE
 from minillm.quant.config import LAYER_PROJECTIONS, QuantConfig
 from minillm_visualizer.quantization.charts import LEGEND, budget_chart, parted_text, sensitivity_heatmap
 from minillm_visualizer.quantization.run import (
-    WINDOW_TOKENS,
-    WINDOWS,
     engine_config,
     first_difference,
     greedy,
@@ -20,14 +18,17 @@ from minillm_visualizer.quantization.run import (
     reference,
     sensitivity,
     sensitivity_cells,
+    window_shape,
 )
-from minillm_visualizer.shared.engines import build_engine, model_choices
+from minillm_visualizer.shared.engines import app_models, build_engine
 from minillm_visualizer.shared.learner_parts import QUANT_LAB, default_folder, describe, failure, learner_components
+from minillm_visualizer.shared.sizing import cost_note, is_real, knob_defaults, resize, sequence_bound
 from minillm_visualizer.shared.style import MIB
 
 SCHEME_NAMES = {"int8": "int8 (one scale per row)", "int4": "int4 (groups of inputs)", "fp8": "fp8 (e4m3)"}
 DEFAULTS = {"scheme": "int4", "group_size": 64, "projections": list(LAYER_PROJECTIONS), "budget_mib": 32.0,
             "block_size": 16, "prompt": "def read_config(path):", "max_tokens": 48}
+REAL = {"budget_mib": 768.0, "max_tokens": 24}  # a real model: 540 MiB of fp32 weights, two engines to generate
 
 st.title("Quantization")
 st.markdown("Decoding reads every weight once per step, so smaller weights mean less memory to hold and less to "
@@ -39,12 +40,12 @@ st.caption(f":material/menu_book: Taught in **lab {QUANT_LAB}, quantization**: `
            "the quantized linear layer (`linear.py`), the policy (`config.py`), quality (`eval.py`) and "
            "sensitivity (`sensitivity.py`).")
 
-models = model_choices()
-for name, value in {**DEFAULTS, "model": models[0] if models else "tiny"}.items():
-    st.session_state.setdefault(f"k_quant_{name}", value)
+models = app_models()
+knob_defaults("quant", DEFAULTS, REAL, models)
 schemes = [s for s in SCHEMES if s != "fp8" or FP8_DTYPE is not None]
 c = st.columns([1, 2.4, 1.2])
-model = c[0].selectbox("Model", models, key="k_quant_model")
+model = c[0].selectbox("Model", models, key="k_quant_model", on_change=resize("quant", DEFAULTS, REAL),
+                       help="A real model is scored on a shorter text, on a press.")
 cfg = model_config(model)
 scheme = c[1].radio("Scheme", schemes, format_func=SCHEME_NAMES.get, key="k_quant_scheme", horizontal=True,
                     help="int8: symmetric, one scale per output row. int4: 16 levels between each group's min and "
@@ -78,8 +79,31 @@ if mine:
                             help="The folder of your lab notebooks (labNN_*.ipynb); the one the sidebar's "
                                  "switch on the run pages reads.")
 
+windows, window_tokens = window_shape(model)
+
+
+def scored_now(model: str, config: QuantConfig) -> bool:
+    """The bundled models are scored as the knobs change (a blink each); a real model on a press, since a
+    quantized copy of it and its forwards on the held-out windows take seconds."""
+    if not is_real(model):
+        return True
+    st.caption(":material/timer: " + cost_note(model, f"Scoring a configuration quantizes a copy of the model and "
+               f"runs it on {windows} windows of {window_tokens} tokens, beside the full model's (scored once): "
+               f"seconds. Each configuration is scored once, then kept."))
+    done = st.session_state.setdefault("quant_scored", set())
+    if (model, config) not in done:
+        if not st.button(f"Measure {config.label()}", key="quant_b_measure", type="primary",
+                         icon=":material/play_arrow:"):
+            st.info(f"Press **Measure {config.label()}** to score it against the full-precision model.")
+            return False
+        done.add((model, config))
+    return True
+
+
 try:
     config = quant_config(scheme, group_size, layers, projections, len(layer_ids))
+    if not scored_now(model, config):
+        st.stop()
     ref = reference(model)
     measured = measure(model, config)
 except ValueError as exc:
@@ -107,8 +131,10 @@ m[4].metric("Whole model", f"{b['total'] / MIB:.2f} MiB",
             help=f"Every weight as stored: the matrices, the embedding and the norms; "
                  f"{measured.full_bytes['total'] / MIB:.2f} MiB in full precision (fp32).")
 spread = f"{min(q.kl_per_window):.1e} to {max(q.kl_per_window):.1e}"
-st.caption(f"Measured on {WINDOWS} held-out windows of {WINDOW_TOKENS} tokens ({q.tokens:,} next-token predictions) "
-           f"from text the model never trained on. The KL of each window ranges {spread}: differences between "
+unseen = (f"from the bundled models' held-out text (Python's standard library, which {model} may have read in its "
+          f"training)" if is_real(model) else "from text the model never trained on")
+st.caption(f"Measured on {windows} held-out windows of {window_tokens} tokens ({q.tokens:,} next-token predictions) "
+           f"{unseen}. The KL of each window ranges {spread}: differences between "
            f"configurations smaller than that spread are noise.")
 
 st.subheader("What the memory buys: room for the KV cache")
@@ -141,8 +167,9 @@ if t[1].button("Generate", key="quant_b_generate", type="primary", icon=":materi
     try:
         # The learner's notebook is read at each press: an edit is picked up by the next one.
         parts = learner_components(st.session_state["k_mine_folder"], [QUANT_LAB]) if mine else None
-        plain, _ = greedy(build_engine, engine_config(model, None), prompt, max_tokens)
-        quantized, qmodel = greedy(build_engine, engine_config(model, config, parts), prompt, max_tokens)
+        tokens = sequence_bound(prompt, max_tokens)
+        plain, _ = greedy(build_engine, engine_config(model, None, tokens=tokens), prompt, max_tokens)
+        quantized, qmodel = greedy(build_engine, engine_config(model, config, parts, tokens), prompt, max_tokens)
         yours = ref.compare(qmodel) if parts else None
         whose = f"your {describe(parts)}" if parts else "minillm's own codecs"
         st.session_state["quant_generation"] = (plain, quantized, yours, prompt, f"{config.label()}, {whose}")
@@ -184,7 +211,9 @@ st.caption(f"Each cell quantizes one matrix of one layer alone with {base.label(
            f"sensitive. Quantizing several matrices does not simply add their cells up: errors can also cancel.")
 done = st.session_state.setdefault("quant_heatmaps", {})
 key = (model, base)
-if st.button(f"Measure the sensitivity ({cells} cells: tens of seconds)", key="quant_b_heatmap",
+# Each cell is a quantized copy scored on the windows: a blink on a bundled model, ~4 s on SmolLM2-135M (2-core CPU).
+cost = "about a quarter of an hour on a 2-core CPU" if is_real(model) else "tens of seconds"
+if st.button(f"Measure the sensitivity ({cells} cells: {cost})", key="quant_b_heatmap",
              icon=":material/grid_on:"):
     st.session_state.pop("quant_heatmap_error", None)
     try:

@@ -23,9 +23,13 @@ from minillm.quant.config import LAYER_PROJECTIONS
 from minillm.quant.eval import Quality, Reference, heldout_windows
 from minillm.quant.sensitivity import quantized_copy, sensitivity_grid
 from minillm.utils import cdiv
-from minillm_visualizer.shared.engines import load_weights
+from minillm_visualizer.shared.engines import copyable, load_weights
+from minillm_visualizer.shared.sizing import is_real
 
 WINDOWS, WINDOW_TOKENS = 4, 256  # every figure is measured on these: 4 x 256 = 1,024 next-token predictions
+# A real model scores a shorter text: its forward costs ~1,000x a bundled model's, and its [tokens, 49,152]
+# log-probabilities are kept for every comparison (4 x 128 x 49,152 floats: 96 MiB).
+REAL_WINDOWS, REAL_WINDOW_TOKENS = 4, 128
 BLOCK_SIZE = 16
 
 
@@ -47,14 +51,21 @@ def quant_config(scheme: str, group_size: int, layers: list[int], projections: l
 def full_model(model: str) -> torch.nn.Module:
     """The full-precision weights build_engine shares between engines (loaded once per server)."""
     config = EngineConfig(model=model)
-    return load_weights(model, str(config.torch_dtype).removeprefix("torch."), str(config.torch_device))
+    # copyable: every figure here starts from a deep copy of these weights
+    return copyable(load_weights(model, str(config.torch_dtype).removeprefix("torch."), str(config.torch_device)))
+
+
+def window_shape(model: str) -> tuple[int, int]:
+    """(windows, tokens per window) of the held-out text `model` is scored on."""
+    return (REAL_WINDOWS, REAL_WINDOW_TOKENS) if is_real(model) else (WINDOWS, WINDOW_TOKENS)
 
 
 @st.cache_resource(show_spinner="Reading the held-out text and scoring the full-precision model (once per server)...")
 def reference(model: str) -> Reference:
     """The full model's next-token log-probabilities on the held-out windows."""
     full = full_model(model)
-    windows = heldout_windows(resolve_model_path(model), count=WINDOWS, seq_len=WINDOW_TOKENS)
+    count, seq_len = window_shape(model)
+    windows = heldout_windows(resolve_model_path(model), count=count, seq_len=seq_len)
     return Reference(full, windows.to(next(full.parameters()).device))
 
 
@@ -108,11 +119,14 @@ class Generation:
         return 1000 * self.seconds / max(1, len(self.token_ids))
 
 
-def engine_config(model: str, quantization: QuantConfig | None, components: Components | None = None) -> EngineConfig:
-    """One sequence's engine: a pool with room for its full context, and nothing else."""
+def engine_config(model: str, quantization: QuantConfig | None, components: Components | None = None,
+                  tokens: int | None = None) -> EngineConfig:
+    """One sequence's engine: a pool with room for its `tokens` (None: its full context), and nothing else."""
     context = model_config(model).max_position_embeddings
     return EngineConfig(model=model, quantization=quantization, block_size=BLOCK_SIZE,
-                        num_kv_blocks=cdiv(context, BLOCK_SIZE) + 1, components=components or Components())
+                        num_kv_blocks=cdiv(min(context, tokens or context), BLOCK_SIZE) + 1,
+                        components=components or Components())
+
 
 
 def greedy(make_engine: Callable[[EngineConfig], LLMEngine], config: EngineConfig, prompt: str,

@@ -9,12 +9,15 @@ from minillm.labkit.plug import SERVING_PARTS, LabPartError
 from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, best_online_load
 from minillm_visualizer.serving.charts import cost_chart, costs, distributions, dollars, latency_throughput, rate_label
 from minillm_visualizer.serving.run import MINE, SWEEP_FRACTIONS, Load, Point, run, sweep_rates, with_slo
-from minillm_visualizer.shared.engines import model_choices
+from minillm_visualizer.shared.engines import app_models
 from minillm_visualizer.shared.learner_parts import LABS, default_folder
+from minillm_visualizer.shared.sizing import cost_note, is_real, knob_defaults, resize
 from minillm_visualizer.shared.style import MS
 
 DEFAULTS = {"rate": 4.0, "requests": 8, "burstiness": 1.0, "prompt_tokens": 32, "max_tokens": 16, "sweep": False,
             "slo_ttft_ms": 500.0, "slo_tpot_ms": 100.0, "price": DEFAULT_PRICE_PER_HOUR}
+# A real model: four requests of eight tokens (a point takes seconds on a 2-core CPU), SLOs a CPU can meet.
+REAL = {"requests": 4, "max_tokens": 8, "slo_ttft_ms": 2000.0, "slo_tpot_ms": 300.0}
 LAB = sorted(LABS.glob("lab08_*.ipynb"))
 
 st.title("Serving")
@@ -28,11 +31,11 @@ st.caption(":material/menu_book: " + (f"Taught in **lab 08, serving**: `labs/{LA
            + "The server is `minillm/serve/` (`python -m minillm serve`), the load generator "
              "`minillm/serve/loadgen.py`, the metrics' definitions `minillm/perf/serving.py`.")
 
-models = model_choices()
-for name, value in {**DEFAULTS, "model": models[0] if models else "tiny"}.items():
-    st.session_state.setdefault(f"k_serve_{name}", value)
+models = app_models()
+knob_defaults("serve", DEFAULTS, REAL, models)
 c = st.columns(6)
-model = c[0].selectbox("Model", models, key="k_serve_model")
+model = c[0].selectbox("Model", models, key="k_serve_model", on_change=resize("serve", DEFAULTS, REAL),
+                       help="A real model starts on a smaller load.")
 rate = c[1].number_input("Arrival rate (requests/s, 0 = all at once)", 0.0, 1000.0, step=1.0, key="k_serve_rate",
                          help="The mean rate at which requests are sent, whether or not the server keeps up "
                               "(an open loop, like real users). With the sweep on: the highest rate.")
@@ -72,6 +75,10 @@ if mine:
     named = ", ".join(f"{SERVING_PARTS[n]} `{n}`" for n in MINE)
     st.caption(f"Your parts: {named}, 8.6 `apply_grammar_mask`, from `{folder}`.")
 load = Load(requests, prompt_tokens, max_tokens, burstiness)
+if is_real(model):
+    st.caption(":material/timer: " + cost_note(model, f"Each point sends {requests} requests: their prefills of "
+               f"{prompt_tokens} tokens, then {max_tokens - 1} decode steps when they batch together (more when they "
+               f"arrive apart), seconds a point; the first press also loads the model and starts its server."))
 pressed = st.button(f"Run the load test ({len(rates) * requests} requests: {', '.join(map(rate_label, rates))})",
                key="serve_b_run", type="primary", icon=":material/play_arrow:")
 

@@ -2,10 +2,10 @@
 
 Each run gets a fresh engine (new knobs, an empty KV pool) built around the same loaded weights.
 
-Which models the pages offer: the technique pages (speculative decoding, quantization, serving, cluster)
-measure the bundled models (`model_choices`); the engine's own pages and the chat also offer the installed
-real model (`app_models`), and start on it: the app's default model is the real one when its package is
-installed, else tiny. MINILLM_APP_MODEL names another default (the app's tests set it to tiny).
+Which models the pages offer: the cluster page measures the bundled models (`model_choices`); every other page
+also offers the installed real model (`app_models`), and starts on it: the app's default model is the real one
+when its package is installed, else tiny. MINILLM_APP_MODEL names another default (the app's tests set it to
+tiny). The technique pages size their work for a real model (shared/sizing.py).
 """
 import os
 
@@ -14,6 +14,7 @@ import torch
 
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
+from minillm.layers.linear import Linear
 from minillm.models.loader import load_model
 from minillm.models.registry import DEFAULT_MODEL, available_models, bundled_models, preferred_model, resolve_model_path
 
@@ -43,6 +44,16 @@ def load_weights(model: str, dtype: str, device: str) -> torch.nn.Module:
     return load_model(resolve_model_path(model), getattr(torch, dtype), torch.device(device))
 
 
+def copyable(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` without the oneDNN-packed weight copies its linear layers keep after a product of a few rows
+    (layers/linear.py makes them again when next needed): copy.deepcopy cannot copy an opaque oneDNN tensor,
+    and a quantized copy of the shared weights (the engine's, the quantization page's) starts with one."""
+    for layer in model.modules():
+        if isinstance(layer, Linear):
+            layer._packed = None
+    return model
+
+
 def build_engine(config: EngineConfig) -> LLMEngine:
     weights = load_weights(config.model, str(config.torch_dtype).removeprefix("torch."), str(config.torch_device))
-    return LLMEngine(config, model=weights)
+    return LLMEngine(config, model=copyable(weights) if config.quantization is not None else weights)

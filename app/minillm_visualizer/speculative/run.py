@@ -5,6 +5,7 @@ the target's loaded weights between runs), so they are tested without a page. Th
 through its public surface only: the StepEvents it publishes (each carries the step's verifications),
 the chunks step() returns, and the speculator's stats.
 """
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,11 +16,14 @@ from minillm.config import Components, SpeculativeConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
+from minillm.speculative.draft import check_same_vocabulary
 from minillm.speculative.heads import HEADS_FILE
 from minillm.speculative.speculator import SpecStats
 from minillm.speculative.theory import expected_tokens_per_forward
 from minillm.state import StepEvent, Verification
+from minillm.tokenizer import Tokenizer
 from minillm.utils import cdiv
+from minillm_visualizer.shared.sizing import is_real, sequence_bound
 
 _FUNCTION = '''def count_words(text):
     """Count how often each word occurs in text."""
@@ -77,21 +81,47 @@ class SpecRun:
 def label(method: str | None, draft: str | None = None) -> str:
     if method is None:
         return "none (no speculation)"
-    return f"{PROPOSERS[method]} ({draft})" if method == "draft" else PROPOSERS[method]
+    return f"{PROPOSERS[method]} ({draft})" if method == "draft" and draft else PROPOSERS[method]
 
 
 def heads_path(model: str) -> Path:
     return resolve_model_path(model) / HEADS_FILE
 
 
+@functools.lru_cache(maxsize=8)
+def _vocabulary(model: str) -> tuple[Tokenizer, int]:
+    path = resolve_model_path(model)
+    return Tokenizer(path), ModelConfig.from_file(path / "config.json").vocab_size
+
+
+def drafts_for(target: str, models: list[str]) -> list[str]:
+    """The models that can draft for `target`: the others with its tokenizer (a draft's token ids must mean
+    what the target's do; draft.check_same_vocabulary is the engine's own test)."""
+    target_tokenizer, target_vocab = _vocabulary(target)
+    out = []
+    for name in models:
+        if name == target:
+            continue
+        tokenizer, vocab = _vocabulary(name)
+        try:
+            check_same_vocabulary(tokenizer, target_tokenizer, vocab, target_vocab, name)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
 def proposer_problem(method: str, model: str, draft: str | None) -> str | None:
     """Why `method` cannot propose for `model` on this machine, in words; None if it can."""
     if method == "heads" and not heads_path(model).is_file():
+        # the command first has the target continue 512 prompts, the text the heads learn from
+        when = "much longer for a real model, which writes their training text" if is_real(model) else "minutes"
         return (f"No prediction heads have been trained for {model} yet (there is no {heads_path(model).name} "
-                f"beside its weights). Train them, in minutes on a CPU, with `{TRAIN_HEADS} --model {model}`, "
+                f"beside its weights). Train them ({when} on a CPU) with `{TRAIN_HEADS} --model {model}`, "
                 f"then run again.")
     if method == "draft" and not draft:
-        return f"No other bundled model can draft for {model}."
+        return (f"No other model here shares {model}'s tokenizer, so none can draft for it: a draft's token ids "
+                f"must mean what the target's do.")
     return None
 
 
@@ -106,9 +136,10 @@ def chosen_prompts(names: list[str], own: str) -> dict[str, str]:
 
 
 def engine_config(model: str, method: str | None, k: int, draft: str | None, num_prompts: int,
-                  components: Components | None = None) -> EngineConfig:
+                  components: Components | None = None, tokens_per_prompt: int | None = None) -> EngineConfig:
     """The target with speculation by `method` (None: without), and `components` (the learner's parts)
-    if given; a pool with room for every prompt's full context, so a run never preempts."""
+    if given; a pool with room for every prompt's `tokens_per_prompt` (None: its full context), so a run
+    never preempts."""
     spec = None
     if method is not None:
         problem = proposer_problem(method, model, draft)
@@ -117,9 +148,16 @@ def engine_config(model: str, method: str | None, k: int, draft: str | None, num
         where = {"draft": {"draft_model": draft}, "heads": {"heads": str(heads_path(model))}}.get(method, {})
         spec = SpeculativeConfig(method, k=k, **where)
     context = ModelConfig.from_file(resolve_model_path(model) / "config.json").max_position_embeddings
+    tokens = min(context, tokens_per_prompt or context)
     return EngineConfig(model=model, speculative=spec, block_size=BLOCK_SIZE,
-                        num_kv_blocks=num_prompts * (cdiv(context, BLOCK_SIZE) + 1),
+                        num_kv_blocks=num_prompts * (cdiv(tokens, BLOCK_SIZE) + 1),
                         components=components or Components())
+
+
+def tokens_needed(prompts: dict[str, str], max_tokens: int, k: int) -> int:
+    """An upper bound on one sequence's length: the longest prompt with its output, and k proposals in flight
+    (with room for the bonus token)."""
+    return max(sequence_bound(p, max_tokens) for p in prompts.values()) + k + 1
 
 
 def run_prompts(make_engine: Callable[[EngineConfig], LLMEngine], config: EngineConfig, prompts: dict[str, str],
@@ -178,8 +216,9 @@ def sweep(make_engine, model: str, method: str, draft: str | None, ks: list[int]
     rows, skipped = [], []
     for k in sorted(set(ks)):
         try:
-            run = run_prompts(make_engine, engine_config(model, method, k, draft, len(prompts)), prompts,
-                              max_tokens, temperature)
+            config = engine_config(model, method, k, draft, len(prompts),
+                                   tokens_per_prompt=tokens_needed(prompts, max_tokens, k))
+            run = run_prompts(make_engine, config, prompts, max_tokens, temperature)
         except ValueError as exc:
             skipped.append(f"k = {k}: {exc}")
             continue
@@ -202,7 +241,9 @@ def compare(make_engine, model: str, variants: list[tuple[str, str | None]], k: 
             max_tokens: int, temperature: float) -> list[dict]:
     """Each (proposer, draft model) on the same prompts, beside the engine without speculation (the first row)."""
     SpeculativeConfig("ngram", k=k)  # a k no proposer takes is refused once, with the engine's own message
-    run_prompts(make_engine, engine_config(model, None, k, None, 1), {"warm": "def"}, 4, 0.0)  # first-run costs
+    warm = {"warm": "def"}
+    run_prompts(make_engine, engine_config(model, None, k, None, 1, tokens_per_prompt=tokens_needed(warm, 4, k)),
+                warm, 4, 0.0)  # first-run costs
     rows = []
     for method, draft in [(None, None), *variants]:
         name = label(method, draft)
@@ -211,8 +252,9 @@ def compare(make_engine, model: str, variants: list[tuple[str, str | None]], k: 
             rows.append({"proposer": name, "note": problem})
             continue
         try:
-            run = run_prompts(make_engine, engine_config(model, method, k, draft, len(prompts)), prompts,
-                              max_tokens, temperature)
+            config = engine_config(model, method, k, draft, len(prompts),
+                                   tokens_per_prompt=tokens_needed(prompts, max_tokens, k))
+            run = run_prompts(make_engine, config, prompts, max_tokens, temperature)
         except ValueError as exc:
             rows.append({"proposer": name, "note": str(exc)})
             continue

@@ -4,8 +4,9 @@ import time
 import pandas as pd
 import streamlit as st
 
-from minillm_visualizer.shared.engines import build_engine, model_choices
+from minillm_visualizer.shared.engines import app_models, build_engine
 from minillm_visualizer.shared.learner_parts import SPEC_LAB, default_folder, describe, failure, learner_components
+from minillm_visualizer.shared.sizing import cost_note, is_real, knob_defaults, resize
 from minillm_visualizer.speculative.charts import (
     LEGEND,
     acceptance_chart,
@@ -20,17 +21,21 @@ from minillm_visualizer.speculative.run import (
     SpecRun,
     chosen_prompts,
     compare,
+    drafts_for,
     engine_config,
     label,
     pooled_alpha,
     proposer_problem,
     run_prompts,
     sweep,
+    tokens_needed,
 )
 
 REDRAW_S = 0.15  # while a run streams, redraw at most this often
 DEFAULTS = {"method": "ngram", "k": 4, "temperature": 0.0, "max_tokens": 40,
             "prompts": ["fibonacci", "stack", "edit: rename a function"], "own": "", "ks": SWEEP_KS}
+# A real model: two prompts, shorter outputs, three values of k (a run of seconds on a 2-core CPU).
+REAL = {"max_tokens": 24, "prompts": ["fibonacci", "edit: rename a function"], "ks": [1, 2, 4]}
 
 st.title("Speculative decoding")
 st.markdown("A cheap proposer guesses the next k tokens and the target model checks all of them in one forward: "
@@ -42,15 +47,20 @@ st.caption(":material/menu_book: Taught in **lab 05, speculative decoding**: `la
            "labs with `make lab`). The engine's side is in `minillm/speculative/`: the proposers (`ngram.py`, "
            "`draft.py`, `heads.py`), verification (`verify.py`) and the theory (`theory.py`).")
 
-models = model_choices()
-for name, value in {**DEFAULTS, "model": models[0] if models else "tiny"}.items():
-    st.session_state.setdefault(f"k_spec_{name}", value)
+models = app_models()
+knob_defaults("spec", DEFAULTS, REAL, models)
 c = st.columns([1, 2.2, 1, 1, 1.3, 1])
-model = c[0].selectbox("Target model", models, key="k_spec_model")
-method = c[1].radio("Proposer", list(PROPOSERS), format_func=PROPOSERS.get, key="k_spec_method", horizontal=True)
-drafts = [m for m in models if m != model]
+model = c[0].selectbox("Target model", models, key="k_spec_model", on_change=resize("spec", DEFAULTS, REAL),
+                       help="A real model starts on fewer prompts and shorter outputs.")
+drafts = drafts_for(model, models)
 if st.session_state.get("k_spec_draft") not in drafts:
     st.session_state["k_spec_draft"] = "pico" if "pico" in drafts else (drafts[0] if drafts else None)
+# Only the proposers that can run for this model are offered; the others are named, with the reason.
+missing = {m: proposer_problem(m, model, drafts[0] if drafts else None) for m in PROPOSERS}
+offered = [m for m, why in missing.items() if not why]
+if st.session_state.get("k_spec_method") not in offered:
+    st.session_state["k_spec_method"] = offered[0]
+method = c[1].radio("Proposer", offered, format_func=PROPOSERS.get, key="k_spec_method", horizontal=True)
 draft = c[2].selectbox("Draft model", drafts, key="k_spec_draft", disabled=method != "draft",
                        help="A smaller model with the target's tokenizer, with its own paged KV cache.")
 k = int(c[3].number_input("k (proposals per step)", 0, 16, key="k_spec_k"))
@@ -63,8 +73,13 @@ names = p[0].multiselect("Prompts", list(PROMPTS), key="k_spec_prompts",
                          help="Code to continue, and an edit whose answer repeats much of its prompt.")
 own = p[1].text_area("Your own prompt (optional)", key="k_spec_own", height=80)
 problem = proposer_problem(method, model, draft)
-if problem:
-    st.warning(problem, icon=":material/info:")
+for m, why in missing.items():
+    if why:
+        st.info(f"**{PROPOSERS[m]}** is not offered for {model}: {why}", icon=":material/info:")
+if is_real(model):
+    st.caption(":material/timer: " + cost_note(model, f"Run prefills {len(names) + bool(own.strip())} prompts, "
+               f"then makes at most {max_tokens} target forwards (fewer as proposals are accepted): seconds. The "
+               f"sweep makes one such run per k, the comparison one per proposer."))
 st.session_state.setdefault("k_mine_folder", default_folder())
 mine_cols = st.columns([1.4, 2])
 mine = mine_cols[0].toggle("Run with my lab 05 notebook", key="k_spec_mine",
@@ -131,7 +146,7 @@ if run_clicked:
         prompts = chosen_prompts(names, own)
         # The learner's notebook is read at each Run: an edit is picked up by the next one.
         parts = learner_components(st.session_state["k_mine_folder"], [SPEC_LAB]) if mine else None
-        config = engine_config(model, method, k, draft, len(prompts), parts)
+        config = engine_config(model, method, k, draft, len(prompts), parts, tokens_needed(prompts, max_tokens, k))
         result = run_prompts(build_engine, config, prompts, max_tokens, temperature, on_step=streaming(view))
         whose = f"; your {describe(parts)}" if parts else ""
         st.session_state["spec_result"] = (result, settings_note(f"{label(method, draft)} for") + whose)
@@ -191,10 +206,10 @@ if "spec_sweep" in st.session_state:
                            key="spec_dl_sweep", on_click="ignore")
 
 st.subheader("The proposers side by side")
-st.caption("Every proposer, and every bundled model that can draft, on the same prompts at the same k, beside "
-           "the engine without speculation. Tokens/s is wall time on this machine, one run each: a draft model's "
-           "own forwards and the verification of rejected guesses cost time, so more tokens per forward is not "
-           "always more tokens per second.")
+st.caption("Every proposer, and as drafts every model here that shares the target's tokenizer, on the same prompts at "
+           "the same k, beside the engine without speculation. Tokens/s is wall time on this machine, one run each: "
+           "a draft model's own forwards and the verification of rejected guesses cost time, so more tokens per "
+           "forward is not always more tokens per second.")
 if st.button("Compare the proposers", key="spec_b_compare", icon=":material/compare_arrows:"):
     st.session_state.pop("spec_compare", None)
     try:
