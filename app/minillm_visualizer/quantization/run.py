@@ -23,7 +23,7 @@ from minillm.quant.config import LAYER_PROJECTIONS
 from minillm.quant.eval import Quality, Reference, heldout_windows
 from minillm.quant.sensitivity import quantized_copy, sensitivity_grid
 from minillm.utils import cdiv
-from minillm_visualizer.shared.engines import copyable, load_weights
+from minillm_visualizer.shared.engines import load_weights
 from minillm_visualizer.shared.sizing import is_real
 
 WINDOWS, WINDOW_TOKENS = 4, 256  # every figure is measured on these: 4 x 256 = 1,024 next-token predictions
@@ -51,8 +51,7 @@ def quant_config(scheme: str, group_size: int, layers: list[int], projections: l
 def full_model(model: str) -> torch.nn.Module:
     """The full-precision weights build_engine shares between engines (loaded once per server)."""
     config = EngineConfig(model=model)
-    # copyable: every figure here starts from a deep copy of these weights
-    return copyable(load_weights(model, str(config.torch_dtype).removeprefix("torch."), str(config.torch_device)))
+    return load_weights(model, str(config.torch_dtype).removeprefix("torch."), str(config.torch_device))
 
 
 def window_shape(model: str) -> tuple[int, int]:

@@ -14,7 +14,6 @@ import torch
 
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
-from minillm.layers.linear import Linear
 from minillm.models.loader import load_model
 from minillm.models.registry import DEFAULT_MODEL, available_models, bundled_models, preferred_model, resolve_model_path
 
@@ -44,16 +43,6 @@ def load_weights(model: str, dtype: str, device: str) -> torch.nn.Module:
     return load_model(resolve_model_path(model), getattr(torch, dtype), torch.device(device))
 
 
-def copyable(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` without the oneDNN-packed weight copies its linear layers keep after a product of a few rows
-    (layers/linear.py makes them again when next needed): copy.deepcopy cannot copy an opaque oneDNN tensor,
-    and a quantized copy of the shared weights (the engine's, the quantization page's) starts with one."""
-    for layer in model.modules():
-        if isinstance(layer, Linear):
-            layer._packed = None
-    return model
-
-
 def build_engine(config: EngineConfig) -> LLMEngine:
     weights = load_weights(config.model, str(config.torch_dtype).removeprefix("torch."), str(config.torch_device))
-    return LLMEngine(config, model=copyable(weights) if config.quantization is not None else weights)
+    return LLMEngine(config, model=weights)
