@@ -62,32 +62,35 @@ template <int R> void int8_dot(const float* x, int64_t ldx, const int8_t* q, int
         for (int r = 0; r < R; ++r) out[r] += x[r * ldx + j] * static_cast<float>(q[j]);
 }
 
-// out[r] = sum_g scale[g] * sum_{bytes j of g} (xe[r, j] * low(b[j]) + xo[r, j] * high(b[j]))
+// out[r] = sum_g scale[g] * sum_{bytes j of g} (xe[r, j] * low(b[j]) + xo[r, j] * high(b[j])).
+// One pass over the row's bytes, 16 at a time, each vector of them scaled by its group's scale (a
+// group of a multiple of 32 inputs holds whole vectors); other even group sizes take the scalar loop.
 template <int R> void int4_dot(const float* xe, const float* xo, int64_t ldx, const uint8_t* b, const float* scale,
                                int64_t groups, int64_t half_g, float* out) {
-    f32x16 acc[R] = {};
-    float rest[R] = {};  // the bytes of a group past its last whole vector
-    for (int64_t g = 0; g < groups; ++g) {
-        f32x16 part[R] = {};
-        float part_rest[R] = {};
-        const int64_t at = g * half_g;
-        int64_t j = 0;
-        for (; j + LANES <= half_g; j += LANES) {
-            const u8x16 q = load<u8x16>(b + at + j);
-            const f32x16 lo = to_float(q & 0x0F), hi = to_float(q >> 4);
+    const int64_t half_k = groups * half_g;
+    if (half_g % LANES) {
+        for (int r = 0; r < R; ++r) out[r] = 0.0f;
+        for (int64_t j = 0; j < half_k; ++j)
             for (int r = 0; r < R; ++r)
-                part[r] += load<f32x16>(xe + r * ldx + at + j) * lo + load<f32x16>(xo + r * ldx + at + j) * hi;
-        }
-        for (; j < half_g; ++j)
-            for (int r = 0; r < R; ++r)
-                part_rest[r] += xe[r * ldx + at + j] * static_cast<float>(b[at + j] & 0x0F) +
-                                xo[r * ldx + at + j] * static_cast<float>(b[at + j] >> 4);
-        for (int r = 0; r < R; ++r) {
-            acc[r] += scale[g] * part[r];
-            rest[r] += scale[g] * part_rest[r];
-        }
+                out[r] += scale[j / half_g] * (xe[r * ldx + j] * static_cast<float>(b[j] & 0x0F) +
+                                               xo[r * ldx + j] * static_cast<float>(b[j] >> 4));
+        return;
     }
-    for (int r = 0; r < R; ++r) out[r] = sum(acc[r]) + rest[r];
+    f32x16 acc[2][R] = {};  // two chains, as in int8_dot
+    auto step = [&](int64_t j, f32x16* a) {
+        const u8x16 q = load<u8x16>(b + j);
+        const f32x16 lo = to_float(q & 0x0F), hi = to_float(q >> 4);
+        const float s = scale[j / half_g];
+        for (int r = 0; r < R; ++r)
+            a[r] += s * (load<f32x16>(xe + r * ldx + j) * lo + load<f32x16>(xo + r * ldx + j) * hi);
+    };
+    int64_t j = 0;
+    for (; j + 2 * LANES <= half_k; j += 2 * LANES) {
+        step(j, acc[0]);
+        step(j + LANES, acc[1]);
+    }
+    if (j < half_k) step(j, acc[0]);
+    for (int r = 0; r < R; ++r) out[r] = sum(acc[0][r] + acc[1][r]);
 }
 
 // Calls body(row, m0, rows) for every weight row and every block of at most X_ROWS rows of x.
