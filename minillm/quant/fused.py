@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -50,6 +51,9 @@ def library() -> ctypes.CDLL | None:
             built = Path(tmp) / target.name
             done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True)
             if done.returncode != 0:
+                warnings.warn(f"minillm: building the fused int8/int4 CPU kernels with {compiler} failed, so quantized "
+                              f"layers use the reference (dequantize, then matmul):\n{done.stderr.decode()[-2000:]}",
+                              stacklevel=2)
                 return None
             built.replace(target)  # atomic: another process building at the same time sees a whole file
     lib = ctypes.CDLL(str(target))  # after torch: libgomp.so.1 resolves to torch's, so the kernels share its threads
