@@ -50,10 +50,10 @@ class Settings:
     searched: tuple[tuple[str, int], ...]  # (scheme, group size) of the sensitivity sections, most aggressive first
     seeds: tuple[int, ...]               # random orders of the growing sets
     exhaustive: bool                     # every subset of layers for the first searched scheme
-    awq: tuple[tuple[int, str], ...]     # (group size, int4_range) of the AWQ-calibrated int4 rows
-    threads: tuple[int, ...]             # torch threads of the decode measurements (those the CPUs have)
-    kernel_repeats: int                  # sweeps per kernel timing
-    inductor: bool                       # time torch.compile's dequantize-matvec too (it compiles per shape)
+    awq: tuple[tuple[int, str], ...] = ()  # (group size, int4_range) of the AWQ-calibrated int4 rows
+    threads: tuple[int, ...] = (1,)      # torch threads of the decode measurements (those the CPUs have)
+    kernel_repeats: int = 3              # sweeps per kernel timing
+    inductor: bool = False               # time torch.compile's dequantize-matvec too (it compiles per shape)
 
 
 FULL = Settings(windows=20, window_tokens=256, group_sizes=(32, 64, 128), fp8=True, prompt_tokens=64,
@@ -61,13 +61,14 @@ FULL = Settings(windows=20, window_tokens=256, group_sizes=(32, 64, 128), fp8=Tr
                 exhaustive=True, awq=((64, "holds-zero"), (32, "min-max")), threads=(1, 2), kernel_repeats=5,
                 inductor=True)
 QUICK = Settings(windows=4, window_tokens=128, group_sizes=(64,), fp8=False, prompt_tokens=32, new_tokens=16,
-                 repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False, awq=(), threads=(1,),
-                 kernel_repeats=5, inductor=False)
-# --quick on a big model: the schemes and kernels only (each sensitivity set is a copy of the model), at both
-# thread counts, on enough tokens to tell the int4 codecs apart
-QUICK_BIG = dataclasses.replace(QUICK, group_sizes=(32, 64), prompt_tokens=32, new_tokens=24, repeats=5, searched=(),
-                                seeds=(), awq=((64, "holds-zero"), (32, "min-max")), threads=(1, 2), kernel_repeats=3)
-
+                 repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False, kernel_repeats=5)
+# --quick on a big model: fewer windows and tokens, and no random orders (each growing set is a copy of the model)
+QUICK_BIG = dataclasses.replace(QUICK, windows=2, window_tokens=32, prompt_tokens=16, new_tokens=8, seeds=(),
+                                kernel_repeats=2)
+# a full run on a big model: the schemes (AWQ too), the kernels and decode at both thread counts, on enough
+# tokens to tell the int4 codecs apart; no sensitivity sections (30 layers: hours of model copies)
+FULL_BIG = dataclasses.replace(QUICK, group_sizes=(32, 64), prompt_tokens=32, new_tokens=24, repeats=5, searched=(),
+                               seeds=(), awq=((64, "holds-zero"), (32, "min-max")), threads=(1, 2), kernel_repeats=3)
 
 def unfit_group(group_size: int, config) -> str | None:
     """Why int4 at group_size cannot quantize this model (a matrix's input size it does not divide), or None."""
@@ -161,11 +162,14 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     model = model or "tiny"
     started, conditions, notes = time.perf_counter(), check_conditions(), []
     path = resolve_model_path(model)
-    big = quick and is_big(path)
-    s = QUICK_BIG if big else QUICK if quick else FULL
-    if big:
-        notes.append(f"--quick: {SMALLER_QUICK}: {s.windows} windows of {s.window_tokens} tokens, the schemes and "
-                     f"kernels only (no sensitivity sections)")
+    big = is_big(path)
+    s = (QUICK_BIG if big else QUICK) if quick else FULL_BIG if big else FULL
+    if big and quick:
+        notes.append(f"--quick: {SMALLER_QUICK}: {s.windows} windows of {s.window_tokens} tokens, growing sets in "
+                     f"the two sensitivity orders only")
+    elif big:
+        notes.append(f"a big model: {s.windows} windows of {s.window_tokens} tokens, the schemes and kernels only "
+                     f"(the sensitivity sections would take hours of model copies)")
     threads = tuple(t for t in s.threads if t <= (os.cpu_count() or 1))
     if threads != s.threads:
         notes.append(f"decode at {', '.join(map(str, threads))} thread(s) only: this machine has {os.cpu_count()} CPUs")
