@@ -102,12 +102,13 @@ def test_throughput_policies_agree_on_the_tokens(tmp_path):
 
 def test_quant_scores_each_scheme_on_the_real_weights(tmp_path):
     figures, _ = quick_run("quant", tmp_path)
-    assert [r["scheme"] for r in figures["schemes"]] == ["full", "int8", "int4-g64"]
+    assert [r["scheme"] for r in figures["schemes"]] == ["full", "int8", "int4-g64", "int4-g64-minmax",
+                                                          "int8 reference", "int4-g64 reference"]
     quality, size = figures["quality"], figures["bytes"]
     assert all(1 < q["perplexity"] < math.inf for q in quality.values())
     assert quality["full"]["kl"] == 0 and quality["int8"]["top1"] > 0.9
     assert 0 < size["int4-g64"]["quantized"] < size["int8"]["quantized"] < size["int8"]["quantized_fp32"]
-    assert all(r > 0 for rates in figures["decode_tokens_per_s"].values() for r in rates)
+    assert all(r > 0 for by in figures["decode_tokens_per_s"].values() for rates in by.values() for r in rates)
     [study] = figures["sensitivity"]
     assert len(study["layers_alone"]) == 30 and study["sets_measured"] > 30
 

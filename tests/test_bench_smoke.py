@@ -142,7 +142,8 @@ def test_quant_quick_path_on_a_hf_checkpoint_skips_group_sizes_that_do_not_divid
     figures = quant.run(quick=True, json_path=str(tmp_path / "quant.json"), model=str(tmp_path / "model"))
     out = capsys.readouterr().out
     assert "int4-g64 skipped: group size 64 does not divide intermediate_size 96" in out
-    assert [r["scheme"] for r in figures["schemes"]] == ["full", "int8", "int4-g32"]
+    assert [r["scheme"] for r in figures["schemes"]] == ["full", "int8", "int4-g32", "int4-g32-minmax",
+                                                          "int8 reference", "int4-g32 reference"]
     shapes = [p.shape for name, p in hf.named_parameters() if "layers" in name and name.endswith("proj.weight")]
     assert figures["bytes"]["int8"]["quantized"] == sum(o * i + 4 * o for o, i in shapes)  # codes + a scale a row
     assert figures["bytes"]["int4-g32"]["quantized"] == sum(o * i // 2 + o * (i // 32) * 5 for o, i in shapes)
@@ -155,7 +156,8 @@ def test_quant_quick_path_on_a_hf_checkpoint_skips_group_sizes_that_do_not_divid
     assert "cancellation at int4-g32:" in out and "48 tokens scored per measurement" in out
     record = json.loads((tmp_path / "quant.json").read_text())
     assert record["benchmark"] == "quant" and "torch_threads" in record["conditions"]
-    assert all(len(r) == 2 for r in record["decode_tokens_per_s"].values())
+    assert all(len(r) == 2 for by in record["decode_tokens_per_s"].values() for r in by.values())
+    assert {r["scheme"] for r in record["kernels"]} == {"int8", "int4-g32"}
 
 
 def test_throughput_quick_path_compares_policies_at_each_batch_and_profiles_a_full_step(monkeypatch, tmp_path, capsys):

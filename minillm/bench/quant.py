@@ -2,17 +2,22 @@
 which layers and projections are sensitive; and whether quantizing more ever gives a lower error.
 
 Measured side by side in one run, on the same held-out windows (eval.Reference):
-  * the full-precision model and each scheme (int8; int4 at group sizes 32, 64, 128; fp8 where
-    torch has float8_e4m3fn): perplexity, KL(full || quantized), top-1 agreement, the bytes of the
-    quantized matrices (codes, scales and zero points) against float32, the whole model's bytes,
-    and greedy decode tokens/s at batch 1 (the engine, one prompt, interleaved repetitions; the
-    ratio to full precision is the median of each repetition's ratio);
+  * the kernels: every candidate matmul of each scheme at the model's own shapes and 1-16 rows of x
+    (quant/kernel_choice.py), the evidence for the fused CPU path QuantizedLinear takes by default;
+  * the full-precision model and each scheme (int8; int4 at group sizes 32, 64, 128, with the range
+    holding 0 and min-max; AWQ; fp8 where torch has float8_e4m3fn): perplexity, KL(full ||
+    quantized), top-1 agreement, the bytes of the quantized matrices (codes, scales and zero points)
+    against float32, the whole model's bytes, and greedy decode tokens/s at batch 1 at each thread
+    count (the engine, one prompt, interleaved repetitions; the ratio to full precision is the median
+    of each repetition's ratio), the reference kernel beside the fused one;
   * sensitivity: each decoder layer alone and each projection type alone, then growing sets of
     layers in the orders most-sensitive-first, least-sensitive-first and seeded random ones;
   * the cancellation search (quant/cancellation.py) over every set measured, with every subset of
     layers for the most aggressive scheme when the model has at most 6 layers.
 """
+import copy
 import dataclasses
+import os
 import statistics
 import time
 
@@ -24,7 +29,8 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.decode import minillm_decode
 from minillm.config import EngineConfig
 from minillm.models.registry import resolve_model_path
-from minillm.quant import QuantConfig, linear_weight_bytes
+from minillm.quant import QuantConfig, kernel_choice, linear_weight_bytes, quantize_model
+from minillm.quant.awq import apply_awq, calibration_rows
 from minillm.quant.cancellation import MAX_EXHAUSTIVE_UNITS, Search, paired_difference, search
 from minillm.quant.codecs import FP8_DTYPE
 from minillm.quant.config import LAYER_PROJECTIONS
@@ -44,16 +50,25 @@ class Settings:
     searched: tuple[tuple[str, int], ...]  # (scheme, group size) of the sensitivity sections, most aggressive first
     seeds: tuple[int, ...]               # random orders of the growing sets
     exhaustive: bool                     # every subset of layers for the first searched scheme
+    awq: tuple[tuple[int, str], ...] = ()  # (group size, int4_range) of the AWQ-calibrated int4 rows
+    threads: tuple[int, ...] = (1,)      # torch threads of the decode measurements (those the CPUs have)
+    kernel_repeats: int = 3              # sweeps per kernel timing
+    inductor: bool = False               # time torch.compile's dequantize-matvec too (it compiles per shape)
 
 
 FULL = Settings(windows=20, window_tokens=256, group_sizes=(32, 64, 128), fp8=True, prompt_tokens=64,
                 new_tokens=32, repeats=5, searched=(("int4", 32), ("int4", 64), ("int8", 0)), seeds=(0, 1, 2),
-                exhaustive=True)
+                exhaustive=True, awq=((64, "holds-zero"), (32, "min-max")), threads=(1, 2), kernel_repeats=5,
+                inductor=True)
 QUICK = Settings(windows=4, window_tokens=128, group_sizes=(64,), fp8=False, prompt_tokens=32, new_tokens=16,
-                 repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False)
+                 repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False, kernel_repeats=5)
 # --quick on a big model: fewer windows and tokens, and no random orders (each growing set is a copy of the model)
-QUICK_BIG = dataclasses.replace(QUICK, windows=2, window_tokens=32, prompt_tokens=16, new_tokens=8, seeds=())
-
+QUICK_BIG = dataclasses.replace(QUICK, windows=2, window_tokens=32, prompt_tokens=16, new_tokens=8, seeds=(),
+                                kernel_repeats=2)
+# a full run on a big model: the schemes (AWQ too), the kernels and decode at both thread counts, on enough
+# tokens to tell the int4 codecs apart; no sensitivity sections (30 layers: hours of model copies)
+FULL_BIG = dataclasses.replace(QUICK, group_sizes=(32, 64), prompt_tokens=32, new_tokens=24, repeats=5, searched=(),
+                               seeds=(), awq=((64, "holds-zero"), (32, "min-max")), threads=(1, 2), kernel_repeats=3)
 
 def unfit_group(group_size: int, config) -> str | None:
     """Why int4 at group_size cannot quantize this model (a matrix's input size it does not divide), or None."""
@@ -77,23 +92,49 @@ def configs(specs, config, notes: list[str]) -> list[QuantConfig]:
     return out
 
 
-def decode_speeds(model_dir: str, schemes: list[QuantConfig], prompt: list[int], s: Settings, bar) -> dict:
-    """Greedy decode tokens/s at batch 1 of the full model and each scheme, interleaved repetitions
-    in rotating order. -> label -> (rates per repetition, the greedy tokens)."""
+def scheme_configs(s: Settings, config, notes: list[str]) -> tuple[list[QuantConfig], list[QuantConfig]]:
+    """-> (the schemes whose quality is measured, those whose decode speed is: the uncalibrated ones, and
+    the reference kernel of int8 and the first int4 beside the fused default)."""
+    plain = configs([("int8", 0), *(("int4", g) for g in s.group_sizes), *([("fp8", 0)] if s.fp8 else [])],
+                    config, notes)
+    int4 = [c for c in plain if c.scheme == "int4"]
+    min_max = [dataclasses.replace(c, int4_range="min-max") for c in int4]
+    awq = [dataclasses.replace(c, int4_range=r, calibration="awq")
+           for g, r in s.awq for c in configs([("int4", g)], config, notes)]
+    references = [dataclasses.replace(c, kernel="reference") for c in plain[:1] + int4[:1]]
+    return plain + min_max + awq, plain + min_max + references
+
+
+def decode_speeds(model_dir: str, schemes: list[QuantConfig], prompt: list[int], s: Settings, threads, bar) -> dict:
+    """Greedy decode tokens/s at batch 1 of the full model and each scheme, at each torch thread count,
+    interleaved repetitions in rotating order. -> threads -> label -> (rates per repetition, the greedy tokens)."""
     tokens = len(prompt) + max(s.new_tokens, 4)
     llms = {"full": batch_one(model_dir, tokens)}
     llms.update({c.label(): batch_one(model_dir, tokens, quantization=c) for c in schemes})
-    for llm in llms.values():
-        minillm_decode(llm, prompt, 4)  # warm-up
-    names, out = list(llms), {name: ([], []) for name in llms}
-    for rep in range(s.repeats):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            bar.set_description(f"quant: decode {name}, run {rep + 1}/{s.repeats}")
-            rate, tokens = minillm_decode(llms[name], prompt, s.new_tokens)
-            out[name][0].append(rate)
-            out[name][1][:] = tokens
-            bar.update()
+    names, out, before = list(llms), {}, torch.get_num_threads()
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            for llm in llms.values():
+                minillm_decode(llm, prompt, 4)  # warm-up
+            out[t] = {name: ([], []) for name in llms}
+            for rep in range(s.repeats):
+                for name in names[rep % len(names):] + names[:rep % len(names)]:
+                    bar.set_description(f"quant: decode {name}, {t} thread{'s' * (t > 1)}, run {rep + 1}/{s.repeats}")
+                    rate, tokens = minillm_decode(llms[name], prompt, s.new_tokens)
+                    out[t][name][0].append(rate)
+                    out[t][name][1][:] = tokens
+                    bar.update()
+    finally:
+        torch.set_num_threads(before)
     return out
+
+
+def calibrated_copy(model: torch.nn.Module, config: QuantConfig, model_dir) -> torch.nn.Module:
+    """A copy of model scaled by AWQ on the calibration text (as an engine does), then quantized."""
+    scaled = copy.deepcopy(model)
+    apply_awq(scaled, config, calibration_rows(model_dir))
+    return quantize_model(scaled, config)
 
 
 def batch_one(model_dir: str, tokens: int, **config) -> LLM:
@@ -121,32 +162,42 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     model = model or "tiny"
     started, conditions, notes = time.perf_counter(), check_conditions(), []
     path = resolve_model_path(model)
-    big = quick and is_big(path)
-    s = QUICK_BIG if big else QUICK if quick else FULL
-    if big:
+    big = is_big(path)
+    s = (QUICK_BIG if big else QUICK) if quick else FULL_BIG if big else FULL
+    if big and quick:
         notes.append(f"--quick: {SMALLER_QUICK}: {s.windows} windows of {s.window_tokens} tokens, growing sets in "
                      f"the two sensitivity orders only")
+    elif big:
+        notes.append(f"a big model: {s.windows} windows of {s.window_tokens} tokens, the schemes and kernels only "
+                     f"(the sensitivity sections would take hours of model copies)")
+    threads = tuple(t for t in s.threads if t <= (os.cpu_count() or 1))
+    if threads != s.threads:
+        notes.append(f"decode at {', '.join(map(str, threads))} thread(s) only: this machine has {os.cpu_count()} CPUs")
     windows = heldout_windows(path, s.windows, s.window_tokens)  # [windows, tokens + 1]
     full = batch_one(str(path), s.window_tokens + 1).model
-    specs = [("int8", 0), *(("int4", g) for g in s.group_sizes), *([("fp8", 0)] if s.fp8 else [])]
-    schemes = configs(specs, full.config, notes)
+    schemes, timed = scheme_configs(s, full.config, notes)
     searched = configs(s.searched, full.config, notes)
     if s.exhaustive and len(full.model.layers) > MAX_EXHAUSTIVE_UNITS:
         layers = len(full.model.layers)
         notes.append(f"every-subset search skipped: {layers} decoder layers would be {2 ** layers - 1:,} sets "
                      f"(it takes at most {MAX_EXHAUSTIVE_UNITS} layers); growing sets only")
-    with progress("quant", 1 + len(schemes) * (1 + s.repeats) + s.repeats, "measurement") as bar:
+    kernel_group = next((c.group_size for c in schemes if c.scheme == "int4"), 32)
+    with progress("quant", 2 + len(schemes) + (1 + len(timed)) * s.repeats * len(threads), "measurement") as bar:
+        bar.set_description("quant: the kernels at the model's shapes")
+        kernels = kernel_choice.measure(kernel_choice.model_shapes(full.config), kernel_group, s.kernel_repeats,
+                                        s.inductor)
+        bar.update()
         bar.set_description("quant: the full model's log-probabilities")
         reference = Reference(full, windows)
         bar.update()
         table = {"full": (reference.quality, linear_weight_bytes(full))}
         for c in schemes:
             bar.set_description(f"quant: {c.label()} quality")
-            quantized = quantized_copy(full, c)
+            quantized = calibrated_copy(full, c, path) if c.calibration else quantized_copy(full, c)
             table[c.label()] = (reference.compare(quantized), linear_weight_bytes(quantized))
             del quantized  # before the next copy is made
             bar.update()
-        speeds = decode_speeds(str(path), schemes, windows[0, :s.prompt_tokens].tolist(), s, bar)
+        speeds = decode_speeds(str(path), timed, windows[0, :s.prompt_tokens].tolist(), s, threads, bar)
         studies = []
         for i, base in enumerate(searched):
             bar.total += len(LAYER_PROJECTIONS)
@@ -156,25 +207,37 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                 alone[p] = reference.compare(quantized_copy(full, dataclasses.replace(base, projections=(p,))))
                 bar.update()
             studies.append((alone, search(full, reference, base, s.seeds, s.exhaustive and i == 0, bar=bar)))
-    return report(model, s, notes, table, speeds, studies, conditions, json_path, time.perf_counter() - started)
+    return report(model, s, notes, kernels, table, speeds, studies, conditions, json_path,
+                  time.perf_counter() - started)
 
 
 def scheme_rows(table: dict, speeds: dict) -> list[dict]:
-    """One row per scheme: quality, bytes (exact) and decode speed against the full model."""
-    full_rates, full_tokens = speeds["full"]
+    """One row per scheme: quality, bytes (exact) and decode speed against the full model at each thread
+    count; a scheme timed but not scored (the reference kernel: the same numbers) shows its speed only."""
     full_total = table["full"][1]["total"]
+    labels = list(table) + [label for label in next(iter(speeds.values())) if label not in table]
     rows = []
-    for label, (q, nbytes) in table.items():
-        rates, tokens = speeds[label]
-        same = next((i for i, (a, b) in enumerate(zip(tokens, full_tokens)) if a != b), len(tokens))
-        ratio = statistics.median(r / f for r, f in zip(rates, full_rates))
-        quantized = nbytes["quantized"]
-        rows.append({"scheme": label, "perplexity": f"{q.perplexity:.3f}", "KL": f"{q.kl:.2e}",
-                     "top-1": f"{q.top1:.2%}", "quantized bytes": f"{quantized:,}" if quantized else "-",
-                     "of fp32": f"{quantized / nbytes['quantized_fp32']:.3f}x" if quantized else "-",
-                     "model bytes": f"{nbytes['total']:,}", "of full": f"{nbytes['total'] / full_total:.3f}x",
-                     "decode tok/s": statistics.median(rates), "vs full": f"{ratio:.2f}x",
-                     "greedy = full": f"{same}/{len(tokens)}"})
+    for label in labels:
+        row = {"scheme": label}
+        if label in table:
+            q, nbytes = table[label]
+            quantized = nbytes["quantized"]
+            row.update({"perplexity": f"{q.perplexity:.3f}", "KL": f"{q.kl:.2e}", "top-1": f"{q.top1:.2%}",
+                        "quantized bytes": f"{quantized:,}" if quantized else "-",
+                        "of fp32": f"{quantized / nbytes['quantized_fp32']:.3f}x" if quantized else "-",
+                        "model bytes": f"{nbytes['total']:,}", "of full": f"{nbytes['total'] / full_total:.3f}x"})
+        else:
+            row.update(dict.fromkeys(("perplexity", "KL", "top-1", "quantized bytes", "of fp32", "model bytes",
+                                      "of full"), "="))
+        for t, by_label in speeds.items():
+            rates, tokens = by_label.get(label, ([], []))
+            full_rates, full_tokens = by_label["full"]
+            same = next((i for i, (a, b) in enumerate(zip(tokens, full_tokens)) if a != b), len(tokens))
+            row[f"tok/s {t}T"] = statistics.median(rates) if rates else "-"
+            ratio = statistics.median(r / f for r, f in zip(rates, full_rates)) if rates else None
+            row[f"vs full {t}T"] = f"{ratio:.2f}x" if rates else "-"
+            row.setdefault("greedy = full", f"{same}/{len(tokens)}" if rates else "-")
+        rows.append(row)
     return rows
 
 
@@ -196,17 +259,23 @@ def growing_rows(study: Search) -> list[dict]:
     return rows
 
 
-def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict, studies: list, conditions: dict,
-           json_path: str | None, seconds: float) -> dict:
+def report(model: str, s: Settings, notes: list[str], kernels: list[dict], table: dict, speeds: dict, studies: list,
+           conditions: dict, json_path: str | None, seconds: float) -> dict:
     print(f"{machine_line(conditions)}\nmodel: {model}; held-out text: {s.windows} windows x {s.window_tokens} "
           f"tokens = {s.windows * s.window_tokens:,} tokens scored per measurement")
     for note in notes:
         print(f"note: {note}")
+    print_table(kernel_choice.table_rows(kernels),
+                f"kernels: microseconds per call at the model's shapes (each matrix once per decoder layer, swept as "
+                f"a decode step does; median of {s.kernel_repeats} sweeps, {torch.get_num_threads()} thread(s)); "
+                f"aten bf16 rounds x to bfloat16")
     rows = scheme_rows(table, speeds)
     print_table(rows, f"schemes: quality on the held-out windows, weight bytes (exact), greedy decode at batch 1 "
                       f"({s.prompt_tokens}-token prompt, {s.new_tokens} new tokens, median of {s.repeats} "
-                      f"interleaved runs; vs full = median of paired ratios)")
-    print("every decoder layer's projections are quantized; the embedding and LM head stay full precision")
+                      f"interleaved runs at each torch thread count T; vs full = median of paired ratios)")
+    print("every decoder layer's projections are quantized; the embedding and LM head stay full precision; "
+          "minmax: int4 levels over each group's min..max (a float zero point); awq: activation-aware scaling; "
+          "reference: dequantize-then-matmul instead of the fused kernel (same quality, '=')")
     print("greedy = full: output tokens before the first that differs from the full model's (a near-tie between "
           "two tokens can flip the first one and send the rest down another path)")
     records = []
@@ -258,11 +327,11 @@ def report(model: str, s: Settings, notes: list[str], table: dict, speeds: dict,
     measurements = len(table) + sum(len(a) + len(st.results) for a, st in studies)
     print(f"{measurements} quality measurements of {s.windows * s.window_tokens:,} tokens each; "
           f"the run took {seconds / 60:.1f} min")
-    figures = {"model": model, "settings": dataclasses.asdict(s), "notes": notes,
+    figures = {"model": model, "settings": dataclasses.asdict(s), "notes": notes, "kernels": kernels,
                "tokens_scored": s.windows * s.window_tokens, "schemes": rows,
                "bytes": {label: b for label, (_, b) in table.items()},
                "quality": {label: q.as_dict() for label, (q, _) in table.items()},
-               "decode_tokens_per_s": {label: r for label, (r, _) in speeds.items()},
+               "decode_tokens_per_s": {t: {label: r for label, (r, _) in by.items()} for t, by in speeds.items()},
                "sensitivity": records, "measurements": measurements, "seconds": seconds}
     write_json(json_path, "quant", figures, conditions)
     return figures

@@ -80,8 +80,9 @@ def _quantized(linear: nn.Linear, parts: list[tuple[str, int]], config: QuantCon
 def _one(weight, bias, config: QuantConfig, ops, empty: bool) -> QuantizedLinear:
     if empty:
         return QuantizedLinear(weight.shape[1], weight.shape[0], config.scheme, config.group_size,
-                               bias is not None, weight.dtype, weight.device, ops)
-    return QuantizedLinear.from_weight(weight, bias, config.scheme, config.group_size, ops)
+                               bias is not None, weight.dtype, weight.device, ops, config.int4_range, config.kernel)
+    return QuantizedLinear.from_weight(weight, bias, config.scheme, config.group_size, ops, config.int4_range,
+                                       config.kernel)
 
 
 def linear_weight_bytes(model: nn.Module) -> dict[str, int]:

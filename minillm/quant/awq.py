@@ -17,7 +17,7 @@ import torch
 
 from minillm.corpus import corpus_tokens, spread_rows
 from minillm.layers.attention import PackedRows
-from minillm.quant.codecs import dequantize_int4, quantize_int4
+from minillm.quant.codecs import dequantize_int4, quantize_int4, quantize_int4_minmax
 from minillm.quant.config import QuantConfig
 
 GRID = 20  # alphas tried: 0, 1/GRID, ..., 1 - 1/GRID
@@ -44,15 +44,17 @@ def capture_inputs(model: torch.nn.Module, rows: torch.Tensor,
     return seen
 
 
-def best_scale(x: torch.Tensor, weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, float, float]:
-    """The column scale s for weight [out, in] given inputs x [n, in]; -> (s [in], its output error,
-    the error with no scaling). s = 1 when no alpha beats it."""
+def best_scale(x: torch.Tensor, weight: torch.Tensor, group_size: int,
+               int4_range: str = "holds-zero") -> tuple[torch.Tensor, float, float]:
+    """The column scale s for weight [out, in] given inputs x [n, in], quantized with int4_range's
+    codec; -> (s [in], its output error, the error with no scaling). s = 1 when no alpha beats it."""
+    quantize = quantize_int4 if int4_range == "holds-zero" else quantize_int4_minmax
     w = weight.float()
     reference = x @ w.T
     magnitude = x.abs().mean(0).clamp_min(1e-6)                                   # [in]
 
     def error(s: torch.Tensor) -> float:
-        scaled = dequantize_int4(*quantize_int4(w * s, group_size)) / s
+        scaled = dequantize_int4(*quantize(w * s, group_size)) / s
         return (x @ scaled.T - reference).pow(2).mean().item()
 
     plain = error(torch.ones_like(magnitude))
@@ -83,7 +85,7 @@ def apply_awq(model: torch.nn.Module, config: QuantConfig, rows: torch.Tensor) -
         for name, linear, parts in targets:
             if not parts & picked:
                 continue
-            s, after, before = best_scale(inputs[(i, name)], linear.weight, config.group_size)
+            s, after, before = best_scale(inputs[(i, name)], linear.weight, config.group_size, config.int4_range)
             linear.weight.mul_(s[None, :].to(linear.weight.dtype))
             if name == "qkv":
                 layer.input_layernorm.weight.div_(s.to(linear.weight.dtype))

@@ -6,13 +6,17 @@ recovered as `(code - zero) * scale`. The schemes differ in how many weights sha
     int8  symmetric, one scale per output channel (row):  w ~ q * s,        q in [-127, 127]
     int4  asymmetric, one scale and zero point per group of `group_size` inputs of a row:
                                                            w ~ (q - z) * s,  q, z in [0, 15]
+          two ways to place the 16 levels: the range holds 0, so z is a whole code (the default,
+          lab 06's); or min-max, the group's own min..max, so z is a float (a free minimum,
+          the shape of llama.cpp's Q4_1 and of ATen's int4pack scales-and-zeros)
     fp8   e4m3 floats, one scale per row, so the row's largest |w| lands on e4m3's largest, 448
 
 All work on a weight `w: [out_features, in_features]` (nn.Linear's layout): a row is one output
 channel, and int4's groups run along it, so each output is a sum over whole groups.
 
 Error bounds (round to nearest, which every codec here uses):
-    int8, int4: |w - dequant(w)| <= s / 2 for the scale s of w's row or group;
+    int8, int4: |w - dequant(w)| <= s / 2 for the scale s of w's row or group (up to float rounding
+                for min-max, whose zero point is not a whole code);
     fp8:        |w - dequant(w)| <= max(|w| * 2**-4, s * 2**-10): e4m3 carries 3 mantissa bits, so
                 a normal value is off by at most half a step, 2**-4 of it; below e4m3's smallest
                 normal (2**-6) the steps are a fixed 2**-9, half of it 2**-10 (times the scale).
@@ -23,7 +27,8 @@ import torch
 from minillm.kernels.int4_format import INT4_MAX, dequantize_int4, pack_int4, unpack_int4
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "INT4_MAX", "INT8_MAX", "TINY", "check_group_size", "dequantize_fp8",
-           "dequantize_int4", "dequantize_int8", "pack_int4", "quantize_fp8", "quantize_int4", "quantize_int8",
+           "dequantize_int4", "dequantize_int8", "pack_int4", "quantize_fp8", "quantize_int4", "quantize_int4_minmax",
+           "quantize_int8",
            "require_fp8", "unpack_int4"]
 
 INT8_MAX = 127          # symmetric: -128 is left out so that q and -q are both codes
@@ -62,6 +67,24 @@ def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch
     zero = torch.round(-lo / scale).clamp(0, INT4_MAX)
     q = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
     return q.reshape(out_features, in_features).to(torch.uint8), scale, zero.to(torch.uint8)
+
+
+def quantize_int4_minmax(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric per group, the 16 levels spread over the group's own min..max (a free minimum).
+
+    w: [out, in] -> codes: uint8 [out, in] in 0..15, scale: float32 [out, in // g], zero: float32 [out, in // g].
+    lo = min(group), hi = max(group);  scale = (hi - lo) / 15;  zero = -lo / scale;  q = round((w - lo) / scale).
+    Every level lands inside the group: none is spent on the side of 0 a one-signed group never
+    reaches. A group that came from a Q4_1 block (lo = m, step d, codes 0 and 15 both used, which
+    Q4_1's own quantizer guarantees) gets its levels back: q is the block's code and
+    (q - zero) * scale = m + d * q up to float rounding."""
+    out_features, in_features = w.shape
+    check_group_size(in_features, group_size)
+    groups = w.float().reshape(out_features, in_features // group_size, group_size)  # [out, groups, g]
+    lo, hi = groups.amin(dim=2), groups.amax(dim=2)                                   # [out, groups]
+    scale = ((hi - lo) / INT4_MAX).clamp_min(TINY)
+    q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp(0, INT4_MAX)
+    return q.reshape(out_features, in_features).to(torch.uint8), scale, -lo / scale
 
 
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

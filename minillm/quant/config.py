@@ -3,6 +3,8 @@
     QuantConfig("int8")                                     every projection of every decoder layer
     QuantConfig("int4", group_size=32, layers=(0, 5))       only decoder layers 0 and 5
     QuantConfig("int4", projections=("gate_proj", "up_proj", "down_proj"))   only the MLPs
+    QuantConfig("int4", group_size=32, int4_range="min-max")   a float zero point per group (Q4_1's shape)
+    QuantConfig("int8", kernel="reference")                 dequantize-then-matmul, the plain-PyTorch reference
 
 The projections are named as in a Hugging Face checkpoint. The LM head is left in full precision
 unless "lm_head" is named: most weight-only schemes do the same, since every logit passes through it.
@@ -16,6 +18,8 @@ SCHEMES = ("int8", "int4", "fp8")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 LAYER_PROJECTIONS = PROJECTIONS[:-1]  # the seven inside each decoder layer
 CALIBRATIONS = (None, "awq")
+INT4_RANGES = ("holds-zero", "min-max")  # codecs.quantize_int4, codecs.quantize_int4_minmax
+KERNELS = ("fused", "reference")          # fused.py where it applies, else linear.py's; always linear.py's
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class QuantConfig:
     layers: tuple[int, ...] | None = None       # decoder layers to quantize; None: all of them
     projections: tuple[str, ...] = LAYER_PROJECTIONS  # which matrices, by Hugging Face name
     calibration: str | None = None              # "awq": activation-aware scaling on calibration text (int4)
+    int4_range: str = "holds-zero"              # int4 levels: a range holding 0 (whole zero point) or min-max
+    kernel: str = "fused"                       # fused CPU kernels where they apply, or the reference always
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -39,6 +45,12 @@ class QuantConfig:
             raise ValueError(f"calibration must be None or 'awq', got {self.calibration!r}")
         if self.calibration is not None and self.scheme != "int4":
             raise ValueError(f"calibration {self.calibration!r} applies to int4 only, not {self.scheme!r}")
+        if self.int4_range not in INT4_RANGES:
+            raise ValueError(f"int4_range must be one of {', '.join(INT4_RANGES)}, got {self.int4_range!r}")
+        if self.int4_range != "holds-zero" and self.scheme != "int4":
+            raise ValueError(f"int4_range {self.int4_range!r} applies to int4 only, not {self.scheme!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
         if isinstance(self.projections, str):
             raise TypeError(f"projections must be a list of names, got the string {self.projections!r}")
         projections = tuple(self.projections)
@@ -80,15 +92,20 @@ class QuantConfig:
                              f"it quantized itself ('minillm'); quantize the full-precision model with "
                              f"EngineConfig(quantization=...) instead")
         return cls(scheme=raw["scheme"], group_size=raw.get("group_size", 64), layers=raw.get("layers"),
-                   projections=tuple(raw.get("projections", LAYER_PROJECTIONS)), calibration=raw.get("calibration"))
+                   projections=tuple(raw.get("projections", LAYER_PROJECTIONS)), calibration=raw.get("calibration"),
+                   int4_range=raw.get("int4_range", "holds-zero"), kernel=raw.get("kernel", "fused"))
 
     def label(self) -> str:
-        """A short name: int8, int4-g64, fp8, with the layers when not all."""
+        """A short name: int8, int4-g64, int4-g32-minmax, fp8, with the layers when not all."""
         name = f"int4-g{self.group_size}" if self.scheme == "int4" else self.scheme
+        if self.int4_range == "min-max":
+            name += "-minmax"
         if self.calibration:
             name += f"-{self.calibration}"
         if self.layers is not None:
             name += f" layers {','.join(map(str, self.layers))}"
         if self.projections != LAYER_PROJECTIONS:
             name += f" ({','.join(p.removesuffix('_proj') for p in self.projections)})"
+        if self.kernel == "reference":
+            name += " reference"
         return name

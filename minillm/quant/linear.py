@@ -1,12 +1,16 @@
-"""QuantizedLinear: a linear layer that keeps its weight in a codec's few bits and dequantizes it on
+"""QuantizedLinear: a linear layer that keeps its weight in a codec's few bits and computes with it on
 the fly, in every forward, so only the small form stays in memory.
 
     y = x @ dequant(W).T + b
 
-For int8 and fp8 the row scale can wait until after the product: x @ (q * s).T = (x @ q.T) * s,
-one multiply per output instead of one per weight. int4's scales vary along the input, so its
-weight is rebuilt group by group first. The forward is plain PyTorch; a fused kernel (Triton) can
-take its place behind the same interface, since the layer reads its codecs from `QuantOps`.
+Two ways to compute it. The reference, plain PyTorch, rebuilds the float weight and multiplies:
+for int8 and fp8 the row scale waits until after the product, x @ (q * s).T = (x @ q.T) * s, and
+int4's weight is rebuilt group by group (its scales vary along the input). It is what the fused
+kernels are tested against and what lab 06's exercises reproduce. The fused path (fused.py) reads
+the codes and converts them in registers, never writing the float weight: the default on a CPU
+for the few rows of a decode step (QuantConfig.kernel = "fused"), where the reference's extra float
+copy costs more than the matmul it feeds. A learner's or a Triton int4_linear (QuantOps) always
+takes the place of both.
 """
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.quant import codecs
-from minillm.quant.config import SCHEMES
+from minillm.quant import codecs, fused
+from minillm.quant.config import INT4_RANGES, KERNELS, SCHEMES
 
 
 def scaled_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -53,15 +57,22 @@ class QuantOps:
 class QuantizedLinear(nn.Module):
     """nn.Linear's interface over a quantized weight. Buffers (what a checkpoint stores):
     int8 qweight int8 [out, in], scale [out];  fp8 qweight float8_e4m3fn [out, in], scale [out];
-    int4 qweight uint8 [out, ceil(in / 2)] (two codes a byte), scale and zero [out, in // group_size]."""
+    int4 qweight uint8 [out, ceil(in / 2)] (two codes a byte), scale and zero [out, in // group_size]
+    (zero uint8 when the range holds 0, float32 for min-max)."""
 
     def __init__(self, in_features: int, out_features: int, scheme: str, group_size: int = 64,
-                 bias: bool = False, dtype: torch.dtype = torch.float32, device=None, ops: QuantOps | None = None):
+                 bias: bool = False, dtype: torch.dtype = torch.float32, device=None, ops: QuantOps | None = None,
+                 int4_range: str = "holds-zero", kernel: str = "fused"):
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"quantization scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+        if int4_range not in INT4_RANGES or kernel not in KERNELS:
+            raise ValueError(f"int4_range must be one of {', '.join(INT4_RANGES)} and kernel one of "
+                             f"{', '.join(KERNELS)}, got {int4_range!r} and {kernel!r}")
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
         self.group_size = group_size if scheme == "int4" else None
+        self.int4_range = int4_range if scheme == "int4" else None
+        self.kernel = kernel
         self.ops = ops or QuantOps()
         empty = dict(device=device)
         if scheme == "int4":
@@ -70,7 +81,8 @@ class QuantizedLinear(nn.Module):
             packed = (in_features + 1) // 2  # two codes a byte
             self.register_buffer("qweight", torch.zeros(out_features, packed, dtype=torch.uint8, **empty))
             self.register_buffer("scale", torch.zeros(out_features, groups, **empty))
-            self.register_buffer("zero", torch.zeros(out_features, groups, dtype=torch.uint8, **empty))
+            zero_dtype = torch.uint8 if int4_range == "holds-zero" else torch.float32
+            self.register_buffer("zero", torch.zeros(out_features, groups, dtype=zero_dtype, **empty))
         else:
             if scheme == "fp8":
                 codecs.require_fp8()
@@ -81,10 +93,13 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str, group_size: int = 64,
-                    ops: QuantOps | None = None) -> "QuantizedLinear":
-        """Quantize weight [out, in] (and keep bias [out] as it is)."""
+                    ops: QuantOps | None = None, int4_range: str = "holds-zero",
+                    kernel: str = "fused") -> "QuantizedLinear":
+        """Quantize weight [out, in] (and keep bias [out] as it is). min-max int4 always uses
+        codecs.quantize_int4_minmax: QuantOps.quantize_int4 (lab 06's) is the range-holds-0 codec."""
         out_features, in_features = weight.shape
-        layer = cls(in_features, out_features, scheme, group_size, bias is not None, weight.dtype, weight.device, ops)
+        layer = cls(in_features, out_features, scheme, group_size, bias is not None, weight.dtype, weight.device, ops,
+                    int4_range, kernel)
         with torch.no_grad():
             w = weight.detach().float()
             if scheme == "int8":
@@ -92,7 +107,8 @@ class QuantizedLinear(nn.Module):
             elif scheme == "fp8":
                 q, scale = codecs.quantize_fp8(w)
             else:
-                codes, scale, zero = layer.ops.quantize_int4(w, group_size)
+                quantize = layer.ops.quantize_int4 if int4_range == "holds-zero" else codecs.quantize_int4_minmax
+                codes, scale, zero = quantize(w, group_size)
                 q = layer.ops.pack_int4(codes)
                 layer.zero.copy_(zero)
             layer.qweight.copy_(q)
@@ -103,8 +119,13 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [n, in] -> [n, out]"""
+        fuse = self.kernel == "fused" and fused.applies(x, self.qweight)
         if self.scheme == "int4":
+            if fuse and self.ops.int4_linear is int4_linear and fused.int4_fits(self.in_features, self.scale.shape[1]):
+                return fused.int4_linear(x, self.qweight, self.scale, self.zero, self.bias)
             return self.ops.int4_linear(x, self.qweight, self.scale, self.zero, self.bias)
+        if fuse and self.scheme == "int8":
+            return fused.int8_linear(x, self.qweight, self.scale, self.bias)
         return scaled_linear(x, self.qweight, self.scale, self.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
@@ -120,8 +141,9 @@ class QuantizedLinear(nn.Module):
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
     def extra_repr(self) -> str:
-        group = f", group_size={self.group_size}" if self.group_size else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}{group}"
+        group = f", group_size={self.group_size}, int4_range={self.int4_range}" if self.group_size else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}{group}, "
+                f"kernel={self.kernel}")
 
 
 class StackedLinear(nn.Module):

@@ -1,0 +1,115 @@
+"""The fused CPU path of QuantizedLinear: int8 and int4 matmuls that read the stored codes and never
+build the float weight (fused_matvec.cpp), for the few rows of x a decode step has.
+
+Decode at batch 1 reads every weight once per token, so its time is the weight bytes over the
+memory bandwidth: 1 byte a weight (int8) or half of one plus the scales (int4) instead of float32's
+4 pays only if nothing writes a float32 copy on the way. The reference (linear.py) rebuilds the
+float weight in every forward and multiplies with it; these kernels convert each weight in
+registers. Measured at the real model's shapes (kernel_choice.py, printed by `bench quant`),
+ATen's own packed kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) are slower than
+float32 with float32 activations on this CPU, so the engine compiles its own.
+
+The kernels are compiled once per machine with the system's C++ compiler (g++ -O3 -march=native
+-fopenmp), cached under ~/.cache/minillm, and loaded with ctypes. Without a compiler the path does
+not exist (`available()` is False) and QuantizedLinear uses the reference.
+"""
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("fused_matvec.cpp")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+MAX_ROWS = 16  # rows of x up to which the fused kernels beat dequantize-then-matmul (kernel_choice.py)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minillm" / "kernels"
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, built on first use; None where there is no compiler or the build fails."""
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None or not SOURCE.is_file():
+        return None
+    # -march=native ties the binary to this CPU: its flags are part of the cache key
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    flags_line = next((line for line in cpu.splitlines() if line.startswith("flags")), "")
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + flags_line.encode()).hexdigest()[:16]
+    target = cache_dir() / f"fused_matvec-{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True)
+            if done.returncode != 0:
+                warnings.warn(f"minillm: building the fused int8/int4 CPU kernels with {compiler} failed, so quantized "
+                              f"layers use the reference (dequantize, then matmul):\n{done.stderr.decode()[-2000:]}",
+                              stacklevel=2)
+                return None
+            built.replace(target)  # atomic: another process building at the same time sees a whole file
+    lib = ctypes.CDLL(str(target))  # after torch: libgomp.so.1 resolves to torch's, so the kernels share its threads
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.int8_linear.argtypes = [ptr] * 5 + [i64] * 3 + [i32]
+    for name in ("int4_linear_u8zero", "int4_linear_f32zero"):
+        getattr(lib, name).argtypes = [ptr] * 6 + [i64] * 4 + [i32]
+    return lib
+
+
+def available() -> bool:
+    """Whether the fused kernels exist on this machine (compiled, or compilable now)."""
+    return library() is not None
+
+
+def applies(x: torch.Tensor, *stored: torch.Tensor) -> bool:
+    """Whether a fused kernel takes this call: float32 CPU tensors and at most MAX_ROWS rows of x."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.numel() // max(x.shape[-1], 1) <= MAX_ROWS
+            and all(t.device.type == "cpu" for t in stored) and available())
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """linear.scaled_linear for int8, fused. x: [..., in] float32; q: int8 [out, in]; scale: [out] -> [..., out]."""
+    k, n = x.shape[-1], q.shape[0]
+    x2 = x.reshape(-1, k).contiguous()                             # [m, in]
+    q, scale = q.contiguous(), scale.float().contiguous()
+    bias = None if bias is None else bias.float().contiguous()
+    y = torch.empty(x2.shape[0], n, dtype=torch.float32)           # [m, out]
+    library().int8_linear(_ptr(x2), _ptr(q), _ptr(scale), _ptr(bias), _ptr(y), x2.shape[0], n, k,
+                          torch.get_num_threads())
+    return y.view(*x.shape[:-1], n)
+
+
+def int4_fits(in_features: int, groups: int) -> bool:
+    """The int4 kernel reads whole bytes per group: the group size must be even."""
+    return groups > 0 and in_features % groups == 0 and (in_features // groups) % 2 == 0
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """linear.int4_linear, fused. x: [..., in] float32; packed: uint8 [out, in / 2]; scale: [out, groups];
+    zero: uint8 or float32 [out, groups], groups with an even size (int4_fits) -> [..., out]."""
+    k, (n, groups) = x.shape[-1], scale.shape
+    if not int4_fits(k, groups) or packed.shape != (n, k // 2):
+        raise ValueError(f"the fused int4 kernel needs packed [out, {k // 2}] and an even group size dividing "
+                         f"{k}; got packed {tuple(packed.shape)} and {groups} groups")
+    x2 = x.reshape(-1, k).contiguous()                             # [m, in]
+    packed, scale = packed.contiguous(), scale.float().contiguous()
+    kernel = library().int4_linear_u8zero if zero.dtype == torch.uint8 else library().int4_linear_f32zero
+    zero = zero.contiguous() if zero.dtype == torch.uint8 else zero.float().contiguous()
+    bias = None if bias is None else bias.float().contiguous()
+    y = torch.empty(x2.shape[0], n, dtype=torch.float32)           # [m, out]
+    kernel(_ptr(x2), _ptr(packed), _ptr(scale), _ptr(zero), _ptr(bias), _ptr(y), x2.shape[0], n, k, groups,
+           torch.get_num_threads())
+    return y.view(*x.shape[:-1], n)
