@@ -80,7 +80,7 @@ class LLMEngine:
         speculative = config.speculative is not None
         self.input_processor = InputProcessor(self.tokenizer, self.model_dir, self.model_config.vocab_size,
                                               self.eos_token_ids, self.max_model_len, self.cache, self.device,
-                                              config.seed, speculative)
+                                              config.seed, speculative, self.scheduler.max_num_seqs)
         self.sampler = Sampler(config.components)
         self.output_processor = OutputProcessor(self.scheduler.finish, speculative)
         self._observers = []
