@@ -218,6 +218,11 @@ class LLMEngine:
         return len(self.scheduler.waiting)
 
     @property
+    def num_waiting_seqs(self) -> int:
+        """Sequences queued: a waiting request's samples fork once it runs, so it counts n."""
+        return sum(1 + len(s.forks) for s in self.scheduler.waiting)
+
+    @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
