@@ -179,7 +179,8 @@ async def metrics(request: Request):
 ROUTES = [(["POST"], "/v1/completions", completions, GENERATION),
           (["POST"], "/v1/chat/completions", chat, GENERATION),
           (["GET"], "/v1/models", models, LISTING), (["GET"], "/v1/models/{model_id}", model, MODEL),
-          (["GET", "HEAD"], "/health", health, {}), (["GET", "HEAD"], "/metrics", metrics, PROMETHEUS)]
+          (["GET"], "/health", health, {}), (["GET"], "/metrics", metrics, PROMETHEUS)]
+PROBED = [("/health", health), ("/metrics", metrics)]  # HEAD too, for load balancers and uptime checks
 
 
 def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
@@ -208,5 +209,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, max_wa
 
     for methods, path, endpoint, responses in ROUTES:
         app.add_api_route(path, endpoint, methods=methods, responses=responses)
+    for path, endpoint in PROBED:  # the GET documents it; a second operation would repeat its id
+        app.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
     drop_422(app)
     return app

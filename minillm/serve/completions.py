@@ -20,16 +20,12 @@ async def echoes(server, body: CompletionRequest) -> list[EchoedPrompt] | None:
     """The prompts as echo returns them (None without echo or scoring); a prompt over the context -> 400."""
     if not body.echo and body.max_tokens != 0:
         return None
-    limit, out = server.llm.engine.max_model_len, []
+    out = []
     for i, prompt in enumerate(body.prompts()):
         try:
-            echoed = await echo_prompt(server.llm, prompt, body.logprobs if body.echo else None)
+            out.append(await echo_prompt(server.llm, prompt, body.logprobs if body.echo else None))
         except ValueError as e:
-            raise APIError(400, f"prompt {i}: {e}") from None
-        if len(echoed.ids) > limit:
-            raise APIError(400, f"prompt {i} has {len(echoed.ids)} tokens: it exceeds the context length of "
-                           f"{limit} tokens", param="prompt")
-        out.append(echoed)
+            raise APIError(400, f"prompt {i}: {e}", param="prompt") from None
     return out
 
 

@@ -54,7 +54,7 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool | None = None  # vLLM's: usage (so far) in every chunk
 
 
-def _unencodable(value, path: str = "body") -> str | None:
+def _unencodable(value, path: str = "the body") -> str | None:
     """The path of the first string that is not valid Unicode (a lone surrogate escape such as
     "\\ud800" parses as JSON but cannot be encoded, so no tokenizer can read it)."""
     if isinstance(value, str):
@@ -63,11 +63,15 @@ def _unencodable(value, path: str = "body") -> str | None:
         except UnicodeEncodeError:
             return path
     elif isinstance(value, dict):
-        return next((p for k, v in value.items() if (p := _unencodable(k, path) or _unencodable(v, f"{path}.{k}"))),
+        return next((p for k, v in value.items() if (p := _unencodable(k, path) or _unencodable(v, _at(path, k)))),
                     None)
     elif isinstance(value, list):
-        return next((p for i, v in enumerate(value) if (p := _unencodable(v, f"{path}.{i}"))), None)
+        return next((p for i, v in enumerate(value) if (p := _unencodable(v, _at(path, i)))), None)
     return None
+
+
+def _at(path: str, key) -> str:
+    return str(key) if path == "the body" else f"{path}.{key}"
 
 
 class CommonRequest(Strict):
