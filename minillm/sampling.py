@@ -1,11 +1,14 @@
 """SamplingParams (what a request asks for) and the sampler (how the next token is chosen).
 
-Order of operations, the same as Hugging Face and vLLM: divide the logits by the temperature,
+Order of operations, the same as Hugging Face and vLLM: first the request's own controls on the
+logits (logit_bias, repetition/presence/frequency penalties, min_tokens: logits_processors.py), then
+the grammar mask of structured output (engine/sampler.py), then divide the logits by the temperature,
 keep the top-k logits, keep the smallest set of tokens whose probability reaches top-p (the token
 that crosses the threshold is kept), renormalise, draw. Temperature 0 means greedy (argmax).
 Each request draws from its own seeded torch.Generator, so its samples do not depend on which
 other requests share its batch.
 """
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -28,12 +31,21 @@ class SamplingParams:
     n: int = 1                  # samples of the prompt; they share its KV blocks. Sample i uses seed + i
     logprobs: int | None = None  # report each output token's log-probability and the `logprobs` likeliest (0-20)
     structured: StructuredOutput | None = None  # the output must match this JSON schema, regex or grammar
+    # The controls on the logits (logits_processors.py holds the formulas and their order); the defaults do nothing.
+    presence_penalty: float = 0.0      # [-2, 2]: subtracted from every token the output already holds
+    frequency_penalty: float = 0.0     # [-2, 2]: subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0    # > 0: prompt and output tokens' logits divided (> 0) or multiplied (< 0) by it
+    logit_bias: dict[int, float] | None = None  # {token id: bias in [-100, 100]} added to the logits
+    min_tokens: int = 0                # EOS and stop_token_ids are held back until the output has this many
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = dict(self.logit_bias) or None  # {}: no bias, so no work
+        bias = self.logit_bias if isinstance(self.logit_bias, dict) else {}
         checks = [
             (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
             (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
@@ -49,6 +61,20 @@ class SamplingParams:
             (self.seed is None or isinstance(self.seed, int), f"seed must be an integer or None, got {self.seed!r}"),
             (self.structured is None or isinstance(self.structured, StructuredOutput),
              f"structured must be a minillm.structured.StructuredOutput or None, got {type(self.structured).__name__}"),
+            *[(is_number(getattr(self, name)) and -2 <= getattr(self, name) <= 2,
+               f"{name} must be a number from -2 to 2 (0 disables it), got {getattr(self, name)!r}")
+              for name in ("presence_penalty", "frequency_penalty")],
+            (is_number(self.repetition_penalty) and 0 < self.repetition_penalty < math.inf,
+             f"repetition_penalty must be a number > 0 (1 disables it), got {self.repetition_penalty!r}"),
+            (self.logit_bias is None or isinstance(self.logit_bias, dict),
+             f"logit_bias must be a dict {{token id: bias}} or None, got {type(self.logit_bias).__name__}"),
+            (not (bad_ids := [t for t in bias if not is_token_id(t)]),
+             f"logit_bias keys must be token ids (integers >= 0), got {bad_ids!r}"),
+            (not (bad_values := {t: b for t, b in bias.items() if not (is_number(b) and -100 <= b <= 100)}),
+             f"logit_bias values must be numbers from -100 to 100, got {bad_values!r}"),
+            (isinstance(self.min_tokens, int) and isinstance(self.max_tokens, int)
+             and 0 <= self.min_tokens <= self.max_tokens,
+             f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}), got {self.min_tokens!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -57,6 +83,21 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any control of logits_processors.py applies: False keeps the sampler's work as it was."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
+
+
+def is_number(x) -> bool:
+    """A real number: not a bool (True would pass as 1), not NaN."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and x == x
+
+
+def is_token_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -109,8 +150,9 @@ def sample_requests(logits: torch.Tensor, params: list[SamplingParams], generato
 
 
 def token_logprobs(logits: torch.Tensor, token: int, top: int) -> dict[int, float]:
-    """Log-probabilities under the model's own distribution (before temperature and filters) of
-    the sampled token and of the `top` likeliest tokens. logits: [vocab] -> {token id: logprob}."""
+    """Log-probabilities under the model's own distribution (before the logits processors, the
+    temperature and the filters) of the sampled token and of the `top` likeliest tokens, as vLLM's
+    default (raw) logprobs. logits: [vocab] -> {token id: logprob}."""
     logprobs = logits.float().log_softmax(-1)
     best = logprobs.topk(top) if top else None
     out = {} if best is None else dict(zip(best.indices.tolist(), best.values.tolist()))

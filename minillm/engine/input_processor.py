@@ -43,6 +43,7 @@ class InputProcessor:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         text, ids = self._prompt_ids(prompt)
         self._check_fits(len(ids), params)
+        self._check_logit_bias(params)
         with self._lock:
             request_id = str(next(self._ids)) if request_id is None else request_id
         grammars = [self._grammar_state(params) for _ in range(params.n)]
@@ -82,6 +83,13 @@ class InputProcessor:
             raise ValueError(f"this request ({num_prompt_tokens} prompt tokens, max_tokens {params.max_tokens}, "
                              f"n {params.n}) could never fit in the KV pool of {self.cache.num_blocks} "
                              f"blocks: raise num_kv_blocks or kv_cache_memory")
+
+    def _check_logit_bias(self, params: SamplingParams) -> None:
+        """Every biased token is one of the model's (SamplingParams checked the rest, but not the vocabulary)."""
+        bad = sorted(t for t in params.logit_bias or () if t >= self.vocab_size)
+        if bad:
+            raise ValueError(f"logit_bias names token id {bad[0]}{' (and more)' if len(bad) > 1 else ''}, "
+                             f"outside the vocabulary: token ids are 0 to {self.vocab_size - 1}")
 
     def _grammar_state(self, params: SamplingParams) -> GrammarState | None:
         """A new matcher for a structured request (None for a free one); a bad spec raises ValueError."""

@@ -1,15 +1,18 @@
 """The step's sampling: the tokens each emitting sequence adds, from the rows of the step's logits.
 
 A sequence that verified proposals emits what verification decided (Verdict.tokens); every other
-one draws one token from its row: masked to what its grammar allows next (structured output), then
-sampled with its own params and generator. Requests that asked for logprobs get them for every
-token emitted, under the model's own distribution at that token's row.
+one draws one token from its row: processed by its request's controls (logit_bias, penalties,
+min_tokens: logits_processors.py), masked to what its grammar allows next (structured output, so
+a penalty can never bring back a token the grammar forbids), then sampled with its own params and
+generator. Requests that asked for logprobs get them for every token emitted, under the model's
+own distribution at that token's row (raw: before the controls, as vLLM reports them by default).
 """
 import itertools
 
 import torch
 
 from minillm.config import Components
+from minillm.logits_processors import history_of, process_logits
 from minillm.sampling import sample_requests, token_logprobs
 from minillm.state import ScheduledSeq, Sequence
 from minillm.structured import apply_grammar_mask
@@ -33,7 +36,8 @@ class Sampler:
         """emitting: (sequence, batch index) of each sequence the step reached the end of (a prompt's
         other samples join at its index); logits: [rows, vocab]. -> what each emits, drawn ones first."""
         drawn = [(seq, rows[i]) for seq, i in emitting if seq not in verified]
-        masked = self._constrain(logits[[row for _, row in drawn]], [seq for seq, _ in drawn])
+        processed = process_logits(logits[[row for _, row in drawn]], [history_of(seq) for seq, _ in drawn])
+        masked = self._constrain(processed, [seq for seq, _ in drawn])
         tokens = sample_requests(masked, [s.params for s, _ in drawn], [s.generator for s, _ in drawn], self._sample)
         emitted = [(seq, [token], row) for (seq, row), token in zip(drawn, tokens)]
         emitted += [(seq, verified[seq], rows[i]) for seq, i in emitting if seq in verified]

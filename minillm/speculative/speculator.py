@@ -7,6 +7,12 @@
            scheduler.advance(accepted)       -> rejected positions are not computed: their slots are dropped
            speculator.observe(emitted, ...)  -> the proposer sees the hidden state its next proposals follow
 
+The request's logits controls (logit_bias, penalties, min_tokens) shape the target's distribution at
+every verified position, each counting the proposals before it as output, exactly as plain decoding
+would have had them there: greedy speculation then emits plain greedy decoding's tokens, and
+sampling stays exact. Proposers draw from their own unprocessed distributions (q); verification
+corrects for any q, so this costs acceptance, never correctness.
+
 Every proposer implements the Proposer protocol below, so the engine does not care where guesses
 come from: prompt lookup (ngram.py), a draft model (draft.py) or prediction heads (heads.py).
 """
@@ -16,6 +22,7 @@ from typing import Protocol
 import torch
 
 from minillm.config import Components, SpeculativeConfig
+from minillm.logits_processors import history_of, process_logits
 from minillm.speculative.verify import verify
 from minillm.state import ScheduledSeq, Sequence, Verdict, Verification
 
@@ -85,8 +92,10 @@ class Speculator:
             seq, n = item.seq, item.num_proposals
             proposals, q = seq.spec_tokens[:n], None if seq.spec_probs is None else seq.spec_probs[:n]
             p = seq.params
-            m, token = self._verify(logits[rows[i]:rows[i] + n + 1], proposals, q, p.temperature, p.top_k, p.top_p,
-                                    seq.generator)  # [n + 1, vocab]: after each proposal's context, and one more
+            target = logits[rows[i]:rows[i] + n + 1]  # [n + 1, vocab]: after each proposal's context, and one more
+            if p.processes_logits:  # row j follows proposals[:j]: its penalties count them as output
+                target = process_logits(target, [history_of(seq, proposals[:j]) for j in range(n + 1)])
+            m, token = self._verify(target, proposals, q, p.temperature, p.top_k, p.top_p, seq.generator)
             verdict.accepted[i], verdict.tokens[seq] = m, proposals[:m] + [token]
             verdict.records.append(Verification(seq.request_id, seq.index, tuple(proposals), m, token))
             seq.num_proposed += n
