@@ -2,15 +2,13 @@
 parts, standard fields at their neutral values and null for a default, stream_options'
 continuous_usage_stats, echo and max_tokens 0 (the prompt's log-probabilities equal the model's own
 logits), GET /v1/models/{id} through the official client, and HEAD on /health and /metrics."""
-import dataclasses
-
 import httpx
 import openai
 import pytest
 
 from minillm import LLM, AsyncLLM, SamplingParams
 from minillm.serve import serve_in_thread
-from minillm.serve.protocol import NEUTRAL, CompletionRequest
+from minillm.serve.protocol import CompletionRequest
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +65,22 @@ def test_standard_fields_at_neutral_values_change_nothing(server, offline):
     assert r.status_code == 200, r.text
 
 
-def test_set_penalties_reach_sampling_params_by_their_names(server, monkeypatch):
-    """Non-neutral penalties go to the engine under SamplingParams' names (logit_bias with int keys);
-    where this engine's SamplingParams lacks one, the request is refused naming it, never ignored."""
-    asked = {"presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.2,
-             "logit_bias": {"7": 5.0, "11": -100}, "min_tokens": 2}
-    body = CompletionRequest.model_validate({"model": "tiny", "prompt": "x", **asked})
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    if set(NEUTRAL) <= known:
-        params = body.sampling_params(8, None, vocab_size=100)
-        assert {k: getattr(params, k) for k in asked} == {**asked, "logit_bias": {7: 5.0, 11: -100}}
-        assert post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 3, **asked}
-                    ).status_code == 200
-    else:
-        r = post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 3, **asked})
-        assert r.status_code == 400 and "not supported by this engine yet" in r.json()["error"]["message"]
-        assert all(k in r.json()["error"]["message"] for k in asked if k not in known)
+def test_set_penalties_reach_sampling_params_by_their_names(server, offline):
+    """Non-neutral penalties go to the engine under SamplingParams' names, logit_bias keyed by int ids:
+    the server's output equals the offline engine's under the same params, and differs without them."""
+    asked = {"presence_penalty": 0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.3,
+             "logit_bias": {"7": 5.0, "11": -100}, "min_tokens": 4}
+    params = CompletionRequest.model_validate({"model": "tiny", "prompt": "x", **asked}).sampling_params(
+        12, None, vocab_size=100)
+    assert {k: getattr(params, k) for k in asked} == {**asked, "logit_bias": {7: 5.0, 11: -100}}
+    prompt, greedy = "x = [1, 1, 1, 1,", dict(max_tokens=12, temperature=0)
+    expected = offline.generate(prompt, SamplingParams(**greedy, **{**asked, "logit_bias": {7: 5.0, 11: -100}}))
+    plain = offline.generate(prompt, SamplingParams(**greedy))
+    r = post(server, "/v1/completions", {"model": "tiny", "prompt": prompt, **greedy, **asked})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == expected[0].text != plain[0].text
+    bad = post(server, "/v1/completions", {"model": "tiny", "prompt": prompt, "logit_bias": {"100000": 1}})
+    assert bad.status_code == 400 and "token ids are 0 to" in bad.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("path, body", [

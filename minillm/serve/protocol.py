@@ -10,7 +10,6 @@ that would need what it lacks (tool calls, `suffix`, `best_of` > n) is refused b
 strict (a string is not a number), and unknown fields are refused, so a misspelt option fails
 loudly instead of being ignored.
 """
-import dataclasses
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -140,8 +139,8 @@ class CommonRequest(Strict):
         return StructuredOutput(**asked)  # raises ValueError when more than one is given
 
     def penalties(self, vocab_size: int) -> dict:
-        """The penalty fields set to something other than neutral, by SamplingParams' names. A field
-        the engine's SamplingParams does not have yet is refused by name (ValueError)."""
+        """The penalty fields set to something other than neutral, by SamplingParams' names (logit_bias
+        keyed by int token ids, each checked against the vocabulary: ValueError)."""
         given = {name: getattr(self, name) for name in NEUTRAL}
         asked = {k: v for k, v in given.items() if v is not None and v != NEUTRAL[k] and v != {}}
         if "logit_bias" in asked:
@@ -149,11 +148,6 @@ class CommonRequest(Strict):
             if max(bias) >= vocab_size:
                 raise ValueError(f"logit_bias names token {max(bias)}; token ids are 0 to {vocab_size - 1}")
             asked["logit_bias"] = bias
-        known = {f.name for f in dataclasses.fields(SamplingParams)}
-        missing = [k for k in asked if k not in known]
-        if missing:
-            raise ValueError(f"{', '.join(missing)}: not supported by this engine yet; leave it out or send the "
-                             f"neutral value ({', '.join(f'{k}={NEUTRAL[k]}' for k in missing)})")
         return asked
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
