@@ -41,7 +41,7 @@ class InputProcessor:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = self._prompt_ids(prompt)
+        text, ids = self.prompt_ids(prompt)
         self._check_fits(len(ids), params)
         self._check_logit_bias(params)
         with self._lock:
@@ -57,7 +57,9 @@ class InputProcessor:
         samples[0].forks = samples[1:]  # they join after the prompt's prefill, sharing its blocks
         return EngineRequest(request_id, text, ids, params, samples)
 
-    def _prompt_ids(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+    def prompt_ids(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """-> (its text or None, its token ids), checked: an empty prompt, an id outside the vocabulary
+        raise ValueError. It reads nothing that changes, so any thread may call it."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character")

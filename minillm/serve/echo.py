@@ -38,12 +38,11 @@ def _rows(logits: torch.Tensor, ids: list[int], top: int) -> list[dict[int, floa
 
 async def echo_prompt(llm: AsyncLLM, prompt: str | list[int], logprobs: int | None) -> EchoedPrompt:
     """Tokenize (off the loop) and, when logprobs are asked, score the prompt in one forward.
-    A prompt longer than the context raises ValueError."""
-    tokenizer = llm.engine.tokenizer
-    if isinstance(prompt, str):
-        ids, text = await asyncio.to_thread(tokenizer.encode, prompt), prompt
-    else:
-        ids, text = list(prompt), await asyncio.to_thread(tokenizer.decode, list(prompt), skip_special_tokens=False)
+    A prompt the engine would refuse (empty, ids outside the vocabulary, longer than the context)
+    raises ValueError."""
+    text, ids = await asyncio.to_thread(llm.engine.input_processor.prompt_ids, prompt)  # ids checked
+    if text is None:
+        text = await asyncio.to_thread(llm.engine.tokenizer.decode, ids, skip_special_tokens=False)
     limit = llm.engine.max_model_len
     if len(ids) > limit:
         raise ValueError(f"the prompt has {len(ids)} tokens: it exceeds the context length of {limit} tokens")

@@ -31,9 +31,10 @@ _CHOICES = {"type": "object", "required": ["id", "object", "created", "model", "
             "properties": {"id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
                            "model": {"type": "string"}, "choices": {"type": "array", "items": {"type": "object"}},
                            "usage": {"type": ["object", "null"]}}}
+# One server-sent event: its data is a chunk's JSON, an error's JSON, or [DONE] (serve/sse.py).
+_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 GENERATION = {200: {"description": "the completion, or its server-sent events with stream=true",
-                    "content": {"application/json": {"schema": _CHOICES},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                    "content": {"application/json": {"schema": _CHOICES}, "text/event-stream": {"schema": _EVENT}}},
               **_errors(400, 401, 404, 413, 429, 503)}
 MODEL = {200: {"description": "the model served"}, **_errors(401, 404)}
 LISTING = _errors(401)
