@@ -176,6 +176,7 @@ def test_the_drain_rate_counts_busy_time_only(monkeypatch):
     assert admit(44, 4, drain.rate()) == 5.0  # 41 over at 10/s: 4.1 -> 5 s, not the 207 s of before
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_streams_open_when_the_grace_period_ends_get_an_error_event_and_done():
     llm = slowed(AsyncLLM("tiny"), 0.05)  # 400 tokens: 20 s, past the 5 s grace of serve_in_thread

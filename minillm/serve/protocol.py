@@ -83,7 +83,7 @@ class CommonRequest(Strict):
     model: str
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # 0 or vLLM's -1: no top-k filter
     seed: Annotated[int, INT64] | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
@@ -160,7 +160,7 @@ class CommonRequest(Strict):
         temperature = 1.0 if self.temperature is None else self.temperature
         return SamplingParams(max_tokens=max_tokens, temperature=0.0 if temperature < GREEDY_BELOW else temperature,
                               top_p=1.0 if self.top_p is None else max(self.top_p, MIN_TOP_P),
-                              top_k=self.top_k or 0, seed=self.seed, stop=self.stop, n=self.samples,
+                              top_k=max(self.top_k or 0, 0), seed=self.seed, stop=self.stop, n=self.samples,
                               logprobs=logprobs, ignore_eos=bool(self.ignore_eos), structured=self.structured(),
                               **self.penalties(vocab_size))
 
