@@ -66,8 +66,6 @@ class Generation:
                 i, item = await queue.get()
                 if item is None:
                     done.add(i)
-                elif isinstance(item, APIError):
-                    raise item
                 elif isinstance(item, asyncio.CancelledError):
                     raise APIError(503, "the request was aborted: the server is shutting down")
                 elif isinstance(item, BaseException):
