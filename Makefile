@@ -1,12 +1,15 @@
 # One command per job; each bootstraps the virtual environment in .venv on first use.
 #   make app     the main job: the demo on the bundled model
-#   make test    lint, then the whole test suite (what CI runs), in two pytest-xdist workers
+#   make test    lint, the docs build, then the whole test suite (what CI runs), in two pytest-xdist workers
 #   make test-fast  the engine's unit tests, under 3 minutes (no slow, subprocess, notebook, browser or gpu tests)
 #   make lint    ruff (lint, import order), then lint-imports (the layers' contracts); both in pyproject.toml
 #   make lab     JupyterLab on the learner notebooks
 #   make grade LAB=NN   grade your notebook for lab NN
 #   make labs    regenerate the notebooks from solutions/*.py (keeps learners' edited notebooks)
 #   make bench   the benchmarks, quick versions
+#   make anchors llama.cpp's Python binding, which the decode and quant benchmarks run beside minillm (compiles)
+#   make docs    the documentation site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as you edit
+#   make screenshots   the visualizer's pictures in docs/images/app, taken by the real-browser test
 # TORCH_SPEC lets CI pin the CPU wheel it has on disk; users get their platform's default torch. The extras
 # install under a constraint built from it, so that a package that depends on torch (guidellm, lm-eval) keeps
 # that torch instead of pulling another build (tests/test_environment.py checks it is still the CPU one).
@@ -19,7 +22,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB ?= 01
 
-.PHONY: app test test-fast lint lab grade labs bench venv clean
+.PHONY: app test test-fast lint docs-build docs screenshots lab grade labs bench anchors venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +51,27 @@ lint: $(STAMP)
 # Two pytest-xdist workers on two cores, each on one torch thread (tests/conftest.py), so the two do not fight
 # over the cores. --dist worksteal: an idle worker takes tests queued on the busy one (with the default `load`,
 # one worker ran the last 6 minutes alone). (Not loadgroup: pytest 9 ignores the group xdist 3.8 writes.)
-test: lint
+test: lint docs-build
 	$(PY) -m pytest -q -n 2 --dist worksteal
+
+# The docs site, built strictly: a broken link, a missing page or a dangling anchor fails, and so does a README
+# benchmark table that the records in docs/benchmarks/ no longer say. Offline (no web fonts, no CDN), seconds.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs-build: $(STAMP)
+	$(PY) docs/render_benchmarks.py --check
+	$(MKDOCS) build --strict --quiet
+
+docs: $(STAMP)
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
+
+# The real-browser test saves each page's screenshot where MINILLM_SCREENSHOTS says (the chat's on the real model,
+# every other page's on tiny); they are then cut, scaled and reduced to a palette for committing. Commit them only when a page changed, so git does not fill with binaries.
+screenshots: $(STAMP)
+	rm -rf runs/screenshots
+	MINILLM_SCREENSHOTS=runs/screenshots $(PY) -m pytest -q -m browser tests/app/test_browser.py
+	MINILLM_SCREENSHOTS=runs/screenshots/smollm2 MINILLM_APP_MODEL=smollm2-135m-instruct \
+		$(PY) -m pytest -q -m browser tests/app/test_browser.py -k chat
+	$(PY) docs/shrink_screenshots.py runs/screenshots docs/images/app
 
 FAST := not (slow or subprocess or notebook or browser or gpu)
 test-fast: $(STAMP)
@@ -67,6 +89,18 @@ labs: $(STAMP)
 
 bench: $(STAMP)
 	for b in $$($(PY) -m minillm.bench --list); do $(PY) -m minillm.bench $$b --quick || exit 1; done
+
+# llama.cpp, the CPU user's alternative, beside minillm in `bench decode` and `bench quant` (bench/anchors.py).
+# pip compiles it: minutes on two cores, once per machine. Built for the vector units torch's CPU kernels use too
+# (AVX2, FMA, F16C; AVX-512 where /proc/cpuinfo lists it), not -march=native, which adds AMX matrix kernels on
+# recent Xeons: the comparison stays one of two programs on the same units. 0.3.16: version 0.3.36 crashed in
+# llama_decode here.
+LLAMA_CPP ?= llama-cpp-python==0.3.16
+AVX512 = $(shell grep -qs avx512f /proc/cpuinfo && echo ON || echo OFF)
+anchors: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+		-DGGML_AVX512=$(AVX512) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+		$(PY) -m pip install "$(LLAMA_CPP)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -32,6 +32,9 @@ from minillm.state import EngineRequest, KVStats
 
 
 class AsyncLLM:
+    """The engine behind an asyncio loop: generate() is an async iterator of StreamChunks, abort() stops a
+    request; an engine thread owns the engine, so concurrent callers (a server's requests) never wait for a
+    step on the loop."""
     def __init__(self, model: str | None = None, **config) -> None:
         self.config = EngineConfig(model=model or DEFAULT_MODEL, **config)
         self._attach(LLMEngine(self.config))

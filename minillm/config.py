@@ -70,6 +70,10 @@ class SpeculativeConfig:
 
 @dataclass
 class EngineConfig:
+    """Every knob of the engine, each a plain constructor argument (so two configurations can run side by
+    side), checked once here: a bad value or a combination the engine cannot run raises ValueError (TypeError
+    for a wrong config type) naming it and what is accepted. `LLM(model, **knobs)` builds one. Each field's
+    comment says what it does; docs/engine.md says why each is there."""
     model: str = DEFAULT_MODEL     # a bundled model name or a Hugging Face model directory
     dtype: str = "auto"            # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"           # auto: cuda when available, else cpu

@@ -33,6 +33,9 @@ def paired(prompts, params) -> tuple[list, list[SamplingParams]]:
 
 
 class LLM:
+    """The synchronous front door: one engine on one loaded model. generate() runs prompts to completion
+    (batched), stream() yields one request's chunks as they are decoded, chat() and stream_chat() apply the
+    model's chat template, logits() returns one full forward's logits. `engine` is the LLMEngine it drives."""
     def __init__(self, model: str | None = None, **config) -> None:
         """model: a bundled model name ("tiny", "pico") or a Hugging Face model directory.
         config: any EngineConfig field (dtype, device, max_model_len, seed, ...)."""

@@ -60,11 +60,10 @@ def token_counts(histories: list[Sequence[int]], vocab: int, device: torch.devic
 
 def apply_logit_bias(logits: torch.Tensor, biases: list[dict[int, float]]) -> torch.Tensor:
     """logits: [rows, vocab]; biases: one {token id: bias} per row -> logits + each row's bias."""
-    row = torch.tensor([r for r, bias in enumerate(biases) for _ in bias], dtype=torch.long)
-    token = torch.tensor([t for bias in biases for t in bias], dtype=torch.long)
-    value = torch.tensor([v for bias in biases for v in bias.values()], dtype=logits.dtype)
-    return logits.index_put((row.to(logits.device), token.to(logits.device)), value.to(logits.device),
-                            accumulate=True)
+    row = torch.tensor([r for r, bias in enumerate(biases) for _ in bias], dtype=torch.long, device=logits.device)
+    token = torch.tensor([t for bias in biases for t in bias], dtype=torch.long, device=logits.device)
+    value = torch.tensor([v for bias in biases for v in bias.values()], dtype=logits.dtype, device=logits.device)
+    return logits.index_put((row, token), value, accumulate=True)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ MAX_LOGPROBS = 20
 
 @dataclass
 class SamplingParams:
+    """How one request is sampled and when it stops; checked when built (ValueError naming the bad value).
+    temperature 0 is greedy; top_k 0 and top_p 1.0 turn those filters off."""
     max_tokens: int = 64
     temperature: float = 1.0
     top_k: int = 0              # 0: no top-k filter

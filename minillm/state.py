@@ -118,6 +118,7 @@ class Sequence:
         self.kv: Any = None  # the cache layout's state for this sequence (None while it holds no cache)
         self.output_text = ""
         self.emitted_chars = 0  # how much of output_text has been streamed to the caller
+        self.stop_text_from = 0  # a stop string counts only if it ends past here (params.min_tokens holds it back)
         self.finish_reason: FinishReason | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.grammar: Any = None  # structured output: this sample's structured.grammar.GrammarState
@@ -265,6 +266,9 @@ class SequenceSnapshot:
 
 @dataclass
 class StepEvent:
+    """What one engine step did, for observers (LLMEngine.subscribe): the work scheduled, what finished, the
+    queues, the KV pool, a snapshot of every live sequence, preemptions, tokens emitted, speculative
+    verifications and the seconds of each phase."""
     step: int
     start: float                  # time.perf_counter() when the step began
     duration: float               # seconds

@@ -168,6 +168,16 @@ def test_min_tokens_holds_back_a_stop_token_and_eos(tiny):
     assert len(out.token_ids) == 7 and out.token_ids[-1] == eos and out.finish_reason == "stop"
 
 
+def test_min_tokens_holds_back_a_stop_string_inside_its_text(tiny):
+    """vLLM's rule: a stop string counts only once the output is past min_tokens, and only where it
+    ends in text that came after them. tiny writes "\ndef _get_req_req_...": "_re" first ends at
+    token 6, then at token 9."""
+    free = tiny.generate(["x = 1\n"], greedy(stop="_re"), use_tqdm=False)[0]
+    assert free.text == "\ndef _get" and len(free.token_ids) == 6
+    held = tiny.generate(["x = 1\n"], greedy(stop="_re", min_tokens=7), use_tqdm=False)[0]
+    assert held.text == "\ndef _get_req" and len(held.token_ids) == 9 and held.finish_reason == "stop"
+
+
 def repeats(tokens: list[int]) -> int:
     return len(tokens) - len(set(tokens))
 
@@ -187,15 +197,28 @@ def test_logprobs_stay_the_models_own_under_a_bias(tiny):
         assert lp[token] == pytest.approx(float(raw[token]), abs=1e-4)
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_greedy_speculation_with_controls_emits_plain_greedy_tokens(tiny, method):
-    spec = LLM("tiny", speculative=SpeculativeConfig(method, k=4))
+@pytest.fixture(scope="module", params=["ngram", "draft"])
+def spec(request):
+    return LLM("tiny", speculative=SpeculativeConfig(request.param, k=4))
+
+
+def test_greedy_speculation_with_controls_emits_plain_greedy_tokens(tiny, spec):
     params = [greedy(40, frequency_penalty=0.4), greedy(40, repetition_penalty=1.2),
               greedy(40, presence_penalty=0.6, logit_bias={63: 2.0}), greedy(40, min_tokens=12, stop_token_ids=[63])]
     want = tiny.generate(PROMPTS, params, use_tqdm=False)
     got = spec.generate(PROMPTS, params, use_tqdm=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert sum(o.metrics["spec_accepted"] for o in got) > 0, "no proposal was kept: the test checked nothing"
+
+
+def test_sampled_speculation_verifies_against_the_processed_distribution(tiny, spec):
+    """EOS biased to near-certainty but held back for 6 tokens: each verified position must see both
+    (the proposals before it count as output), so the 7th token, and only it, is EOS."""
+    eos = tiny.engine.eos_token_ids[0]
+    params = SamplingParams(max_tokens=30, temperature=0.1, seed=3, logit_bias={eos: 100.0}, min_tokens=6)
+    out = spec.generate(["#\n" * 6], params, use_tqdm=False)[0]  # tiny goes on with "#\n": proposals are kept
+    assert len(out.token_ids) == 7 and out.token_ids[-1] == eos and eos not in out.token_ids[:6]
+    assert out.metrics["spec_accepted"] > 0, "no proposal was kept: the test checked nothing"
 
 
 def test_the_grammar_mask_applies_after_the_bias(tiny):

@@ -6,9 +6,12 @@ the ratios between variants, and names the machine and its load: absolute number
 hardware and its load, ratios measured together mostly do not.
 """
 import json
+import shlex
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from minillm.perf.measure import machine
@@ -51,9 +54,32 @@ def _fmt(v) -> str:
     return f"{v:,.2f}" if isinstance(v, float) else str(v)
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that ran this process, as a reader would type it again: `python -m minillm.bench ...` when
+    it is the benchmarks' command line, however it was started (`python -m minillm.bench`, whose argv[0] is
+    this package's __main__.py; `python -m minillm bench` or the `minillm bench` script), else argv as given."""
+    argv = sys.argv if argv is None else argv
+    package = Path(__file__).resolve().parent
+    start = Path(argv[0]).resolve() if argv else None
+    if start == package / "__main__.py":
+        return shlex.join(["python", "-m", "minillm.bench", *argv[1:]])
+    if argv[1:2] == ["bench"] and (start == package.parent / "__main__.py" or Path(argv[0]).name == "minillm"):
+        return shlex.join(["python", "-m", "minillm.bench", *argv[2:]])
+    return shlex.join(argv)
+
+
+def run_record(name: str, conditions: dict) -> dict:
+    """What a record says about its run beside the figures: the command, when (UTC), the machine, the
+    torch version, and the threads and load it started under (conditions: check_conditions()'s record).
+    docs/render_benchmarks.py prints these above each benchmark's table."""
+    return {"benchmark": name, "command": command_line(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(), "torch": torch.__version__, "conditions": conditions}
+
+
 def write_json(path: str | None, name: str, figures: dict, conditions: dict) -> None:
     """conditions: check_conditions()'s record of the threads and load the run started under."""
     if path:
-        record = {"benchmark": name, "machine": machine(), "conditions": conditions, **figures}
+        record = {**run_record(name, conditions), **figures}
         Path(path).write_text(json.dumps(record, indent=2) + "\n")
         print(f"\nwrote {path}")

@@ -10,6 +10,8 @@ Measured side by side in one run, same weights, same greedy tokens:
     per token, so this loop is its practical ceiling on this machine.
   * transformers `generate` (its own KV cache): decode tokens/s from generate(N) - generate(1)
   * minillm without a KV cache: every step recomputes the whole sequence
+  * llama.cpp (bench/anchors.py), when installed and the model is the packaged SmolLM2: the same weights
+    from an F32 GGUF file (the same bytes per token as minillm's float32), interleaved with minillm
 then where one decode step's time goes (the engine times its phases: LLMEngine.step), and the
 per-step time of cached decode vs recompute at growing context lengths.
 Achieved memory bandwidth = bytes of weights read per token x tokens/s.
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 
 from minillm import LLM, EngineConfig, SamplingParams
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
+from minillm.bench.anchors import open_anchors
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.registry import SMOLLM_SHAPE
 from minillm.engine.engine import LLMEngine
@@ -71,6 +74,11 @@ def bare_loop(model: torch.nn.Module, new: int) -> float:
     for _ in range(new):
         token(x)
     return new / (time.perf_counter() - start)
+
+
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens two greedy outputs share before they first differ (float rounding can flip a near-tie)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def steps_against_bare_loop(llms: list[LLM], prompt: list[int], rounds: int,
@@ -172,7 +180,9 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
     variants = {"minillm": llm}
     rates: dict[str, list[float]] = {"minillm": [], "compiled": [], "transformers": [], "no cache": []}
     tokens = {}
-    with progress("decode", (3 + (not quick)) * repeats + len(contexts) + 3) as bar:
+    anchors, no_anchors = open_anchors(label, ("F32",), torch.get_num_threads())
+    rates.update({name: [] for name in anchors})
+    with progress("decode", (3 + (not quick) + len(anchors)) * repeats + len(contexts) + 3) as bar:
         if not quick:
             bar.set_description("decode: compiling minillm's decode step (torch.compile)")
             start = time.perf_counter()
@@ -196,6 +206,11 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
             bar.set_description(f"decode: minillm, no KV cache, run {rep + 1}/{repeats}")
             rates["no cache"].append(no_cache_decode(llm, prompt, new))
             bar.update()
+            for name, anchor in anchors.items():
+                bar.set_description(f"decode: {name}, run {rep + 1}/{repeats}")
+                rate, tokens[name] = anchor.decode(prompt, new)
+                rates[name].append(rate)
+                bar.update()
         bar.set_description("decode: where a step's time goes")
         quiet, observed = step_breakdown(llm, prompt, new)
         bar.update()
@@ -206,6 +221,7 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
             bar.update()
     # Ratios are medians of paired runs: run (or round) i of each variant came together.
     vs_hf = {name: statistics.median(a / b for a, b in zip(rates[name], rates["transformers"])) for name in variants}
+    vs_anchor = {name: statistics.median(a / b for a, b in zip(rates["minillm"], rates[name])) for name in anchors}
     vs_bare = {name: statistics.median(r[i] / r[-1] for r in rounds) for i, name in enumerate(variants)}
     bare = statistics.median(r[-1] for r in rounds)
     rate = {name: statistics.median(x) for name, x in rates.items() if x}
@@ -219,7 +235,10 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
         "no_cache_tokens_per_s": none, "minillm_vs_bare_loop": vs_bare["minillm"],
         "minillm_vs_transformers": vs_hf["minillm"], "cache_vs_recompute": ours / none,
         "step_breakdown_ms": {r["phase"]: r["ms per step"] for r in breakdown},
-        "greedy_tokens_identical": all(t == tokens["transformers"] for t in tokens.values()),
+        "greedy_tokens_identical": all(tokens[name] == tokens["transformers"] for name in variants),
+        "llama_cpp": {name: {"tokens_per_s": rate[name], "minillm_vs_it": vs_anchor[name],
+                             "greedy_tokens_agree": agreeing_prefix(tokens[name], tokens["minillm"])}
+                      for name in anchors} or no_anchors,
         "achieved_bandwidth_GBps": weight_bytes * ours / 1e9,
         "per_context": [{"context": c, "cached_step_ms": a * 1e3, "recompute_step_ms": b * 1e3, "speedup": b / a}
                         for c, a, b in per_context],
@@ -243,6 +262,8 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
               "vs transformers": "1.00x"},
              {"variant": "minillm, no KV cache", "decode tok/s": none, "of the bare loop": "",
               "vs transformers": ""}]
+    rows += [{"variant": f"{name} (minillm {vs_anchor[name]:.2f}x it)", "decode tok/s": rate[name],
+              "of the bare loop": "", "vs transformers": ""} for name in anchors]
     print_table(rows, f"decode, {prompt_len}-token prompt, {new} new tokens, median of {repeats}; ratios are medians "
                       f"of paired runs (the bare loop: {pair_rounds} rounds of 2 steps)"
                       + ("; --quick leaves out the compiled decode" if quick else ""))
@@ -254,6 +275,15 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
         summary += [f"compiled / bare loop: {vs_bare['compiled']:.0%}",
                     f"compiled / transformers: {vs_hf['compiled']:.2f}x"]
     print("\n" + "   ".join(summary + [f"greedy tokens identical: {figures['greedy_tokens_identical']}"]))
+    if no_anchors:
+        print(f"no llama.cpp rows: {no_anchors}")
+    for name in anchors:
+        # Both ratios have minillm on top, each measured in pairs: their quotient puts llama.cpp against the ceiling.
+        figures["llama_cpp"][name]["of_the_bare_loop"] = vs_bare["minillm"] / vs_anchor[name]
+        print(f"minillm / {name}: {vs_anchor[name]:.2f}x ({name} runs at "
+              f"{figures['llama_cpp'][name]['of_the_bare_loop']:.0%} of the bare loop); "
+              f"greedy tokens equal to minillm's until the first difference: "
+              f"{figures['llama_cpp'][name]['greedy_tokens_agree']}/{new}")
     print(f"no KV cache: the cache makes decode {ours / none:.2f}x faster")
     print(f"achieved weight bandwidth: {figures['achieved_bandwidth_GBps']:.1f} GB/s "
           f"({weight_bytes / 1e6:.0f} MB of weights per token)")

@@ -91,6 +91,34 @@ def run_transformers(model_dir, prompts, workload, batch_size: int) -> float:
     return useful / (time.perf_counter() - start)
 
 
+def decode_sweep(model: str, batches: tuple[int, ...], context: int = 64, steps: int = 6) -> list[dict]:
+    """One decode step of B sequences at `context` tokens each, for each B -> tokens/s against B, and the
+    arithmetic the step did: weight bytes streamed once per step, 2 x parameters FLOPs per sequence."""
+    llm = LLM(model, max_num_seqs=max(batches))
+    engine, weights = llm.engine, sum(p.numel() for p in llm.model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
+    rows = []
+    for b in batches:
+        for i in range(b):
+            engine.add_request(list(range(10 + i, 10 + i + context)),
+                               SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True))
+        while any(len(s.output_token_ids) == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
+            engine.step()  # the prefills
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+        while engine.has_unfinished():
+            engine.step()
+        step = statistics.median(times)
+        rows.append({"batch": b, "step ms": step * 1e3, "tok/s": b / step,
+                     "GFLOP/s": 2 * weights * b / step / 1e9, "weight GB/s": weight_bytes / step / 1e9})
+    for row in rows:
+        row["vs batch 1"] = f"{row['tok/s'] / rows[0]['tok/s']:.2f}x"
+    return rows
+
+
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     """model: a bundled name or a Hugging Face directory (transformers loads the same files);
     None: a random checkpoint of SmolLM2-135M's shape, built with transformers."""
@@ -118,7 +146,7 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
         if len(event.scheduled) == profiled and all(w.phase == "decode" for w in event.scheduled):
             full_steps.append(event.timings)
 
-    with progress("throughput", 2 * len(batches) + (2 if quick else 3), unit="variant") as bar:
+    with progress("throughput", 2 * len(batches) + (3 if quick else 4), unit="variant") as bar:
         for i, batch in enumerate(batches):
             order = ("continuous", "static") if i % 2 == 0 else ("static", "continuous")
             for policy in order:
@@ -138,6 +166,9 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                                                                   scheduler="sequential")
             outputs["sequential"] = seq_out + outputs[f"continuous, batch {batches[-1]}"][16:]
             bar.update()
+        bar.set_description("throughput: one decode step at each batch size")
+        sweep_rows = decode_sweep(model, (1, 4, 16) if quick else (1, 2, 4, 8, 16, 32))
+        bar.update()
         bar.set_description(f"throughput: transformers padded batches of {batches[-1]}")
         rates[f"transformers, batch {batches[-1]}"] = run_transformers(model, prompts, workload, batches[-1])
         bar.update()
@@ -150,6 +181,7 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                "output_tokens": sum(r.output_len for r in workload), "tokens_per_s": rates, "sweep": ratios,
                "continuous_never_slower_than_static": all(r["continuous / static"] >= 1 for r in ratios),
                f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
+               "decode_step_sweep": sweep_rows,
                "outputs_identical_across_policies": all(o == outputs[f"continuous, batch {batches[-1]}"]
                                                         for o in outputs.values())}
     print(f"{machine_line(conditions)}\nmodel: {label}; {n} requests (prompt 8-{sweep.max_prompt}, "
@@ -164,6 +196,13 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
                      for k, v in step.items()],
                     f"one decode step of {profiled} sequences (a batch of {profiled} requests in a run of its own; "
                     f"median of {len(full_steps)} steps)")
+    print_table(sweep_rows, "one decode step of B sequences (64 tokens of context each): where decode turns "
+                            "compute-bound, tokens/s stops growing with B")
+    if not quick:
+        seq = rates["sequential (first 16)"]
+        figures["continuous_batch_16_vs_sequential"] = rates["continuous, batch 16"] / seq
+        print(f"\noffline: continuous batching at batch 16 makes {figures['continuous_batch_16_vs_sequential']:.2f}x "
+              f"the tokens/s of one request at a time")
     print_table([{"variant": k, "output tok/s": v, f"continuous (batch {batches[-1]}) is": f"{best / v:.2f}x"}
                  for k, v in reference.items()], "for reference")
     print(f"\ncontinuous never slower than static: {figures['continuous_never_slower_than_static']}; "

@@ -55,6 +55,9 @@ from minillm.utils import cdiv
 
 
 class LLMEngine:
+    """The engine: requests in (add_request), one step at a time (step), chunks out. It owns the input
+    processor, the scheduler, the cache, the model runner, the decoding strategy, the sampler and the output
+    processor, and tells its observers (subscribe) a StepEvent after every step."""
     def __init__(self, config: EngineConfig, model: torch.nn.Module | None = None) -> None:
         """model: weights already loaded from config.model (on config's device and dtype), to
         share one copy between engines with different knobs; None loads them."""

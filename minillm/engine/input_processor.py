@@ -20,6 +20,8 @@ from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class InputProcessor:
+    """Turns a prompt and its SamplingParams into an EngineRequest: validated, tokenized, its grammar
+    compiled and its seed drawn, with one Sequence per sample. Touches no queue."""
     def __init__(self, tokenizer: Tokenizer, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...],
                  max_model_len: int, cache: CacheManager, device: torch.device, seed: int,
                  speculative: bool, max_num_seqs: int) -> None:

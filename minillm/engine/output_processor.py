@@ -2,8 +2,9 @@
 
 For each sequence that emitted tokens it appends them, detokenizes incrementally, and finishes the
 sequence at the first token that stops it: a stop token (EOS unless ignore_eos), a stop string
-(the text is cut before it), the end of its grammar, or max_tokens. It streams only text that is
-safe to show: while a sequence runs, a tail that could still grow into a stop string is held back.
+(the text is cut before it; one inside the text of the first min_tokens tokens does not count, as
+in vLLM), the end of its grammar, or max_tokens. It streams only text that is safe to show: while
+a sequence runs, a tail that could still grow into a stop string is held back.
 A sample's last chunk carries its Completion; a request's last one the whole RequestOutput.
 
 The finishing itself is the scheduler's (a status change frees the sequence's blocks): this module
@@ -16,6 +17,8 @@ from minillm.state import FinishReason, Sequence
 
 
 class OutputProcessor:
+    """Turns each sequence's new tokens into StreamChunks: incremental text, stop checks, and the
+    Completion and RequestOutput of what finished."""
     def __init__(self, finish: Callable[[Sequence, FinishReason], None], speculative: bool) -> None:
         """finish: the scheduler's transition to FINISHED; speculative: completions report the proposals."""
         self._finish, self._speculative = finish, speculative
@@ -44,6 +47,8 @@ class OutputProcessor:
             seq.token_ids.append(token)
             seq.metrics.token_times.append(now)
             seq.output_text += seq.detokenizer.push(token)
+            if len(seq.token_ids) - seq.num_prompt_tokens == seq.params.min_tokens:
+                seq.stop_text_from = len(seq.output_text)  # min_tokens holds back stop strings too, as vLLM does
             if seq.grammar is not None:
                 seq.grammar.accept(token)
             reason = None
@@ -87,8 +92,12 @@ class OutputProcessor:
 
 
 def cut_at_stop_string(seq: Sequence) -> bool:
-    """Cut the text before the first stop string, if one has appeared; -> whether one did."""
-    hits = [i for i in (seq.output_text.find(s) for s in seq.params.stop) if i >= 0]
+    """Cut the text before the first stop string that ends past seq.stop_text_from (the text of the
+    first min_tokens tokens), if one has appeared; -> whether one did."""
+    if len(seq.output_token_ids) < seq.params.min_tokens:
+        return False
+    found = (seq.output_text.find(s, max(0, seq.stop_text_from - len(s) + 1)) for s in seq.params.stop)
+    hits = [i for i in found if i >= 0]
     if hits:
         seq.output_text = seq.output_text[:min(hits)]
     return bool(hits)

@@ -15,6 +15,8 @@ from minillm.state import ScheduledSeq
 
 
 class ModelRunner:
+    """Runs one step's batch through the model: prepare() flattens it into input_ids and positions,
+    execute() runs the forward with the cache's AttentionContext and returns the sampling rows' logits."""
     def __init__(self, model: torch.nn.Module, cache: CacheManager, device: torch.device,
                  time_attention: bool = False, compile_decode: bool = False) -> None:
         self.model, self.cache, self.device = model, cache, device

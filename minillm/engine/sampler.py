@@ -27,6 +27,8 @@ def first_rows(batch: list[ScheduledSeq]) -> list[int]:
 
 
 class Sampler:
+    """Draws the step's new tokens: each emitting row masked by its grammar, then sampled with its own
+    params and generator (or the verified tokens of a speculating sequence); logprobs when asked for."""
     def __init__(self, components: Components) -> None:
         self._sample = components.sample
         self._grammar_mask = components.grammar_mask or apply_grammar_mask
@@ -36,8 +38,10 @@ class Sampler:
         """emitting: (sequence, batch index) of each sequence the step reached the end of (a prompt's
         other samples join at its index); logits: [rows, vocab]. -> what each emits, drawn ones first."""
         drawn = [(seq, rows[i]) for seq, i in emitting if seq not in verified]
-        processed = process_logits(logits[[row for _, row in drawn]], [history_of(seq) for seq, _ in drawn])
-        masked = self._constrain(processed, [seq for seq, _ in drawn])
+        drawn_logits = logits[[row for _, row in drawn]]  # [drawn, vocab]
+        if any(seq.params.processes_logits for seq, _ in drawn):  # else not even a History is built
+            drawn_logits = process_logits(drawn_logits, [history_of(seq) for seq, _ in drawn])
+        masked = self._constrain(drawn_logits, [seq for seq, _ in drawn])
         tokens = sample_requests(masked, [s.params for s, _ in drawn], [s.generator for s, _ in drawn], self._sample)
         emitted = [(seq, [token], row) for (seq, row), token in zip(drawn, tokens)]
         emitted += [(seq, verified[seq], rows[i]) for seq, i in emitting if seq in verified]

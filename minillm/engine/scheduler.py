@@ -18,6 +18,8 @@ from minillm.state import FinishReason, Phase, ScheduledSeq, SchedulerPolicy, Se
 
 
 class Scheduler:
+    """The waiting and running queues and every change of a sequence's status: schedule() asks the step
+    policy who runs, advance() counts what the model computed, finish() and preempt() free blocks."""
     def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
         self.policy = config.scheduler
         parts = config.components

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm.layers.linear import Linear
 from minillm.layers.rotary import RotaryEmbedding
 
 
@@ -95,8 +96,8 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         # q, k and v projections fused into one matmul; the loader stacks the checkpoint's three.
-        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.qkv_proj = Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=False)
         self.rotary = rotary
         self.qk_v_widths = [(num_heads + num_kv_heads) * head_dim, num_kv_heads * head_dim]
         self.qk_heads = [num_heads, num_kv_heads]

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from minillm.layers.attention import Attention, AttentionContext
+from minillm.layers.linear import Linear
 from minillm.layers.mlp import SwiGLUMLP
 from minillm.layers.rmsnorm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
@@ -54,7 +55,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -20,6 +20,8 @@ CALIBRATIONS = (None, "awq")
 
 @dataclass(frozen=True)
 class QuantConfig:
+    """Weight-only quantization: which scheme (int8, int4 group-wise, fp8), which decoder layers and which
+    projections (Hugging Face names); checked when built, with the accepted values in each error."""
     scheme: str                                 # int8 | int4 | fp8
     group_size: int = 64                        # int4: inputs that share one scale and zero point
     layers: tuple[int, ...] | None = None       # decoder layers to quantize; None: all of them

@@ -3,7 +3,8 @@
 It presses Run, waits for tokens to stream, pauses and resumes, visits every page (on Speculative decoding it
 runs the proposals, the k sweep and the comparison), runs the engine with the solutions' parts through "Run with
 my lab notebook", and saves screenshots under the test's temporary directory
-(the path is printed). The Quantization page has a test of its own: its figures, the side-by-side generation and
+(the path is printed), or under $MINILLM_SCREENSHOTS (`make screenshots`: the docs' pictures). The Quantization
+page has a test of its own: its figures, the side-by-side generation and
 the sensitivity heatmap; so has the Kernels page: a kernel's recorded access map, and paged decode's walk through
 the pool; so has the Serving page: a small load test against the in-process server; so has the Chat page: two turns,
 the second one served in part by the prefix cache. Every request the browser makes,
@@ -13,6 +14,7 @@ Chromium can be had.
 import os
 import re
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -22,6 +24,18 @@ from test_my_notebook import ROOT
 from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve
 
 pytestmark = [pytest.mark.browser, pytest.mark.subprocess, pytest.mark.slow]
+
+
+@pytest.fixture
+def shots(tmp_path):
+    """Where the screenshots go: $MINILLM_SCREENSHOTS when set (`make screenshots` takes the docs' pictures from
+    these tests), else the test's temporary directory."""
+    folder = os.environ.get("MINILLM_SCREENSHOTS")
+    if not folder:
+        return tmp_path
+    path = Path(folder).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture
@@ -68,7 +82,7 @@ def run_button(page):
     return page.get_by_role("button", name=re.compile(r"\bRun$"))
 
 
-def test_a_generation_streams_in_a_real_browser(page, tmp_path):
+def test_a_generation_streams_in_a_real_browser(page, shots):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     rate = page.get_by_label("Arrival rate (requests/s, 0 = all at once)")
     rate.fill("3")  # requests keep arriving for ~8 s: the first screenshot catches the run mid-way
@@ -82,14 +96,14 @@ def test_a_generation_streams_in_a_real_browser(page, tmp_path):
         pass  # on a busy machine the run may end before the click lands; then there is nothing to pause
     page.get_by_text(re.compile("Run (paused|finished)")).wait_for(timeout=60_000)
     page.wait_for_timeout(2000)
-    page.screenshot(path=tmp_path / "live_mid_run.png", full_page=True)
+    page.screenshot(path=shots / "live_mid_run.png", full_page=True)
     if page.get_by_text("Run paused").count():
         page.get_by_role("button", name="Resume").click()
     page.get_by_text("Run finished").wait_for(timeout=120_000)
     codes = page.locator('[data-testid="stCode"]')
     assert codes.count() > 0 and codes.first.inner_text().strip(), "tokens should be on the page"
     page.wait_for_timeout(1000)
-    page.screenshot(path=tmp_path / "live.png", full_page=True)
+    page.screenshot(path=shots / "live.png", full_page=True)
     for link, name in (("Scheduler timeline", "timeline"), ("Paged memory explorer", "memory"),
                        ("Roofline", "roofline"), ("Cluster", "cluster")):
         page.get_by_role("link", name=link).click()
@@ -97,13 +111,13 @@ def test_a_generation_streams_in_a_real_browser(page, tmp_path):
         page.locator('[data-stale="false"] [data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)
         assert page.locator('[data-testid="stException"]').count() == 0, f"{name} page raised"
-        page.screenshot(path=tmp_path / f"{name}.png", full_page=True)
-    run_speculative(page, tmp_path)
-    run_with_my_notebook(page, tmp_path)
-    print(f"screenshots in {tmp_path}")
+        page.screenshot(path=shots / f"{name}.png", full_page=True)
+    run_speculative(page, shots)
+    run_with_my_notebook(page, shots)
+    print(f"screenshots in {shots}")
 
 
-def run_speculative(page, tmp_path) -> None:
+def run_speculative(page, shots) -> None:
     """The Speculative decoding page: a run marks each step's proposals, the k sweep draws its charts, the
     proposers are compared (short outputs, to keep it quick)."""
     page.get_by_role("link", name="Speculative decoding").click()
@@ -124,10 +138,10 @@ def run_speculative(page, tmp_path) -> None:
     page.wait_for_timeout(1500)
     assert page.locator('[data-testid="stException"]').count() == 0, "the speculative decoding page raised"
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 3, "the k sweep's two charts and the comparison"
-    page.screenshot(path=tmp_path / "speculative.png", full_page=True)
+    page.screenshot(path=shots / "speculative.png", full_page=True)
 
 
-def run_with_my_notebook(page, tmp_path) -> None:
+def run_with_my_notebook(page, shots) -> None:
     """The switch on, the solutions as the learner's notebooks (every lab's parts, the default): the engine
     runs their parts, and says so."""
     page.get_by_role("link", name="Live engine").click()
@@ -146,11 +160,11 @@ def run_with_my_notebook(page, tmp_path) -> None:
     assert page.locator('[data-testid="stException"]').count() == 0, "the run with the learner's parts raised"
     assert page.get_by_text("4.3 continuous_step").count(), "the page names the learner's exercises"
     page.wait_for_timeout(1000)
-    page.screenshot(path=tmp_path / "my_notebook.png", full_page=True)
-    page.locator('[data-testid="stSidebar"]').screenshot(path=tmp_path / "my_notebook_switch.png")
+    page.screenshot(path=shots / "my_notebook.png", full_page=True)
+    page.locator('[data-testid="stSidebar"]').screenshot(path=shots / "my_notebook_switch.png")
 
 
-def test_the_quantization_page_in_a_real_browser(page, tmp_path):
+def test_the_quantization_page_in_a_real_browser(page, shots):
     """Quality, bytes and the memory budget on the first visit; Generate puts both greedy texts side by side with
     the token where they part marked; the heatmap button draws every layer and projection."""
     page.get_by_role("link", name="Quantization").click(timeout=60_000)
@@ -168,11 +182,11 @@ def test_the_quantization_page_in_a_real_browser(page, tmp_path):
     page.wait_for_timeout(1500)
     assert page.locator('[data-testid="stException"]').count() == 0, "the quantization page raised"
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 2, "the memory budget and the heatmap"
-    page.screenshot(path=tmp_path / "quantization.png", full_page=True)
-    print(f"screenshot in {tmp_path}")
+    page.screenshot(path=shots / "quantization.png", full_page=True)
+    print(f"screenshot in {shots}")
 
 
-def test_the_kernels_page_in_a_real_browser(page, tmp_path):
+def test_the_kernels_page_in_a_real_browser(page, shots):
     """vector add's grid and buffers on the first visit, checked against its spec; paged decode attention draws
     how a program walks the pool, its block table and the K/V pools, without a Python exception."""
     page.get_by_role("link", name="Kernels").click(timeout=60_000)
@@ -181,7 +195,7 @@ def test_the_kernels_page_in_a_real_browser(page, tmp_path):
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 4, "the grid and vector add's 3 buffers"
     page.get_by_text("These figures need a GPU").wait_for(timeout=10_000)
     page.wait_for_timeout(1500)
-    page.screenshot(path=tmp_path / "kernels_vector_add.png", full_page=True)
+    page.screenshot(path=shots / "kernels_vector_add.png", full_page=True)
     page.get_by_text("paged decode attention", exact=True).click()
     page.get_by_text("walks the pool").first.wait_for(timeout=60_000)
     page.locator('[data-testid="stSelectbox"]').filter(has_text="Follow one program").click()
@@ -191,11 +205,11 @@ def test_the_kernels_page_in_a_real_browser(page, tmp_path):
     page.wait_for_timeout(1500)
     assert page.locator('[data-testid="stException"]').count() == 0, "the kernels page raised"
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 9, "grid, walk and the kernel's 7 buffers"
-    page.screenshot(path=tmp_path / "kernels_paged_decode.png", full_page=True)
-    print(f"screenshots in {tmp_path}")
+    page.screenshot(path=shots / "kernels_paged_decode.png", full_page=True)
+    print(f"screenshots in {shots}")
 
 
-def test_the_serving_page_in_a_real_browser(page, tmp_path):
+def test_the_serving_page_in_a_real_browser(page, shots):
     """A small load test: the server's /metrics panel counts every request, the table, the latency-throughput
     curve, the distributions and the cost chart are drawn, without a Python exception."""
     page.get_by_role("link", name="Serving").click(timeout=60_000)
@@ -212,11 +226,11 @@ def test_the_serving_page_in_a_real_browser(page, tmp_path):
     assert page.locator('[data-testid="stException"]').count() == 0, "the serving page raised"
     assert page.get_by_text("4 of 4", exact=True).count() == 1, "the server counted the 4 requests"
     assert page.locator('[data-testid="stPlotlyChart"]').count() == 3, "the curve, the distributions and the cost"
-    page.screenshot(path=tmp_path / "serving.png", full_page=True)
-    print(f"screenshot in {tmp_path}")
+    page.screenshot(path=shots / "serving.png", full_page=True)
+    print(f"screenshot in {shots}")
 
 
-def test_the_chat_page_in_a_real_browser(page, tmp_path):
+def test_the_chat_page_in_a_real_browser(page, shots):
     """Two turns typed into the chat box: each answer streams in, the second turn's prompt is partly served by
     the prefix cache (its first turn's blocks marked hit), and each turn has its pool picture beside it."""
     from test_chat_page import FIRST, SECOND
@@ -236,8 +250,8 @@ def test_the_chat_page_in_a_real_browser(page, tmp_path):
     assert page.locator('[data-testid="stChatMessage"]').count() == 4, "two questions, two answers"
     hits = re.search(r"Turn 2: green hit: (\d+) blocks", page.get_by_text("Turn 2: green").inner_text())
     assert hits and int(hits.group(1)) > 0, "turn 2 found turn 1's blocks in the prefix cache"
-    page.screenshot(path=tmp_path / "chat.png", full_page=True)
-    print(f"screenshot in {tmp_path}")
+    page.screenshot(path=shots / "chat.png", full_page=True)
+    print(f"screenshot in {shots}")
 
 
 def test_only_loopback_urls_stay_on_the_machine():

@@ -1,0 +1,59 @@
+"""The model's Linear: its packed CPU path for a few rows equals nn.Linear's product."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minillm.layers import linear
+from minillm.layers.linear import MAX_PACKED_ROWS, Linear
+
+needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="this torch build has no oneDNN")
+
+
+def layer(inp: int, out: int, bias: bool, seed: int = 0) -> Linear:
+    torch.manual_seed(seed)
+    m = Linear(inp, out, bias=bias)
+    m.weight.data.normal_()  # both signs, unit scale: a wrong row or column shows far above rounding
+    if bias:
+        m.bias.data.normal_()
+    return m
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [2, 3, 7, 16, 17, MAX_PACKED_ROWS])
+@pytest.mark.parametrize("shape,bias", [((576, 960), False), ((37, 51), True), ((1536, 576), False)])
+def test_packed_rows_equal_f_linear(rows, shape, bias):
+    m = layer(*shape, bias)
+    x = torch.randn(rows, shape[0], generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        got = m(x)
+    assert m._packed is not None, "a product of a few rows did not take the packed path"
+    torch.testing.assert_close(got, F.linear(x, m.weight, m.bias), rtol=1e-4, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_one_row_and_many_rows_use_the_plain_weight():
+    m = layer(64, 48, bias=True)
+    for rows in (1, MAX_PACKED_ROWS + 1):
+        x = torch.randn(rows, 64)
+        assert torch.equal(m(x), F.linear(x, m.weight, m.bias))
+    assert m._packed is None
+
+
+def test_training_uses_the_plain_weight_and_gets_gradients():
+    m = layer(32, 16, bias=False)
+    x = torch.randn(4, 32)
+    m(x).sum().backward()
+    assert m._packed is None and m.weight.grad is not None
+    torch.testing.assert_close(m.weight.grad, x.sum(0).expand(16, 32))
+
+
+@needs_onednn
+@torch.no_grad()
+def test_a_changed_weight_is_packed_again():
+    m = layer(40, 24, bias=False)
+    x = torch.randn(4, 40)
+    m(x)
+    m.weight.mul_(-2)  # in place: the same storage, a new version
+    torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-4, atol=1e-4)
+    m.weight.data = torch.randn(24, 40)  # a new storage
+    torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-4, atol=1e-4)
