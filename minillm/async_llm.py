@@ -12,20 +12,23 @@ two steps (blocking on it when the engine is idle). Each step's chunks go back t
 call_soon_threadsafe, into a buffer per request, so a slow reader loses nothing. The stats a
 server reads (kv_stats, num_waiting, num_running) come from the snapshot the thread publishes
 after every step, so a /metrics scrape takes no lock either. This side validates a request before
-anything is queued (a grammar compiles in a worker thread) and holds the open streams.
+anything is queued (in a worker thread: tokenizing, a grammar) and holds the open streams.
 """
 import asyncio
 import contextlib
 import weakref
 from collections.abc import AsyncIterator
 
+import torch
+
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.engine.engine_thread import Abort, Add, EngineThread, RequestStream, call_on
+from minillm.engine.runner import full_forward_logits
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import StreamChunk
 from minillm.sampling import SamplingParams
-from minillm.state import KVStats
+from minillm.state import EngineRequest, KVStats
 
 
 class AsyncLLM:
@@ -64,23 +67,26 @@ class AsyncLLM:
         """Validate the request and queue it for the engine thread (bad input raises ValueError
         here, so a server can answer 400 before it starts a stream); -> the stream of its chunks.
         The caller must then iterate the stream or `abort(request_id)`: a stream never started
-        cannot abort by itself. A grammar compiles in a worker thread (the first can take a
-        second); the rest (tokenizing, checks) is quick enough for the loop."""
+        cannot abort by itself."""
+        return (await self.submit(prompt, params, request_id))[1]
+
+    async def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
+                     request_id: str | None = None) -> tuple[EngineRequest, AsyncIterator[StreamChunk]]:
+        """start(), and the request as processed (its prompt's token ids). Processing (tokenizing, the
+        checks, compiling a grammar: the first takes a second) runs in a worker thread, so a long
+        prompt never stalls the other streams; it is refused as soon as its length is known."""
         loop = asyncio.get_running_loop()
         stream = None if request_id is None else self._open(request_id, loop)  # the id is held meanwhile
         try:
-            if getattr(params, "structured", None) is not None:
-                request = await asyncio.to_thread(self.engine.process_request, prompt, params, request_id)
-            else:
-                request = self.engine.process_request(prompt, params, request_id)
+            request = await asyncio.to_thread(self.engine.process_request, prompt, params, request_id)
         except BaseException:
             if stream is not None:
                 self._forget(stream)
             raise
         stream = stream or self._open(request.request_id, loop)
-        if not stream.closed:  # else aborted while its grammar compiled: nothing to queue
+        if not stream.closed:  # else aborted while it was processed: nothing to queue
             self._core.submit(Add(request, stream))
-        return self._read(stream)
+        return request, self._read(stream)
 
     def _open(self, request_id: str, loop: asyncio.AbstractEventLoop) -> RequestStream:
         if request_id in self._streams:
@@ -122,6 +128,13 @@ class AsyncLLM:
         self._core.submit(Abort(request_id, stream, (loop, done)))
         return await done
 
+    async def logits(self, token_ids: list[int]) -> torch.Tensor:
+        """LLM.logits in a worker thread, beside the engine's steps (a forward writes no state):
+        -> float32 logits [len, vocab]. Scoring a prompt this way never blocks the event loop."""
+        engine = self.engine
+        return await asyncio.to_thread(full_forward_logits, engine.model, token_ids, engine.max_model_len,
+                                       engine.device)
+
     async def shutdown(self) -> None:
         """Abort every open request (their blocks are freed, their streams end) and stop the
         engine thread (the next request starts a new one)."""
@@ -138,6 +151,12 @@ class AsyncLLM:
         """Requests queued for their first step (or preempted), counting those still in the inbox."""
         snapshot = self._core.snapshot
         return snapshot.waiting + self._core.submitted - snapshot.taken
+
+    @property
+    def num_waiting_seqs(self) -> int:
+        """Sequences queued (a request with n samples counts n), counting those still in the inbox."""
+        snapshot = self._core.snapshot
+        return snapshot.waiting_seqs + self._core.submitted_seqs - snapshot.taken_seqs
 
     @property
     def num_running(self) -> int:

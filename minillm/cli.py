@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="allow a non-loopback --host (needs --api-key too)")
     serve.add_argument("--max-waiting", type=int, default=None,
                        help="refuse requests (429 + Retry-After) while this many wait (default: never)")
+    serve.add_argument("--max-body-bytes", type=int, default=None,
+                       help="refuse (413) request bodies larger than this (default: 2 MiB, serve/body_limit.py)")
     serve.add_argument("--grace-period", type=float, default=10.0,
                        help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
     serve.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "sequential"])
@@ -214,6 +216,7 @@ def _serve(args) -> int:
     try:
         return run_server(args.model, args.host, args.port, grace_period=args.grace_period, engine_options=engine,
                           api_key=args.api_key, max_waiting=args.max_waiting,
+                          **({"max_body_bytes": args.max_body_bytes} if args.max_body_bytes else {}),
                           **({"model_name": args.served_model_name} if args.served_model_name else {}))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

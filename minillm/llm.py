@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from minillm.chat_template import ChatTemplate
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
+from minillm.engine.runner import full_forward_logits
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams
@@ -105,11 +106,6 @@ class LLM:
         """stream() on one conversation rendered as chat() renders it: the answer as it is generated."""
         return self.stream(self.chat_template.render(messages), sampling_params)
 
-    @torch.inference_mode()
     def logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """One full forward over a single sequence, no cache: -> float32 logits [len, vocab]."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.engine.device).reshape(-1)
-        if ids.numel() == 0 or ids.numel() > self.engine.max_model_len:
-            raise ValueError(f"logits() needs 1 to {self.engine.max_model_len} tokens, got {ids.numel()}")
-        positions = torch.arange(ids.numel(), device=ids.device)
-        return self.model.compute_logits(self.model(ids, positions)).float()
+        return full_forward_logits(self.model, token_ids, self.engine.max_model_len, self.engine.device)

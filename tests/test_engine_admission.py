@@ -115,3 +115,26 @@ def test_add_prefilled_waits_for_the_scheduler_then_decodes_as_one_engine_would(
     while engine.has_unfinished():
         tokens += [t for c in engine.step() if c.request_id == "moved" for t in c.token_ids]
     assert tokens == want
+
+
+def test_samples_that_fork_after_prefill_never_run_past_max_num_seqs():
+    """n = 4 requests under max_num_seqs = 8: each takes 4 seats at admission, so two run at a time,
+    never the 32 sequences that joining forks used to make. Every request still finishes."""
+    engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, max_num_seqs=8))
+    most = []
+    engine.subscribe(lambda event: most.append(max(event.running, len(event.scheduled))))
+    for i in range(8):
+        engine.add_request(list(range(1 + i, 20 + i)), SamplingParams(max_tokens=6, n=4, seed=i, temperature=1.0))
+    finished = set()
+    while engine.has_unfinished():
+        for chunk in engine.step():
+            if chunk.request is not None:
+                finished.add(chunk.request_id)
+    assert max(most) == 8 and len(finished) == 8
+
+
+def test_a_request_with_more_samples_than_max_num_seqs_is_refused_by_name():
+    engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, max_num_seqs=2))
+    with pytest.raises(ValueError, match=r"n \(3\) exceeds max_num_seqs \(2\)"):
+        engine.add_request("def f():", SamplingParams(max_tokens=4, n=3))
+    assert not engine.has_unfinished()

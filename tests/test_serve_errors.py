@@ -48,9 +48,25 @@ LONG = "x = 1\n" * 400  # about 1,600 tokens: over the 512-token context
     ("/v1/completions", {**OK, "top_p": 0}, "top_p", "greater than 0"),
     ("/v1/completions", {**OK, "top_p": 1.5}, "top_p", "less than or equal to 1"),
     ("/v1/completions", {**OK, "n": 0}, "n", "greater than or equal to 1"),
-    ("/v1/completions", {**OK, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ("/v1/completions", {**OK, "max_tokens": -1}, "max_tokens", "greater than or equal to 0"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ("/v1/completions", {**OK, "logprobs": 21}, "logprobs", "less than or equal to 20"),
-    ("/v1/completions", {**OK, "presence_penalty": 0.5}, "presence_penalty", "Extra inputs are not permitted"),
+    ("/v1/completions", {**OK, "presense_penalty": 0.5}, "presense_penalty", "Extra inputs are not permitted"),
+    ("/v1/completions", {**OK, "presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
+    ("/v1/completions", {**OK, "seed": 2**64}, "seed", "less than or equal to 9223372036854775807"),
+    ("/v1/completions", {**OK, "seed": -(2**63) - 1}, "seed", "greater than or equal to"),
+    ("/v1/completions", {**OK, "best_of": 3, "n": 2}, None, "best_of (3) must equal n (2)"),
+    ("/v1/completions", {**OK, "suffix": "return x"}, None, "suffix"),
+    ("/v1/completions", {**OK, "logit_bias": {"a": 1}}, "logit_bias", "token ids written as decimal strings"),
+    ("/v1/completions", {**OK, "logit_bias": {"99999999": 1}}, None, "token ids are 0 to"),
+    ("/v1/completions", {**OK, "temperature": None, "n": None, "top_p": None, "logprobs": None, "stream": None,
+                         "stream_options": {"bogus": True}}, "stream_options.bogus", "Extra inputs"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, None,
+     "tool calling is not supported"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, None, "tool calling is not supported"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look:"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     "messages.0.content", "this model is text-only"),
     ("/v1/completions", {"model": "tiny"}, "prompt", "Field required"),
     ("/v1/completions", {**OK, "prompt": ""}, None, "prompt is empty"),
     ("/v1/completions", {**OK, "stop": [""]}, None, "stop strings must be non-empty"),
@@ -134,7 +150,7 @@ def test_a_full_queue_answers_429_with_retry_after():
         assert refused and len(refused) < len(results)  # some queued and served, the flood refused
         for e in refused:
             assert e.status_code == 429 and int(e.response.headers["Retry-After"]) >= 1
-            assert "requests are waiting (max_waiting 2)" in e.message
+            assert "sequences are waiting and this request brings 1 (max_waiting 2)" in e.message
         assert busy.kv_stats().used_blocks == 0
 
 

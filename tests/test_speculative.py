@@ -165,7 +165,8 @@ def test_on_the_real_models_the_first_verified_token_is_distributed_as_the_targe
     first token a verification emits (the second output token; the first comes from the prefill), among
     the samples whose first token was the likeliest one, follows tiny's own filtered distribution after
     it. Chi-square over the tokens expected at least 5 times (the rest pooled): false alarms ~1e-4."""
-    llm = LLM("tiny", speculative=SpeculativeConfig("draft", k=2), max_num_seqs=64)
+    # a request's 1,000 samples run at once: max_num_seqs must seat them all
+    llm = LLM("tiny", speculative=SpeculativeConfig("draft", k=2), max_num_seqs=1000)
     prompt = llm.tokenizer.encode("def fibonacci(n):\n")
     params = [SamplingParams(n=1000, max_tokens=3, temperature=1.0, top_k=12, seed=s, ignore_eos=True)
               for s in (5, 6, 7)]

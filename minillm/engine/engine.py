@@ -83,7 +83,7 @@ class LLMEngine:
         speculative = config.speculative is not None
         self.input_processor = InputProcessor(self.tokenizer, self.model_dir, self.model_config.vocab_size,
                                               self.eos_token_ids, self.max_model_len, self.cache, self.device,
-                                              config.seed, speculative)
+                                              config.seed, speculative, self.scheduler.max_num_seqs)
         self.sampler = Sampler(config.components)
         self.output_processor = OutputProcessor(self.scheduler.finish, speculative)
         self._observers = []
@@ -219,6 +219,11 @@ class LLMEngine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    @property
+    def num_waiting_seqs(self) -> int:
+        """Sequences queued: a waiting request's samples fork once it runs, so it counts n."""
+        return sum(1 + len(s.forks) for s in self.scheduler.waiting)
 
     @property
     def num_running(self) -> int:

@@ -49,6 +49,8 @@ class Snapshot(NamedTuple):
     waiting: int
     running: int
     taken: int  # requests taken from the inbox so far
+    waiting_seqs: int  # sequences queued: a waiting request counts its n samples
+    taken_seqs: int  # sequences of the requests taken from the inbox so far
 
 
 class Add(NamedTuple):
@@ -98,6 +100,7 @@ class EngineThread:
         self.engine = engine
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.submitted = self._taken = 0
+        self.submitted_seqs = self._taken_seqs = 0
         self._routes: dict[str, RequestStream] = {}  # the engine thread's own: requests it queued
         self.snapshot = self._snapshot()
         self._guard = threading.Lock()  # the thread's start and end only: never held while a step runs
@@ -108,6 +111,7 @@ class EngineThread:
             self.inbox.put(message)
             if isinstance(message, Add):
                 self.submitted += 1
+                self.submitted_seqs += len(message.request.samples)
             if self._thread is None:
                 self._start()
 
@@ -170,6 +174,7 @@ class EngineThread:
 
     def _add(self, message: Add) -> None:
         self._taken += 1
+        self._taken_seqs += len(message.request.samples)
         try:
             request_id = self.engine.enqueue(message.request)
         except Exception as e:  # the id got taken since it was processed
@@ -217,4 +222,6 @@ class EngineThread:
         self.snapshot = self._snapshot()
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot(self.engine.kv_stats(), self.engine.num_waiting, self.engine.num_running, self._taken)
+        engine = self.engine
+        return Snapshot(engine.kv_stats(), engine.num_waiting, engine.num_running, self._taken,
+                        engine.num_waiting_seqs, self._taken_seqs)

@@ -24,8 +24,10 @@ class InputProcessor:
     compiled and its seed drawn, with one Sequence per sample. Touches no queue."""
     def __init__(self, tokenizer: Tokenizer, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...],
                  max_model_len: int, cache: CacheManager, device: torch.device, seed: int,
-                 speculative: bool) -> None:
-        """cache: read for its size only (cache.fits), never changed here."""
+                 speculative: bool, max_num_seqs: int) -> None:
+        """cache: read for its size only (cache.fits), never changed here. max_num_seqs: the
+        scheduler's (a request's n samples run at once, so n above it could never be admitted)."""
+        self.max_num_seqs = max_num_seqs
         self.tokenizer, self.model_dir, self.vocab_size = tokenizer, model_dir, vocab_size
         self.eos_token_ids, self.max_model_len, self.cache = eos_token_ids, max_model_len, cache
         self.device, self.speculative = device, speculative
@@ -41,7 +43,7 @@ class InputProcessor:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = self._prompt_ids(prompt)
+        text, ids = self.prompt_ids(prompt)
         self._check_fits(len(ids), params)
         self._check_logit_bias(params)
         with self._lock:
@@ -57,7 +59,9 @@ class InputProcessor:
         samples[0].forks = samples[1:]  # they join after the prompt's prefill, sharing its blocks
         return EngineRequest(request_id, text, ids, params, samples)
 
-    def _prompt_ids(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+    def prompt_ids(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """-> (its text or None, its token ids), checked: an empty prompt, an id outside the vocabulary
+        raise ValueError. It reads nothing that changes, so any thread may call it."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character")
@@ -72,6 +76,9 @@ class InputProcessor:
 
     def _check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """The request fits the context, and could fit in the empty KV pool."""
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n ({params.n}) exceeds max_num_seqs ({self.max_num_seqs}): a request's samples "
+                             f"run together, so at most {self.max_num_seqs} per request here")
         total = num_prompt_tokens + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) = {total} "

@@ -15,6 +15,7 @@ A policy decides; the scheduler acts. Through `sched` a policy reads the queues 
 admission order, the newest last; `waiting` first come first served) and calls
   sched.admit(seq)            move the front waiting sequence to running, with KV for its tokens
                               (prefix-cache hits count as computed); False: no room, nothing changed
+                              (no KV room, or fewer than its n samples' seats left under max_num_seqs)
   sched.grow(seq, n)          KV room for n more tokens of a running sequence; False: no room
   sched.preempt(seq)          free its KV, back to the front of the queue, to be recomputed
   sched.make_room(seq, n)     grow, preempting the newest running sequences until it fits

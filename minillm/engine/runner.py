@@ -78,3 +78,15 @@ class TimedAttention(AttentionContext):
         self.sync()
         self.seconds += time.perf_counter() - start
         return out
+
+
+@torch.inference_mode()
+def full_forward_logits(model: torch.nn.Module, token_ids: list[int] | torch.Tensor, max_model_len: int,
+                        device: torch.device) -> torch.Tensor:
+    """One forward over a single sequence, no cache (a reference, and prompt scoring): -> float32
+    logits [len, vocab]. It writes no state, so it may run beside the engine's own steps."""
+    ids = torch.as_tensor(token_ids, dtype=torch.long, device=device).reshape(-1)  # [len]
+    if ids.numel() == 0 or ids.numel() > max_model_len:
+        raise ValueError(f"logits() needs 1 to {max_model_len} tokens, got {ids.numel()}")
+    positions = torch.arange(ids.numel(), device=ids.device)
+    return model.compute_logits(model(ids, positions)).float()

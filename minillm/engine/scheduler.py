@@ -4,6 +4,9 @@ Each step a policy (engine/policy.py) decides who runs and how many tokens each 
 only through the transitions below, so a sequence's state changes in one place. When the KV pool
 cannot grow a running sequence, the policy preempts: the victim's blocks are freed and it goes
 back to the front of the queue, to be recomputed from its tokens (recompute preemption).
+
+A request with n samples runs as n sequences: its other samples join after its prompt's prefill
+(they fork from its K/V), so admitting it takes n seats of max_num_seqs at once, not one.
 """
 from collections import deque
 from collections.abc import Callable
@@ -85,7 +88,7 @@ class Scheduler:
         if len(self.running) >= self.max_num_seqs:
             raise RuntimeError(f"{self._who()} admitted {seq!r} while {len(self.running)} sequences run "
                                f"(max_num_seqs = {self.max_num_seqs})")
-        if not self._allocate(seq):
+        if not self._has_seats(seq) or not self._allocate(seq):
             return False
         self.waiting.remove(seq)
         self._start(seq, self._now)
@@ -142,12 +145,20 @@ class Scheduler:
         rest), and the prompt counts as computed. first_scheduled_time: when the other engine first
         scheduled it. -> its samples, in index order, each to append its first token; None: refused,
         nothing changed (offer it again later)."""
-        if self.waiting or len(self.running) >= self.max_num_seqs or not self._allocate(seq):
+        if self.waiting or not self._has_seats(seq) or not self._allocate(seq):
             return None
         self._start(seq, first_scheduled_time)
         fill(seq)
         computed = ScheduledSeq(seq, seq.num_prompt_tokens - seq.num_computed_tokens, Phase.PREFILL, samples=True)
         return [s for s, _ in self.advance([computed])]
+
+    def seats_taken(self) -> int:
+        """Sequences running, and the samples still to fork from them (they join without asking)."""
+        return sum(1 + len(s.forks) for s in self.running)
+
+    def _has_seats(self, seq: Sequence) -> bool:
+        """max_num_seqs leaves room for seq and every sample that will fork from it."""
+        return self.seats_taken() + 1 + len(seq.forks) <= self.max_num_seqs
 
     def _allocate(self, seq: Sequence) -> bool:
         """KV for seq's tokens; prefix-cache hits count as computed. -> False: no room, nothing changed."""

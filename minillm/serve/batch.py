@@ -27,7 +27,7 @@ from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput
-from minillm.serve.app import COMPLETIONS_DEFAULT_MAX_TOKENS
+from minillm.serve.completions import DEFAULT_MAX_TOKENS
 from minillm.serve.errors import error_body, validation_message
 from minillm.serve.protocol import ChatRequest, CompletionRequest
 from minillm.serve.responses import chat_choice, completion_choice, envelope, new_id, usage
@@ -108,7 +108,7 @@ def completion_body(rid: str, model: str, url: str, body, outputs: list[RequestO
     """The JSON the server's non-streaming endpoint answers, from the finished prompts' outputs."""
     if url == "/v1/completions":
         kind = "text_completion"
-        choices = [completion_choice(tokenizer, i * body.n + c.index, c)
+        choices = [completion_choice(tokenizer, i * body.samples + c.index, c)
                    for i, o in enumerate(outputs) for c in o.outputs]
     else:
         kind = "chat.completion"
@@ -136,18 +136,20 @@ class BatchRun:
     def queue(self, cid: str, url: str, body) -> None:
         """Add the request's prompts to the engine; a prompt it refuses refuses the whole request."""
         if url == "/v1/completions":
+            if body.echo or body.max_tokens == 0:
+                raise Refused(400, "echo and max_tokens 0 (prompt scoring) are served by the server, not in a batch")
             prompts, logprobs = body.prompts(), body.logprobs
-            max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+            max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         else:
             try:
-                prompt = self.template.render([m.model_dump(exclude_none=True) for m in body.messages])
+                prompt = self.template.render(body.template_messages())
             except ValueError as e:
                 raise Refused(400, str(e)) from None
             room = self.engine.max_model_len - len(self.engine.tokenizer.encode(prompt))
             prompts, max_tokens, logprobs = [prompt], body.requested_max_tokens or max(room, 1), body.engine_logprobs
         ids = []
         try:
-            params = body.sampling_params(max_tokens, logprobs)
+            params = body.sampling_params(max_tokens, logprobs, self.engine.model_config.vocab_size)
             for i, prompt in enumerate(prompts):
                 ids.append(self.engine.add_request(prompt, params, f"{cid}#{i}"))
         except ValueError as e:

@@ -3,7 +3,10 @@
     400 invalid_request_error   malformed JSON, a wrong type or value, a prompt too long for the context
     401 authentication_error    a missing or wrong `Authorization: Bearer KEY`
     404 model_not_found         a model this server does not serve (or an unknown path)
+    413 request_too_large       a body over the server's --max-body-bytes
     429 rate_limit_exceeded     the queue is full; `Retry-After` says when to come back
+    499 client_closed_request   (logged and counted only: the client left before the answer)
+    503 service_unavailable     the server shut down before the request finished
 
 Bad input is the client's mistake, so it is always a 4xx that names the field: the handlers below
 turn FastAPI's validation errors (pydantic's, and its JSON decode error) into 400s, never a 500.
@@ -14,8 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 429: "rate_limit_exceeded", 500: "internal_server_error",
-         503: "service_unavailable"}
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
+         499: "client_closed_request", 500: "internal_server_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):

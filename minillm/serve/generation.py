@@ -6,7 +6,8 @@ separate from streaming so that bad input (a prompt too long for the context, an
 is refused with a 400 before a streaming response has started.
 
 Whoever stops reading early (a client that disconnects, a server shutting down) closes the stream,
-and every request still running is aborted at once, so its KV blocks go back to the pool.
+and every request still running is aborted at once, so its KV blocks go back to the pool. `cut()`
+ends the stream from outside (the grace period of a shutdown is over): the reader gets the error.
 """
 import asyncio
 from collections.abc import AsyncIterator
@@ -24,13 +25,18 @@ class Generation:
         self.llm, self.request_id, self.on_chunk = llm, request_id, on_chunk
         self.streams: list[tuple[str, AsyncIterator[StreamChunk]]] = []
         self.prompt_tokens = self.completion_tokens = 0  # of the requests and samples finished so far
+        self.queued_prompt_tokens = self.streamed_tokens = 0  # of every prompt queued, every token streamed
+        self._queue: asyncio.Queue | None = None
+        self._cut: APIError | None = None
 
     async def start(self, prompts: list[str | list[int]], params: SamplingParams) -> "Generation":
         """Queue every prompt; the first the engine refuses aborts those already queued -> 400."""
         try:
             for i, prompt in enumerate(prompts):
                 rid = f"{self.request_id}-{i}"
-                self.streams.append((rid, await self.llm.start(prompt, params, rid)))
+                request, stream = await self.llm.submit(prompt, params, rid)
+                self.streams.append((rid, stream))
+                self.queued_prompt_tokens += len(request.prompt_token_ids)
         except BaseException as e:  # a prompt refused, or the client gone while a grammar compiled
             await asyncio.gather(*(self.llm.abort(rid) for rid, _ in self.streams))
             if not isinstance(e, ValueError):
@@ -41,7 +47,9 @@ class Generation:
 
     async def chunks(self) -> AsyncIterator[tuple[int, StreamChunk]]:
         """(prompt index, chunk) as the engine makes them, until every prompt's request is finished."""
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = self._queue = asyncio.Queue()
+        if self._cut is not None:
+            queue.put_nowait((-1, self._cut))
 
         async def pump(i: int, stream: AsyncIterator[StreamChunk]) -> None:
             try:
@@ -71,10 +79,21 @@ class Generation:
             # a pump never started cannot abort its own request
             await asyncio.gather(*(self.llm.abort(rid) for i, (rid, _) in enumerate(self.streams) if i not in done))
 
+    def cut(self, error: APIError) -> None:
+        """End the stream from outside: its reader raises error next, and its requests are aborted."""
+        self._cut = error
+        if self._queue is not None:
+            self._queue.put_nowait((-1, error))
+
     def usage(self) -> dict:
         return usage(self.prompt_tokens, self.completion_tokens)
 
+    def usage_so_far(self) -> dict:
+        """Every prompt's tokens, and the tokens streamed until now (vLLM's continuous_usage_stats)."""
+        return usage(self.queued_prompt_tokens, self.streamed_tokens)
+
     def _count(self, chunk: StreamChunk) -> None:
+        self.streamed_tokens += len(chunk.token_ids)
         if chunk.output is not None:
             self.completion_tokens += len(chunk.output.token_ids)
         if chunk.request is not None:

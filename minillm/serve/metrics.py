@@ -13,6 +13,7 @@ from minillm.outputs import Completion
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+MODEL_PATH = "/v1/models/"  # /v1/models/{id}: counted under one label, whatever the id
 
 
 class ServerMetrics:
@@ -57,7 +58,8 @@ class ServerMetrics:
 class CountRequests:
     """ASGI middleware: count every HTTP response by endpoint and status, errors included. Plain
     ASGI rather than Starlette's BaseHTTPMiddleware, which would sit between a streaming response
-    and the client's disconnect."""
+    and the client's disconnect. An exception that escapes the app becomes a 500 outside this
+    middleware (Starlette's ServerErrorMiddleware), so it is counted here as a 500 on its way out."""
 
     def __init__(self, app, metrics: ServerMetrics) -> None:
         self.app, self.metrics = app, metrics
@@ -65,11 +67,20 @@ class CountRequests:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"  # bounded label values
+        path = scope["path"]
+        endpoint = path if path in ENDPOINTS else MODEL_PATH + "{id}" if path.startswith(MODEL_PATH) else "other"
+        started = False
 
         async def counting_send(message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.requests.labels(endpoint, str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:
+                self.metrics.requests.labels(endpoint, "500").inc()
+            raise

@@ -5,8 +5,10 @@ command-line server.
         openai.OpenAI(base_url=server.base_url + "/v1", api_key="-").completions.create(...)
 
 `run_server` is `python -m minillm serve`: on SIGINT or SIGTERM uvicorn stops accepting
-connections and lets the in-flight requests finish for `grace_period` seconds; then it cancels
-the rest (their engine requests are aborted, their KV blocks freed) and the process exits 0.
+connections and lets the in-flight requests finish for `grace_period` seconds. Just before it
+would cancel the rest, the app's `end_streams()` ends them itself: each open stream gets an error
+event and `[DONE]` (a cancelled one would be cut without a word), a waiting request a 503, and
+their engine requests are aborted (their KV blocks freed). Then the process exits 0.
 """
 import asyncio
 import signal
@@ -20,6 +22,26 @@ from fastapi import FastAPI
 from minillm.async_llm import AsyncLLM
 from minillm.llm import LLM
 from minillm.serve.app import build_app
+
+END_STREAMS_MARGIN_S = 0.5  # end the open streams this long before uvicorn would cancel them
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which calls the app's `state.end_streams()` (if it has one) just before the
+    graceful shutdown's timeout, so that what is still open ends cleanly instead of being cancelled."""
+
+    async def shutdown(self, sockets=None) -> None:
+        end = getattr(self.config.app.state, "end_streams", None) if hasattr(self.config.app, "state") else None
+        grace = self.config.timeout_graceful_shutdown
+        timer = None
+        if end is not None and grace is not None:
+            delay = max(0.0, grace - min(END_STREAMS_MARGIN_S, grace / 4))
+            timer = asyncio.get_running_loop().call_later(delay, end)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def _as_async_llm(llm_or_model) -> AsyncLLM:
@@ -69,7 +91,7 @@ def app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, name: st
     """Serve app (the server, the router, a test's fake replica) in a daemon thread on its own event loop;
     return once it listens (port 0: a free one). On stop, open streams get `grace` seconds, then are cancelled."""
     sock = bind_socket(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=grace))
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=grace))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True, name=name)
     thread.start()
     while not server.started:  # uvicorn sets it once the socket is listening
@@ -84,7 +106,7 @@ def app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, name: st
 def serve_in_thread(llm_or_model="tiny", host: str = "127.0.0.1", port: int = 0, **app_options) -> ServerHandle:
     """Start the server on its own event loop in a daemon thread; return once it accepts connections.
     llm_or_model: an AsyncLLM, an LLM (its engine is driven from now on), or a model name/folder.
-    app_options: build_app's (model_name, api_key, max_waiting, admission); model_name defaults
+    app_options: build_app's (model_name, api_key, max_waiting, admission, max_body_bytes); model_name defaults
     to the model's name. stop() gives open streams 5 s, then cancels them (their requests are aborted)."""
     llm = _as_async_llm(llm_or_model)
     app_options.setdefault("model_name", llm.config.model)
@@ -104,5 +126,5 @@ def run_server(model: str | None = None, host: str = "127.0.0.1", port: int = 80
     # the process with it); handlers that do nothing make the drained shutdown an ordinary exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    uvicorn.Server(config).run()
+    DrainingServer(config).run()
     return 0

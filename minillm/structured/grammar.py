@@ -62,6 +62,9 @@ class GrammarCompiler:
                 kind = key[0].replace("_", " ")
                 reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip().splitlines()[0])  # xgrammar's log prefix
                 raise ValueError(f"the {kind} cannot be compiled: {reason}") from None
+            if not GrammarState(grammar, self.vocab_size).can_start():
+                raise ValueError(f"the {key[0].replace('_', ' ')} admits no first token: no text made of this "
+                                 f"model's tokens can match it (a character the vocabulary cannot spell?)")
             self._compiled[key] = grammar
         return self._compiled[key]
 
@@ -80,6 +83,12 @@ class GrammarState:
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into row `row` of an int32 [rows, ceil(vocab / 32)] bitmask."""
         self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def can_start(self) -> bool:
+        """Some token is allowed now (else every logit would be masked, and nothing could be sampled)."""
+        bitmask = new_bitmask(1, self.vocab_size)
+        self.fill_bitmask(bitmask, 0)
+        return bool(bitmask.any())
 
     def accept(self, token: int) -> None:
         if not self._matcher.accept_token(token):

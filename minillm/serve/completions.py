@@ -1,0 +1,96 @@
+"""POST /v1/completions: prompts -> completions, whole or streamed, with `echo` and prompt scoring.
+
+A request's prompts each become an engine request with n samples; choice i * n + j is prompt i's
+sample j. With `echo`, each choice starts with its prompt (text, tokens, and logprobs whose first
+is null: serve/echo.py). `max_tokens: 0` generates nothing: the prompts are only scored, through
+one forward each (AsyncLLM.logits, in a worker thread), never through a fake generation.
+"""
+from fastapi import Request
+
+from minillm.serve.echo import EchoedPrompt, echo_prompt, join_logprobs
+from minillm.serve.errors import APIError
+from minillm.serve.generation import Generation
+from minillm.serve.protocol import CompletionRequest
+from minillm.serve.responses import completion_logprobs, envelope, new_id, usage
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+async def echoes(server, body: CompletionRequest) -> list[EchoedPrompt] | None:
+    """The prompts as echo returns them (None without echo or scoring); a prompt over the context -> 400."""
+    if not body.echo and body.max_tokens != 0:
+        return None
+    out = []
+    for i, prompt in enumerate(body.prompts()):
+        try:
+            out.append(await echo_prompt(server.llm, prompt, body.logprobs if body.echo else None))
+        except ValueError as e:
+            raise APIError(400, f"prompt {i}: {e}", param="prompt") from None
+    return out
+
+
+def _choice(server, index: int, echoed: EchoedPrompt | None, text: str, logprobs: dict | None,
+            finish_reason: str | None) -> dict:
+    """One choice; with echo, the prompt's text and logprobs come first."""
+    if echoed is not None:
+        prompt_lp = echoed.choice_logprobs(server.tokenizer) if echoed.logprobs is not None else None
+        text, logprobs = echoed.text + text, join_logprobs(prompt_lp, logprobs)
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+async def complete(server, body: CompletionRequest, request: Request):
+    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    server.check_model(body)
+    prompts = await echoes(server, body)
+    if max_tokens == 0:
+        return scored(server, body, prompts)
+    shown = prompts if body.echo else [None] * len(body.prompts())
+    gen = await server.open(body, body.prompts(), max_tokens, body.logprobs, "cmpl")
+    if body.stream:
+        return server.streaming(gen, events(server, body, gen, shown))
+    outputs = await server.collect(gen, request)
+    choices = []
+    for (i, j), c in sorted(outputs.items()):
+        start = len(shown[i].text) if shown[i] else 0  # text_offset counts the echoed prompt
+        lp = None if c.logprobs is None else completion_logprobs(server.tokenizer, c.token_ids, c.logprobs, start)
+        choices.append(_choice(server, i * body.samples + j, shown[i], c.text, lp, c.finish_reason))
+    return envelope(gen.request_id, "text_completion", server.model_name, choices, usage=gen.usage())
+
+
+def scored(server, body: CompletionRequest, prompts: list[EchoedPrompt]):
+    """max_tokens 0: each choice is its prompt (with echo) or empty, finished by length at once."""
+    n, rid = body.samples, new_id("cmpl")
+    choices = [_choice(server, i * n + j, p if body.echo else None, "", None, "length")
+               for i, p in enumerate(prompts) for j in range(n)]
+    total = usage(sum(len(p.ids) for p in prompts), 0)
+    if not body.stream:
+        return envelope(rid, "text_completion", server.model_name, choices, usage=total)
+
+    async def chunks():
+        extra = {"usage": total} if body.continuous_usage else {"usage": None} if body.include_usage else {}
+        for choice in choices:
+            yield envelope(rid, "text_completion", server.model_name, [choice], **extra)
+        if body.include_usage:
+            yield envelope(rid, "text_completion", server.model_name, [], usage=total)
+    return server.streaming(None, chunks())
+
+
+async def events(server, body: CompletionRequest, gen: Generation, shown: list[EchoedPrompt | None]):
+    """The stream's chunks: with echo, each choice's first chunk carries its prompt."""
+    offsets: dict[int, int] = {}  # per choice: text offset of its next token (logprobs' text_offset)
+    async for i, chunk in gen.chunks():
+        index, lp, echoed = i * body.samples + chunk.index, None, None
+        if index not in offsets:
+            echoed = shown[i]
+            offsets[index] = len(echoed.text) if echoed else 0
+        if chunk.logprobs is not None:
+            lp = completion_logprobs(server.tokenizer, chunk.token_ids, chunk.logprobs, offsets[index])
+            offsets[index] += sum(len(t) for t in lp["tokens"])
+        if chunk.text or chunk.finished or lp or echoed:
+            choice = _choice(server, index, echoed, chunk.text, lp,
+                             chunk.output.finish_reason if chunk.finished else None)
+            usage_now = {"usage": gen.usage_so_far()} if body.continuous_usage else \
+                {"usage": None} if body.include_usage else {}
+            yield envelope(gen.request_id, "text_completion", server.model_name, [choice], **usage_now)
+    if body.include_usage:
+        yield envelope(gen.request_id, "text_completion", server.model_name, [], usage=gen.usage())

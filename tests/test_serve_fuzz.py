@@ -1,0 +1,69 @@
+"""Fuzzing the server with schemathesis, from the server's own OpenAPI schema: a few hundred generated
+requests per endpoint (fitting the schema, and for the POSTs breaking it too), each answered without a
+500, with a status, content type and body that the schema documents. The model field is set to the
+served model so that most requests reach the engine (an unknown model is a 404 before anything else is
+read); a context of 64 tokens keeps every generation short, so the run stays bounded in time."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from minillm import AsyncLLM
+from minillm.serve import serve_in_thread
+
+schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (the dev extra installs it)")
+GenerationMode = schemathesis.GenerationMode
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve_in_thread(AsyncLLM("tiny", max_model_len=64)) as handle:
+        yield handle
+
+
+OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+              ("GET", "/v1/models/{model_id}"), ("GET", "/health"), ("GET", "/metrics")]
+
+
+@pytest.fixture(scope="module")
+def api_schema(server):
+    return schemathesis.openapi.from_url(server.base_url + "/openapi.json")
+
+
+def test_the_schema_documents_every_endpoint(api_schema):
+    assert {(op.ok().method.upper(), op.ok().path) for op in api_schema.get_all_operations()} == set(OPERATIONS)
+
+
+CASES = [(method, path, GenerationMode.POSITIVE) for method, path in OPERATIONS] + \
+    [(method, path, GenerationMode.NEGATIVE) for method, path in OPERATIONS if method == "POST"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("method, path, mode", CASES)
+def test_no_generated_request_gets_a_500_or_an_undocumented_answer(api_schema, method, path, mode):
+    """Hypothesis drives schemathesis' strategy for the operation (its pytest loader is not used:
+    it reads a pytest internal that pytest 9 removed). Positive requests fit the schema, negative
+    ones break it (each must be a documented 4xx, never a 500)."""
+    operation = api_schema[path][method]
+    examples = 25 if method == "GET" else 250 if mode == GenerationMode.POSITIVE else 150
+
+    @given(case=operation.as_strategy(mode))
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def answered_as_documented(case):
+        if isinstance(case.body, dict) and "model" in case.body:
+            case.body["model"] = "tiny"
+        if case.path_parameters and "model_id" in case.path_parameters:
+            case.path_parameters["model_id"] = "tiny"
+        case.call_and_validate(checks=checks(), timeout=60)
+
+    answered_as_documented()
+
+
+def checks() -> list:
+    """No 500; the status, the content type and the body as the schema documents them."""
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+    return [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
