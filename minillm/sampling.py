@@ -8,7 +8,6 @@ that crosses the threshold is kept), renormalise, draw. Temperature 0 means gree
 Each request draws from its own seeded torch.Generator, so its samples do not depend on which
 other requests share its batch.
 """
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +15,12 @@ import torch
 from minillm.structured.spec import StructuredOutput
 
 MAX_LOGPROBS = 20
+# A temperature this close to 0 is greedy, as in vLLM: dividing logits by 1e-191 overflows them to inf.
+GREEDY_BELOW = 1e-5
+# The smallest top_p kept: a smaller one rounds to 0 in float32 and would drop every token. Under 1e-6 the
+# nucleus is the top token alone either way (its probability is at least 1 / vocab, over 1e-6).
+MIN_TOP_P = 1e-6
+REPETITION_PENALTY_RANGE = (0.01, 100.0)  # outside it, dividing a logit by the penalty can overflow to inf
 
 
 @dataclass
@@ -48,6 +53,10 @@ class SamplingParams:
         if isinstance(self.logit_bias, dict):
             self.logit_bias = dict(self.logit_bias) or None  # {}: no bias, so no work
         bias = self.logit_bias if isinstance(self.logit_bias, dict) else {}
+        if is_number(self.temperature) and 0 < self.temperature < GREEDY_BELOW:
+            self.temperature = 0.0
+        if is_number(self.top_p) and 0 < self.top_p < MIN_TOP_P:
+            self.top_p = MIN_TOP_P
         checks = [
             (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
             (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
@@ -66,8 +75,10 @@ class SamplingParams:
             *[(is_number(getattr(self, name)) and -2 <= getattr(self, name) <= 2,
                f"{name} must be a number from -2 to 2 (0 disables it), got {getattr(self, name)!r}")
               for name in ("presence_penalty", "frequency_penalty")],
-            (is_number(self.repetition_penalty) and 0 < self.repetition_penalty < math.inf,
-             f"repetition_penalty must be a number > 0 (1 disables it), got {self.repetition_penalty!r}"),
+            (is_number(self.repetition_penalty)
+             and REPETITION_PENALTY_RANGE[0] <= self.repetition_penalty <= REPETITION_PENALTY_RANGE[1],
+             f"repetition_penalty must be a number from {REPETITION_PENALTY_RANGE[0]} to {REPETITION_PENALTY_RANGE[1]} "
+             f"(1 disables it), got {self.repetition_penalty!r}"),
             (self.logit_bias is None or isinstance(self.logit_bias, dict),
              f"logit_bias must be a dict {{token id: bias}} or None, got {type(self.logit_bias).__name__}"),
             (not (bad_ids := [t for t in bias if not is_token_id(t)]),

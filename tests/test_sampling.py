@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minillm import SamplingParams
-from minillm.sampling import sample_requests, top_k_filter, top_p_filter
+from minillm.sampling import sample, sample_requests, top_k_filter, top_p_filter
 
 
 def draws(logits: torch.Tensor, params: SamplingParams, n: int, seed: int = 0) -> list[int]:
@@ -92,3 +92,17 @@ def test_logprobs_are_the_models_own_log_softmax_with_the_sampled_token(llama_ll
         for t, value in reported.items():
             assert abs(value - float(expected[t])) < 1e-4
         ids.append(token)
+
+
+def test_extreme_but_valid_values_sample_without_overflow():
+    """A temperature near 0 is greedy and a top_p under float32's range keeps the top token (vLLM's rules): dividing
+    the logits by 1e-191 or comparing against a top_p that rounds to 0 would leave no token to draw."""
+    from minillm.sampling import GREEDY_BELOW, MIN_TOP_P
+    assert SamplingParams(temperature=1e-191).greedy and not SamplingParams(temperature=GREEDY_BELOW).greedy
+    assert SamplingParams(top_p=1e-300).top_p == MIN_TOP_P
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=0.7, top_p=1e-300)
+    token = sample(logits, params.temperature, params.top_k, params.top_p, torch.Generator().manual_seed(1))
+    assert torch.equal(token, logits.argmax(-1))
+    with pytest.raises(ValueError, match="repetition_penalty must be a number from 0.01 to 100"):
+        SamplingParams(repetition_penalty=5e-324)

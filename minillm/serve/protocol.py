@@ -22,11 +22,6 @@ MAX_N = 16  # samples per prompt: each is a sequence in the batch, so a cap keep
 INT64 = Field(ge=-(2**63), le=2**63 - 1)
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 # The penalties and their values that change nothing: passed to SamplingParams only when set otherwise.
-# A temperature this close to 0 is greedy, as in vLLM: dividing logits by 1e-191 overflows them to inf.
-GREEDY_BELOW = 1e-5
-# The smallest top_p passed on: a smaller one rounds to 0 in float32 and drops every token. Under 1e-6
-# the nucleus is the top token alone either way (its probability is at least 1 / vocab, over 1e-6).
-MIN_TOP_P = 1e-6
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None,
            "min_tokens": 0}
 
@@ -157,9 +152,8 @@ class CommonRequest(Strict):
         return asked
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
-        temperature = 1.0 if self.temperature is None else self.temperature
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0 if temperature < GREEDY_BELOW else temperature,
-                              top_p=1.0 if self.top_p is None else max(self.top_p, MIN_TOP_P),
+        return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
+                              top_p=1.0 if self.top_p is None else self.top_p,
                               top_k=max(self.top_k or 0, 0), seed=self.seed, stop=self.stop, n=self.samples,
                               logprobs=logprobs, ignore_eos=bool(self.ignore_eos), structured=self.structured(),
                               **self.penalties(vocab_size))
