@@ -25,6 +25,7 @@ import torch
 
 from minillm import LLM
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
+from minillm.bench.anchors import open_anchors
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.decode import minillm_decode
 from minillm.config import EngineConfig
@@ -33,9 +34,13 @@ from minillm.quant import QuantConfig, kernel_choice, linear_weight_bytes, quant
 from minillm.quant.awq import apply_awq, calibration_rows
 from minillm.quant.cancellation import MAX_EXHAUSTIVE_UNITS, Search, paired_difference, search
 from minillm.quant.codecs import FP8_DTYPE
-from minillm.quant.config import LAYER_PROJECTIONS
+from minillm.quant.config import LAYER_PROJECTIONS, PROJECTIONS
 from minillm.quant.eval import Quality, Reference, heldout_windows
 from minillm.quant.sensitivity import quantized_copy
+
+ANCHOR_KINDS = ("F32", "Q8_0", "Q4_1")  # llama.cpp's files of the same weights (bench/anchors.py)
+ANCHOR_PAIRS = (("full", "llama.cpp F32"), ("int8", "llama.cpp Q8_0"), ("int8+head", "llama.cpp Q8_0"),
+                ("int4-g32-minmax", "llama.cpp Q4_1"), ("int4-g32-minmax+head", "llama.cpp Q4_1"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,33 +106,56 @@ def scheme_configs(s: Settings, config, notes: list[str]) -> tuple[list[QuantCon
     min_max = [dataclasses.replace(c, int4_range="min-max") for c in int4]
     awq = [dataclasses.replace(c, int4_range=r, calibration="awq")
            for g, r in s.awq for c in configs([("int4", g)], config, notes)]
+    # The LM head is a fifth of SmolLM2's bytes: quantized too, in the two schemes that keep the model's quality.
+    heads = [dataclasses.replace(c, projections=PROJECTIONS) for c in plain[:1] + min_max[:1]]
     references = [dataclasses.replace(c, kernel="reference") for c in plain[:1] + int4[:1]]
-    return plain + min_max + awq, plain + min_max + references
+    return plain + min_max + heads + awq, plain + min_max + heads + references
 
 
-def decode_speeds(model_dir: str, schemes: list[QuantConfig], prompt: list[int], s: Settings, threads, bar) -> dict:
-    """Greedy decode tokens/s at batch 1 of the full model and each scheme, at each torch thread count,
-    interleaved repetitions in rotating order. -> threads -> label -> (rates per repetition, the greedy tokens)."""
+def decode_speeds(model: str, model_dir: str, schemes: list[QuantConfig], prompt: list[int], s: Settings, threads,
+                  bar, notes: list[str]) -> dict:
+    """Greedy decode tokens/s at batch 1 of the full model and each scheme, and of llama.cpp's F32, Q8_0 and Q4_1
+    files when it is installed (bench/anchors.py), at each torch thread count, interleaved repetitions in rotating
+    order. -> threads -> label -> (rates per repetition, the greedy tokens)."""
     tokens = len(prompt) + max(s.new_tokens, 4)
     llms = {"full": batch_one(model_dir, tokens)}
     llms.update({c.label(): batch_one(model_dir, tokens, quantization=c) for c in schemes})
-    names, out, before = list(llms), {}, torch.get_num_threads()
+    out, before = {}, torch.get_num_threads()
     try:
         for t in threads:
             torch.set_num_threads(t)
-            for llm in llms.values():
-                minillm_decode(llm, prompt, 4)  # warm-up
-            out[t] = {name: ([], []) for name in llms}
+            anchors, missing = open_anchors(model, ANCHOR_KINDS, t)
+            if missing and missing not in notes:
+                notes.append(f"no llama.cpp rows: {missing}")
+            runs = {name: (lambda n, llm=llm: minillm_decode(llm, prompt, n)) for name, llm in llms.items()}
+            runs.update({name: (lambda n, a=anchor: a.decode(prompt, n)) for name, anchor in anchors.items()})
+            names = list(runs)
+            for run_one in runs.values():
+                run_one(4)  # warm-up
+            out[t] = {name: ([], []) for name in runs}
             for rep in range(s.repeats):
                 for name in names[rep % len(names):] + names[:rep % len(names)]:
                     bar.set_description(f"quant: decode {name}, {t} thread{'s' * (t > 1)}, run {rep + 1}/{s.repeats}")
-                    rate, tokens = minillm_decode(llms[name], prompt, s.new_tokens)
+                    rate, tokens = runs[name](s.new_tokens)
                     out[t][name][0].append(rate)
                     out[t][name][1][:] = tokens
                     bar.update()
+            for anchor in anchors.values():
+                anchor.close()
     finally:
         torch.set_num_threads(before)
     return out
+
+
+def anchor_ratios(speeds: dict) -> list[dict]:
+    """minillm's scheme against the llama.cpp file of the same kind, at each thread count: medians of paired runs."""
+    rows = []
+    for t, by in speeds.items():
+        for ours, theirs in ANCHOR_PAIRS:
+            if ours in by and theirs in by:
+                ratio = statistics.median(a / b for a, b in zip(by[ours][0], by[theirs][0]))
+                rows.append({"threads": t, "minillm": ours, "llama.cpp": theirs, "minillm / llama.cpp": ratio})
+    return rows
 
 
 def calibrated_copy(model: torch.nn.Module, config: QuantConfig, model_dir) -> torch.nn.Module:
@@ -182,7 +210,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         notes.append(f"every-subset search skipped: {layers} decoder layers would be {2 ** layers - 1:,} sets "
                      f"(it takes at most {MAX_EXHAUSTIVE_UNITS} layers); growing sets only")
     kernel_group = next((c.group_size for c in schemes if c.scheme == "int4"), 32)
-    with progress("quant", 2 + len(schemes) + (1 + len(timed)) * s.repeats * len(threads), "measurement") as bar:
+    with progress("quant", 2 + len(schemes) + (1 + len(timed) + len(ANCHOR_KINDS)) * s.repeats * len(threads),
+                  "measurement") as bar:
         bar.set_description("quant: the kernels at the model's shapes")
         kernels = kernel_choice.measure(kernel_choice.model_shapes(full.config), kernel_group, s.kernel_repeats,
                                         s.inductor)
@@ -197,7 +226,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
             table[c.label()] = (reference.compare(quantized), linear_weight_bytes(quantized))
             del quantized  # before the next copy is made
             bar.update()
-        speeds = decode_speeds(str(path), timed, windows[0, :s.prompt_tokens].tolist(), s, threads, bar)
+        speeds = decode_speeds(model, str(path), timed, windows[0, :s.prompt_tokens].tolist(), s, threads, bar, notes)
         studies = []
         for i, base in enumerate(searched):
             bar.total += len(LAYER_PROJECTIONS)
@@ -219,7 +248,10 @@ def scheme_rows(table: dict, speeds: dict) -> list[dict]:
     rows = []
     for label in labels:
         row = {"scheme": label}
-        if label in table:
+        if label.startswith("llama.cpp"):
+            row.update(dict.fromkeys(("perplexity", "KL", "top-1", "quantized bytes", "of fp32", "model bytes",
+                                      "of full"), "-"))
+        elif label in table:
             q, nbytes = table[label]
             quantized = nbytes["quantized"]
             row.update({"perplexity": f"{q.perplexity:.3f}", "KL": f"{q.kl:.2e}", "top-1": f"{q.top1:.2%}",
@@ -273,9 +305,13 @@ def report(model: str, s: Settings, notes: list[str], kernels: list[dict], table
     print_table(rows, f"schemes: quality on the held-out windows, weight bytes (exact), greedy decode at batch 1 "
                       f"({s.prompt_tokens}-token prompt, {s.new_tokens} new tokens, median of {s.repeats} "
                       f"interleaved runs at each torch thread count T; vs full = median of paired ratios)")
-    print("every decoder layer's projections are quantized; the embedding and LM head stay full precision; "
+    print("every decoder layer's projections are quantized, and the LM head too in +head; the embedding stays full "
+          "precision; "
           "minmax: int4 levels over each group's min..max (a float zero point); awq: activation-aware scaling; "
           "reference: dequantize-then-matmul instead of the fused kernel (same quality, '=')")
+    pairs = anchor_ratios(speeds)
+    if pairs:
+        print_table(pairs, "minillm beside llama.cpp on the same weights, greedy decode at batch 1 (paired runs)")
     print("greedy = full: output tokens before the first that differs from the full model's (a near-tie between "
           "two tokens can flip the first one and send the rest down another path)")
     records = []

@@ -104,7 +104,9 @@ class QuantConfig:
             name += f"-{self.calibration}"
         if self.layers is not None:
             name += f" layers {','.join(map(str, self.layers))}"
-        if self.projections != LAYER_PROJECTIONS:
+        if self.projections == PROJECTIONS:
+            name += "+head"  # every projection, the LM head too
+        elif self.projections != LAYER_PROJECTIONS:
             name += f" ({','.join(p.removesuffix('_proj') for p in self.projections)})"
         if self.kernel == "reference":
             name += " reference"
