@@ -8,7 +8,7 @@ import torch
 
 from minillm.config import Components, EngineConfig
 from minillm.distributed.driver import TensorParallelDriver
-from minillm.models.loader import load_model
+from minillm.models.loader import lay_out_for_rows, load_model, prefers_columns
 from minillm.quant import QuantizedLinear, QuantOps, quantize_model
 from minillm.quant.awq import apply_awq, calibration_rows
 from minillm.quant.linear import int4_linear_triton
@@ -19,8 +19,13 @@ def setup_model(config: EngineConfig, model_dir: Path, model: torch.nn.Module | 
     copy between engines with different knobs (it is copied before any change); None loads them.
     -> the model the engine runs: quantized as configured, the tensor-parallel driver with TP > 1."""
     shared = model is not None
-    model = model if shared else load_model(model_dir, config.torch_dtype, config.torch_device)
+    original = model = model if shared else load_model(model_dir, config.torch_dtype, config.torch_device)
     model = quantized(model, config, shared, model_dir)
+    spec = config.speculative
+    if spec is not None and config.torch_device.type == "cpu" and prefers_columns(spec.k + 1) != prefers_columns(1):
+        # a speculating step verifies k + 1 rows: weights laid out for that product, not for one row
+        model = copy.deepcopy(model) if shared and model is original else model
+        lay_out_for_rows(model, spec.k + 1)
     if config.tensor_parallel_size > 1:  # the workers run the other shards
         model = TensorParallelDriver(model, model_dir, config)
     return model
