@@ -15,21 +15,18 @@ counts give the acceptance rate alpha and tokens per verifying forward, beside t
 (1 - alpha^(k+1)) / (1 - alpha). Greedy, and temperature 1 at one k. Then many requests at once:
 output tokens/s of the whole batch (prefill included), with and without speculation.
 """
-import ast
 import dataclasses
 import itertools
 import json
 import math
 import statistics
-import textwrap
 import time
 
 from minillm import LLM, SamplingParams
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
-from minillm.chat_template import ChatTemplate
+from minillm.bench.spec_workloads import chat_prompts, code_prompts, copied, edit_prompts, heldout_sources
 from minillm.config import SpeculativeConfig
-from minillm.corpus import is_heldout, stdlib_files
 from minillm.models.registry import bundled_models, resolve_model_path
 from minillm.speculative.draft import check_same_vocabulary
 from minillm.speculative.heads import HEADS_FILE
@@ -37,14 +34,12 @@ from minillm.speculative.mlp_speculator import find_speculator
 from minillm.speculative.speculator import SpecStats
 from minillm.speculative.theory import expected_tokens_per_forward
 from minillm.tokenizer import Tokenizer
-from minillm.training.chat_prompts import HELD_OUT
 
 WORKLOADS = ("code", "edit", "chat")
 # issue 12: the best proposer on edits; heads or distilled draft on code. Issue 32: a model-based proposer
 # on chat, on the real model
 TARGETS = {"edit": 1.5, "code": 1.2, "chat": 1.3}
 MODEL_BASED = ("heads", "draft pico-distilled", "mlp")  # the proposers the code and chat targets are for
-NOT_CODE = ("encodings/", "pydoc_data/")  # held-out files that are tables of data, not code
 COUNTS = ("proposed", "reached", "accepted", "verifications", "emitted")
 
 
@@ -66,52 +61,7 @@ QUICK = Settings(prompts=3, new_tokens=40, repeats=1, ks=(1, 4), sampled_k=4, ba
 QUICK_BIG = Settings(prompts=2, new_tokens=24, repeats=1, ks=(2, 4), sampled_k=2, batch=4, batch_ks=(2,),
                      code_tokens=128)
 # a real model's full run: every decode step streams all its weights, so fewer prompts, ks and tokens
-FULL_BIG = Settings(prompts=4, new_tokens=64, repeats=2, ks=(1, 2, 4), sampled_k=2, batch=4, batch_ks=(2,))
-
-
-def heldout_sources() -> list[str]:
-    """The held-out stdlib files that are code (the split that trained the bundled models)."""
-    return [p.read_text(encoding="utf-8", errors="replace") for rel, p in stdlib_files()
-            if is_heldout(rel) and not rel.startswith(NOT_CODE)]
-
-
-def round_robin(groups: list[list], n: int) -> list:
-    """n items taken in turn from each group (its first, then its second, ...)."""
-    return [x for x in itertools.chain(*itertools.zip_longest(*groups)) if x is not None][:n]
-
-
-def code_prompts(tokenizer, sources: list[str], n: int, length: int) -> list[list[int]]:
-    """n prompts of `length` tokens, each starting at a def or class line, spread over the files."""
-    groups = []
-    for text in sources:
-        lines = text.splitlines(keepends=True)
-        offsets = itertools.accumulate(map(len, lines), initial=0)
-        starts = [o for o, line in zip(offsets, lines) if line.lstrip().startswith(("def ", "class "))]
-        spread = sorted({starts[i * len(starts) // n] for i in range(n)}) if starts else []  # evenly over the file
-        ids = [tokenizer.encode(text[o:o + 12 * length])[:length] for o in spread]
-        groups.append([x for x in ids if len(x) == length])
-    return round_robin(groups, n)
-
-
-def edit_prompts(tokenizer, sources: list[str], n: int, body: tuple[int, int]) -> list[tuple[list[int], list[int]]]:
-    """n edits -> (prompt, its faithful continuation): a function of body[0] to body[1] tokens with
-    a one-line header, a comment asking for it renamed, and the renamed header; the continuation is
-    the rest of the function, unchanged."""
-    groups = []
-    for text in sources:
-        lines, found = text.splitlines(), []
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef):
-                src = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno]))
-                header, rest = src.split("\n", 1) if "\n" in src else (src, "")
-                if header.endswith(":") and body[0] <= len(tokenizer.encode(src)) <= body[1]:
-                    new = f"{node.name}_renamed"
-                    prompt = (f"{src}\n\n\n# {node.name}, renamed to {new}; the body does not change.\n"
-                              f"{header.replace(f'def {node.name}(', f'def {new}(', 1)}")
-                    ids = tokenizer.encode(prompt)
-                    found.append((ids, tokenizer.encode(prompt + "\n" + rest)[len(ids):]))
-        groups.append(found)
-    return round_robin(groups, n)
+FULL_BIG = Settings(prompts=4, new_tokens=48, repeats=2, ks=(1, 2, 4), sampled_k=2, batch=4, batch_ks=(2,))
 
 
 def draft_misfit(draft: str, target: Tokenizer, target_vocab: int) -> str | None:
@@ -154,15 +104,6 @@ def proposers(model: str) -> tuple[list[tuple[str, dict]], list[str]]:
         notes.append(f"mlp skipped: no MLP speculator for {model} beside it or bundled (`python -m minillm train "
                      f"speculator --model {model}`)")
     return found, notes
-
-
-def chat_prompts(path, n: int) -> list[list[int]]:
-    """n held-out chat questions in the model's own chat template; [] for a model without one."""
-    template = ChatTemplate.for_model(path)
-    if template.is_default:
-        return []
-    tokenizer = Tokenizer(path)
-    return [tokenizer.encode(template.render([{"role": "user", "content": q}])) for q in HELD_OUT[:n]]
 
 
 def spec_counts(llm: LLM) -> dict[str, int]:
@@ -234,15 +175,6 @@ def shown(row: dict, base: bool = False) -> dict:
     return {"proposer": row["proposer"], "k": row["k"], **({"none tok/s": row["base_tokens_per_s"]} if base else {}),
             "tok/s": row["tokens_per_s"], "speedup": f"{row['speedup']:.2f}x", "alpha": f"{row['alpha']:.2f}",
             "tok/forward": row["tokens_per_forward"], "theory": row["theory"], **same}
-
-
-def copied(outputs: list[list[int]], faithful: list[list[int]]) -> float:
-    """The median share of an edit's output that repeats the function faithfully before departing."""
-    shares = []
-    for out, want in zip(outputs, faithful):
-        n = next((i for i, (a, b) in enumerate(zip(out, want)) if a != b), min(len(out), len(want)))
-        shares.append(n / min(len(out), len(want)))
-    return statistics.median(shares)
 
 
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:

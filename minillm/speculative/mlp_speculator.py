@@ -59,7 +59,8 @@ class MLPSpeculator(nn.Module):
 def save_speculator(spec: MLPSpeculator, target: nn.Module, path: Path) -> None:
     meta = {"format": "pt", "inner_size": str(spec.up.out_features), "vocab": str(spec.vocab),
             "target": fingerprint(target)}
-    save_file({k: v.contiguous() for k, v in spec.state_dict().items()}, str(path), metadata=meta)
+    # bfloat16: half the bytes, and a proposer's rounding can change only how often it is right
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in spec.state_dict().items()}, str(path), metadata=meta)
 
 
 def load_speculator(path: Path, target: nn.Module) -> MLPSpeculator:
@@ -73,7 +74,7 @@ def load_speculator(path: Path, target: nn.Module) -> MLPSpeculator:
         raise ValueError(f"the speculator in {path} was trained for another model (fingerprint {meta.get('target')}, "
                          f"this target's {fingerprint(target)}): train one for this one")
     spec = MLPSpeculator(target.config.hidden_size, int(meta["inner_size"]), int(meta["vocab"]))
-    spec.load_state_dict(tensors)
+    spec.load_state_dict({k: v.float() for k, v in tensors.items()})
     weight = target.lm_head.weight
     return spec.to(device=weight.device, dtype=weight.dtype).eval()
 
