@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
                        help="bf16: autocast compute with float32 weights (the bundled models were trained so)")
-    spec = train.add_subparsers(dest="what", metavar="{heads,distill}",
+    spec = train.add_subparsers(dest="what", metavar="{heads,distill,speculator}",
                                 description="without one of these, train trains the bundled models")
     heads = spec.add_parser("heads", help="multi-token-prediction heads for a frozen target (speculative decoding)")
     heads.add_argument("--model", default="tiny", help="the target: bundled name or model directory")
@@ -106,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     distill.add_argument("--steps", type=int, default=600)
     distill.add_argument("--seed", type=int, default=0)
     distill.add_argument("--out", type=Path, default=None, help="default: the assets' <draft>-distilled folder")
+
+    mlp = spec.add_parser("speculator", help="an MLP speculator for a frozen instruct model, on its own chat answers")
+    mlp.add_argument("--model", default="smollm2-135m-instruct", help="the target: an instruct model's name or folder")
+    mlp.add_argument("--questions", type=int, default=256, help="chat questions the target answers to train on")
+    mlp.add_argument("--steps", type=int, default=300)
+    mlp.add_argument("--seed", type=int, default=0)
+    mlp.add_argument("--out", type=Path, default=None, help="default: spec_mlp.safetensors in the model's folder")
 
     args = parser.parse_args(argv)
     if args.command == "generate":
@@ -129,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.training.heads import train_heads
         train_heads(args.model, args.heads, args.steps, seed=args.seed, out=args.out,
                     continuations=args.continuations)
+    elif args.what == "speculator":
+        from minillm.training.speculator import train_speculator
+        train_speculator(args.model, args.steps, seed=args.seed, out=args.out, questions=args.questions)
     elif args.what == "distill":
         from minillm.training.draft import train_distill
         train_distill(args.draft, args.target, args.steps, seed=args.seed, out=args.out)

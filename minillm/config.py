@@ -45,7 +45,7 @@ class Components:
         return [f.name for f in fields(self) if f.name != "source" and getattr(self, f.name) is not None]
 
 
-SPEC_METHODS = ("ngram", "draft", "heads")
+SPEC_METHODS = ("ngram", "draft", "heads", "mlp")
 ATTENTION_BACKENDS = ("torch", "triton")
 OFFLOAD_KINDS = ("host", "disk")  # cache/offload.py's tiers
 
@@ -55,10 +55,12 @@ class SpeculativeConfig:
     """Speculative decoding: before each step a proposer guesses up to k tokens per decoding
     sequence, and the target verifies them all in that step's forward (minillm/speculative/)."""
     method: str                  # ngram (prompt lookup) | draft (a smaller model) | heads (multi-token prediction)
+                                 # | mlp (a recurrent MLP speculator on the target's hidden state)
     k: int = 4                   # proposals per sequence and step
     ngram: int = 3               # ngram: the longest n-gram looked up (shorter ones are tried too)
     draft_model: str = "pico"    # draft: a bundled name or model directory with the target's tokenizer
     heads: str | None = None     # heads: a file of trained heads; None: the target's spec_heads.safetensors
+    speculator: str | None = None  # mlp: a trained speculator's file; None: the target's spec_mlp.safetensors
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:

@@ -77,15 +77,16 @@ def test_chunked_prefill_runs_both_variants_with_identical_outputs(tmp_path):
             "itl_p99_ms"]
 
 
-def test_spec_runs_prompt_lookup_and_says_no_bundled_draft_fits(tmp_path, capsys):
+def test_spec_runs_prompt_lookup_and_the_bundled_speculator_and_says_no_bundled_draft_fits(tmp_path, capsys):
     figures, _ = quick_run("spec", tmp_path)
     out = capsys.readouterr().out
     assert "draft pico skipped: draft model 'pico' has a vocabulary of" in out
     assert f"no bundled draft shares {NAME}'s tokenizer" in out
     batch = f"batch_{figures['settings']['batch']}"
-    for workload in ("code", "edit"):
+    assert set(figures["targets"]) == {"edit", "code", "chat"}
+    for workload in ("code", "edit", "chat"):
         greedy = figures["batch1_greedy"][workload]
-        assert {r["proposer"] for r in greedy} == {"ngram"}
+        assert {r["proposer"] for r in greedy} == {"ngram", "mlp"}
         for r in greedy + figures[batch][workload]:
             assert r["same_tokens"], f"greedy speculation changed the tokens: {r}"
         for r in greedy + figures["batch1_temperature_1"][workload]:

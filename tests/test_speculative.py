@@ -9,6 +9,7 @@ import torch
 from minillm import LLM, SamplingParams
 from minillm.config import Components, SpeculativeConfig
 from minillm.speculative.heads import SpecHeads, save_heads
+from minillm.speculative.mlp_speculator import MLPSpeculator, save_speculator
 from minillm.speculative.ngram import propose_ngram
 from minillm.speculative.theory import acceptance_rate, expected_tokens_per_forward
 from minillm.speculative.verify import target_probs, verify
@@ -33,6 +34,16 @@ def heads_file(tmp_path_factory, tiny) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def mlp_file(tmp_path_factory, tiny) -> Path:
+    """An MLP speculator for tiny, untrained but not the identity, proposing from tiny's first 1,024 ids."""
+    spec = MLPSpeculator(tiny.model.config.hidden_size, 128, vocab=1024)
+    torch.nn.init.normal_(spec.down.weight, std=0.02, generator=torch.Generator().manual_seed(0))
+    path = tmp_path_factory.mktemp("mlp") / "mlp.safetensors"
+    save_speculator(spec, tiny.model, path)
+    return path
+
+
 def workload(tiny, n: int = 6) -> list[list[int]]:
     """Code prompts, some repeating themselves (so prompt lookup finds something), of mixed lengths."""
     texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
@@ -41,17 +52,18 @@ def workload(tiny, n: int = 6) -> list[list[int]]:
     return [tiny.tokenizer.encode(t) for t in texts[:n]]
 
 
-def spec_config(method: str, k: int, heads_file: Path) -> SpeculativeConfig:
-    return SpeculativeConfig(method, k=k, heads=str(heads_file) if method == "heads" else None)
+def spec_config(method: str, k: int, heads_file: Path, mlp_file: Path | None = None) -> SpeculativeConfig:
+    return SpeculativeConfig(method, k=k, heads=str(heads_file) if method == "heads" else None,
+                             speculator=str(mlp_file) if method == "mlp" else None)
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft", "heads"])
-@pytest.mark.parametrize("k", [1, 3, 8])
-def test_greedy_speculation_is_token_identical_inside_a_preempting_batch(method, k, tiny, heads_file):
+@pytest.mark.parametrize("method", ["ngram", "draft", "heads", "mlp"])
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_greedy_speculation_is_token_identical_inside_a_preempting_batch(method, k, tiny, heads_file, mlp_file):
     prompts = workload(tiny)
     params = [SamplingParams(max_tokens=24 + 4 * i, **GREEDY) for i in range(len(prompts))]
     reference = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
-    llm = LLM("tiny", speculative=spec_config(method, k, heads_file), block_size=4, num_kv_blocks=48)
+    llm = LLM("tiny", speculative=spec_config(method, k, heads_file, mlp_file), block_size=4, num_kv_blocks=48)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in outs] == reference
     assert llm.engine.num_preemptions > 0, "the small pool was meant to force preemption"
@@ -61,6 +73,27 @@ def test_greedy_speculation_is_token_identical_inside_a_preempting_batch(method,
     if method == "draft":
         proposer = llm.engine.speculator.proposer
         assert not proposer.shadows and proposer.cache.stats([]).used_blocks == 0, "the draft's cache leaked"
+
+
+def test_mlp_proposals_are_drawn_from_its_vocabulary_with_the_distributions_it_reports(tiny, mlp_file):
+    """At temperature 1 each proposal comes with the distribution it was drawn from: zero above
+    the speculator's vocabulary, summing to one, and giving the proposal itself positive mass."""
+    llm = LLM("tiny", speculative=SpeculativeConfig("mlp", k=3, speculator=str(mlp_file)))
+    proposer, seen = llm.engine.speculator.proposer, []
+    propose = proposer.propose
+
+    def record(seqs, limits):
+        propose(seqs, limits)
+        seen.extend((list(s.spec_tokens), s.spec_probs) for s in seqs if s.spec_tokens)
+
+    proposer.propose = record
+    llm.generate(workload(tiny, 2), SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True),
+                 use_tqdm=False)
+    assert seen
+    for tokens, q in seen:
+        assert q.shape == (len(tokens), tiny.model.config.vocab_size)
+        assert torch.allclose(q.sum(-1), torch.ones(len(tokens))) and q[:, 1024:].sum() == 0
+        assert all(t < 1024 and q[i, t] > 0 for i, t in enumerate(tokens))
 
 
 def chi_square_critical(df: int, z: float = 3.719) -> float:

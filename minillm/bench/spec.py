@@ -1,9 +1,11 @@
 """Speculative decoding: what each proposer buys at each k, against the theory, and where it loses.
 
-Two workloads of held-out Python (stdlib files the bundled models never trained on):
+Two workloads of held-out Python (stdlib files the bundled models never trained on), and one of chat:
   * code: slices of a module's source starting at a def or class line, for the model to continue;
   * edit: a function, a comment asking for it renamed, and the renamed def line: a faithful
-    output repeats the function's body, which is in the prompt for a proposer to copy.
+    output repeats the function's body, which is in the prompt for a proposer to copy;
+  * chat (a model with a chat template of its own, an instruct model): held-out questions in the
+    template, answered until the model ends its turn (training/chat_prompts.py).
 Batch 1 (one request at a time, as in the decode benchmark) is the main case. Every variant, no
 speculation and each proposer at each k, decodes the same prompts with the same engine settings;
 the variants take turns prompt by prompt, in rotating order, so drifting machine speed hits all
@@ -13,30 +15,31 @@ counts give the acceptance rate alpha and tokens per verifying forward, beside t
 (1 - alpha^(k+1)) / (1 - alpha). Greedy, and temperature 1 at one k. Then many requests at once:
 output tokens/s of the whole batch (prefill included), with and without speculation.
 """
-import ast
 import dataclasses
 import itertools
 import json
 import math
 import statistics
-import textwrap
 import time
 
 from minillm import LLM, SamplingParams
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
+from minillm.bench.spec_workloads import chat_prompts, code_prompts, copied, edit_prompts, heldout_sources
 from minillm.config import SpeculativeConfig
-from minillm.corpus import is_heldout, stdlib_files
 from minillm.models.registry import bundled_models, resolve_model_path
 from minillm.speculative.draft import check_same_vocabulary
 from minillm.speculative.heads import HEADS_FILE
+from minillm.speculative.mlp_speculator import find_speculator
 from minillm.speculative.speculator import SpecStats
 from minillm.speculative.theory import expected_tokens_per_forward
 from minillm.tokenizer import Tokenizer
 
-WORKLOADS = ("code", "edit")
-TARGETS = {"edit": 1.5, "code": 1.2}  # issue 12: the best proposer on edits; heads or distilled draft on code
-NOT_CODE = ("encodings/", "pydoc_data/")  # held-out files that are tables of data, not code
+WORKLOADS = ("code", "edit", "chat")
+# issue 12: the best proposer on edits; heads or distilled draft on code. Issue 32: a model-based proposer
+# on chat, on the real model
+TARGETS = {"edit": 1.5, "code": 1.2, "chat": 1.3}
+MODEL_BASED = ("heads", "draft pico-distilled", "mlp")  # the proposers the code and chat targets are for
 COUNTS = ("proposed", "reached", "accepted", "verifications", "emitted")
 
 
@@ -55,52 +58,10 @@ class Settings:
 
 FULL = Settings(prompts=8, new_tokens=128, repeats=3, ks=(1, 2, 4, 8), sampled_k=4, batch=16, batch_ks=(2, 4))
 QUICK = Settings(prompts=3, new_tokens=40, repeats=1, ks=(1, 4), sampled_k=4, batch=8, batch_ks=(4,))
-QUICK_BIG = Settings(prompts=2, new_tokens=24, repeats=1, ks=(4,), sampled_k=4, batch=4, batch_ks=(4,), code_tokens=128)
-
-
-def heldout_sources() -> list[str]:
-    """The held-out stdlib files that are code (the split that trained the bundled models)."""
-    return [p.read_text(encoding="utf-8", errors="replace") for rel, p in stdlib_files()
-            if is_heldout(rel) and not rel.startswith(NOT_CODE)]
-
-
-def round_robin(groups: list[list], n: int) -> list:
-    """n items taken in turn from each group (its first, then its second, ...)."""
-    return [x for x in itertools.chain(*itertools.zip_longest(*groups)) if x is not None][:n]
-
-
-def code_prompts(tokenizer, sources: list[str], n: int, length: int) -> list[list[int]]:
-    """n prompts of `length` tokens, each starting at a def or class line, spread over the files."""
-    groups = []
-    for text in sources:
-        lines = text.splitlines(keepends=True)
-        offsets = itertools.accumulate(map(len, lines), initial=0)
-        starts = [o for o, line in zip(offsets, lines) if line.lstrip().startswith(("def ", "class "))]
-        spread = sorted({starts[i * len(starts) // n] for i in range(n)}) if starts else []  # evenly over the file
-        ids = [tokenizer.encode(text[o:o + 12 * length])[:length] for o in spread]
-        groups.append([x for x in ids if len(x) == length])
-    return round_robin(groups, n)
-
-
-def edit_prompts(tokenizer, sources: list[str], n: int, body: tuple[int, int]) -> list[tuple[list[int], list[int]]]:
-    """n edits -> (prompt, its faithful continuation): a function of body[0] to body[1] tokens with
-    a one-line header, a comment asking for it renamed, and the renamed header; the continuation is
-    the rest of the function, unchanged."""
-    groups = []
-    for text in sources:
-        lines, found = text.splitlines(), []
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef):
-                src = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno]))
-                header, rest = src.split("\n", 1) if "\n" in src else (src, "")
-                if header.endswith(":") and body[0] <= len(tokenizer.encode(src)) <= body[1]:
-                    new = f"{node.name}_renamed"
-                    prompt = (f"{src}\n\n\n# {node.name}, renamed to {new}; the body does not change.\n"
-                              f"{header.replace(f'def {node.name}(', f'def {new}(', 1)}")
-                    ids = tokenizer.encode(prompt)
-                    found.append((ids, tokenizer.encode(prompt + "\n" + rest)[len(ids):]))
-        groups.append(found)
-    return round_robin(groups, n)
+QUICK_BIG = Settings(prompts=2, new_tokens=32, repeats=1, ks=(1, 2, 4), sampled_k=2, batch=4, batch_ks=(2,),
+                     code_tokens=128)
+# a real model's full run: every decode step streams all its weights, so fewer prompts, ks and tokens
+FULL_BIG = Settings(prompts=4, new_tokens=48, repeats=2, ks=(1, 2, 4), sampled_k=2, batch=4, batch_ks=(2,))
 
 
 def draft_misfit(draft: str, target: Tokenizer, target_vocab: int) -> str | None:
@@ -137,6 +98,11 @@ def proposers(model: str) -> tuple[list[tuple[str, dict]], list[str]]:
         found.append(("heads", {"method": "heads"}))
     else:
         notes.append(f"heads skipped: {model} has no {HEADS_FILE} (`python -m minillm train heads --model {model}`)")
+    if (file := find_speculator(path)) is not None:
+        found.append(("mlp", {"method": "mlp", "speculator": str(file)}))
+    else:
+        notes.append(f"mlp skipped: no MLP speculator for {model} beside it or bundled (`python -m minillm train "
+                     f"speculator --model {model}`)")
     return found, notes
 
 
@@ -211,31 +177,27 @@ def shown(row: dict, base: bool = False) -> dict:
             "tok/forward": row["tokens_per_forward"], "theory": row["theory"], **same}
 
 
-def copied(outputs: list[list[int]], faithful: list[list[int]]) -> float:
-    """The median share of an edit's output that repeats the function faithfully before departing."""
-    shares = []
-    for out, want in zip(outputs, faithful):
-        n = next((i for i, (a, b) in enumerate(zip(out, want)) if a != b), min(len(out), len(want)))
-        shares.append(n / min(len(out), len(want)))
-    return statistics.median(shares)
-
-
 def run(quick: bool = False, json_path: str | None = None, model: str | None = None) -> dict:
     model = model or "tiny"
     conditions = check_conditions()
-    big = quick and is_big(model)
-    s = QUICK_BIG if big else QUICK if quick else FULL
+    big = is_big(model)
+    s = (QUICK_BIG if quick else FULL_BIG) if big else QUICK if quick else FULL
     found, notes = proposers(model)
     if big:
-        notes.insert(0, f"--quick: {SMALLER_QUICK}: {s.prompts} prompts of {s.new_tokens} new tokens, k={s.ks}, "
-                        f"{s.batch} requests at once")
+        notes.insert(0, f"{'--quick: ' + SMALLER_QUICK if quick else 'a big model'}: {s.prompts} prompts of "
+                        f"{s.new_tokens} new tokens, k={s.ks}, {s.batch} requests at once")
     if model not in bundled_models():
         notes.append(f"held out from the bundled models' training only: {model} was trained elsewhere, likely on "
                      f"public code that includes these stdlib files")
-    tokenizer, sources = Tokenizer(resolve_model_path(model)), heldout_sources()
+    path = resolve_model_path(model)
+    tokenizer, sources = Tokenizer(path), heldout_sources()
     edits = edit_prompts(tokenizer, sources, s.batch, s.edit_body)
-    prompts = {"code": code_prompts(tokenizer, sources, s.batch, s.code_tokens), "edit": [p for p, _ in edits]}
-    longest = max(len(p) for w in WORKLOADS for p in prompts[w]) + s.new_tokens + max(s.ks) + 1
+    prompts = {"code": code_prompts(tokenizer, sources, s.batch, s.code_tokens), "edit": [p for p, _ in edits],
+               "chat": chat_prompts(path, s.batch)}
+    workloads = [w for w in WORKLOADS if prompts[w]]
+    if "chat" not in workloads:
+        notes.append(f"chat skipped: {model} has no chat template of its own (not an instruct model)")
+    longest = max(len(p) for w in workloads for p in prompts[w]) + s.new_tokens + max(s.ks) + 1
     settings = dict(enable_prefix_caching=False, max_num_seqs=s.batch,
                     num_kv_blocks=s.batch * math.ceil(longest / 16) + s.batch, block_size=16)
     llms, variants = {"none": LLM(model, **settings)}, {}
@@ -249,19 +211,20 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     warm = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     for llm in llms.values():
         llm.generate([prompts["code"][0]], warm, use_tqdm=False)
-    greedy = [SamplingParams(max_tokens=s.new_tokens, temperature=0, ignore_eos=True)] * s.prompts
-    seeded = [SamplingParams(max_tokens=s.new_tokens, temperature=1.0, seed=i, ignore_eos=True)
-              for i in range(s.prompts)]
-    calls = len(WORKLOADS) * s.repeats * (s.prompts * (len(llms) + len(sampled) + 1) + len(batched) + 1)
+    calls = len(workloads) * s.repeats * (s.prompts * (len(llms) + len(sampled) + 1) + len(batched) + 1)
     results = {}
     with progress("spec", calls) as bar:
-        for w in WORKLOADS:
+        for w in workloads:
+            to_the_end = w != "chat"  # a chat answer ends with its turn; code and edits run on for new_tokens
+            greedy = [SamplingParams(max_tokens=s.new_tokens, temperature=0, ignore_eos=to_the_end)] * s.prompts
+            seeded = [SamplingParams(max_tokens=s.new_tokens, temperature=1.0, seed=i, ignore_eos=to_the_end)
+                      for i in range(s.prompts)]
             some = {n: llms[n] for n in ["none", *sampled]}
             results[w, 0.0] = one_at_a_time(llms, prompts[w][:s.prompts], greedy, s.repeats, bar, f"{w}, greedy")
             results[w, 1.0] = one_at_a_time(some, prompts[w][:s.prompts], seeded, s.repeats, bar, f"{w}, temperature 1")
             results[w, "batch"] = all_at_once({n: llms[n] for n in ["none", *batched]}, prompts[w], greedy[0],
                                               s.repeats, bar, f"{w}, {s.batch} at once")
-    return report(results, variants, [want for _, want in edits], model, s, notes, conditions, json_path)
+    return report(results, workloads, variants, [want for _, want in edits], model, s, notes, conditions, json_path)
 
 
 def subsets(variants: dict[str, tuple[str, int]], s: Settings) -> tuple[dict, dict]:
@@ -270,18 +233,19 @@ def subsets(variants: dict[str, tuple[str, int]], s: Settings) -> tuple[dict, di
             {n: v for n, v in variants.items() if v[1] in s.batch_ks})
 
 
-def report(results: dict, variants: dict[str, tuple[str, int]], faithful: list[list[int]], model: str, s: Settings,
-           notes: list[str], conditions: dict, json_path: str | None) -> dict:
+def report(results: dict, workloads: list[str], variants: dict[str, tuple[str, int]], faithful: list[list[int]],
+           model: str, s: Settings, notes: list[str], conditions: dict, json_path: str | None) -> dict:
     sampled, batched = subsets(variants, s)
-    batch1 = {w: rows(results[w, 0.0], variants, True, workload=w, temperature=0.0) for w in WORKLOADS}
-    hot = {w: rows(results[w, 1.0], sampled, False, workload=w, temperature=1.0) for w in WORKLOADS}
-    big = {w: rows(results[w, "batch"], batched, True, workload=w, batch=s.batch) for w in WORKLOADS}
+    batch1 = {w: rows(results[w, 0.0], variants, True, workload=w, temperature=0.0) for w in workloads}
+    hot = {w: rows(results[w, 1.0], sampled, False, workload=w, temperature=1.0) for w in workloads}
+    big = {w: rows(results[w, "batch"], batched, True, workload=w, batch=s.batch) for w in workloads}
     share = copied(results["edit", 0.0]["none"]["outputs"], [want[:s.new_tokens] for want in faithful])
-    print(f"{machine_line(conditions)}\nmodel: {model}; held-out stdlib Python; {s.prompts} prompts per workload at "
-          f"batch 1, {s.new_tokens} new tokens each, median of {s.repeats} interleaved run(s)")
+    chat = " and chat" if "chat" in workloads else ""
+    print(f"{machine_line(conditions)}\nmodel: {model}; held-out stdlib Python{chat}; {s.prompts} prompts per "
+          f"workload at batch 1, {s.new_tokens} new tokens each, median of {s.repeats} interleaved run(s)")
     for note in notes:
         print(f"note: {note}")
-    for w in WORKLOADS:
+    for w in workloads:
         none = statistics.median(results[w, 0.0]["none"]["rates"])
         print_table([{"proposer": "none", "k": "-", "tok/s": none, "speedup": "1.00x", "alpha": "-",
                       "tok/forward": 1.0, "theory": "-", "same tokens": "-"}] + [shown(r) for r in batch1[w]],
@@ -290,11 +254,11 @@ def report(results: dict, variants: dict[str, tuple[str, int]], faithful: list[l
                     f"{w} prompts, batch 1, temperature 1 (seeded), k={s.sampled_k}")
     print(f"\nedit workload: without speculation, the target's greedy output repeats the function faithfully "
           f"for a median {share:.0%} of its tokens before departing from it")
-    for w in WORKLOADS:
+    for w in workloads:
         print_table([shown(r, base=True) for r in big[w]],
                     f"{w} prompts, {s.batch} requests at once, greedy: output tokens/s of the batch (prefill "
                     f"included)")
-    every = [r for w in WORKLOADS for r in batch1[w] + hot[w] + big[w]]
+    every = [r for w in workloads for r in batch1[w] + hot[w] + big[w]]
     loses = [r for r in every if r["speedup"] < 1]
     if loses:
         print_table([{"case": f"{r['workload']}, " + (f"batch {r['batch']}" if "batch" in r else
@@ -304,19 +268,20 @@ def report(results: dict, variants: dict[str, tuple[str, int]], faithful: list[l
                     "where speculation loses: every configuration above slower than no speculation")
     else:
         print("\nno configuration measured here was slower than no speculation")
-    best = {w: max(batch1[w], key=lambda r: r["speedup"]) for w in WORKLOADS if batch1[w]}
-    strong = [r for r in batch1["code"] if r["proposer"] in ("heads", "draft pico-distilled")]
-    measured = {"edit": best.get("edit"), "code": max(strong, key=lambda r: r["speedup"]) if strong else None}
+    best = {w: max(batch1[w], key=lambda r: r["speedup"]) for w in workloads if batch1[w]}
+    strong = {w: [r for r in batch1[w] if r["proposer"] in MODEL_BASED] for w in workloads if w != "edit"}
+    measured = {"edit": best.get("edit"), **{w: max(rs, key=lambda r: r["speedup"]) if rs else None
+                                             for w, rs in strong.items()}}
     targets = {w: {"target": TARGETS[w], "measured": None if r is None else r["speedup"],
                    "by": None if r is None else f"{r['proposer']}, k={r['k']}",
                    "met": r is not None and r["speedup"] >= TARGETS[w]} for w, r in measured.items()}
     print()
     for w, r in best.items():
         print(f"best at batch 1 on {w}: {r['speedup']:.2f}x with {r['proposer']}, k={r['k']} (alpha {r['alpha']:.2f})")
-    for w, what in (("edit", "the best proposer on the edit workload"),
-                    ("code", "the heads or the distilled draft on code prompts, batch 1")):
-        t = targets[w]
-        got = ("not measured (neither ships for this model)" if t["measured"] is None
+    for w in targets:
+        t, what = targets[w], ("the best proposer on the edit workload" if w == "edit" else
+                               f"a model-based proposer ({', '.join(MODEL_BASED)}) on {w} prompts, batch 1")
+        got = ("not measured (none ships for this model)" if t["measured"] is None
                else f"{t['measured']:.2f}x ({t['by']})")
         print(f"target >= {t['target']}x, {what}: {got}: {'met' if t['met'] else 'NOT met'}")
     figures = {"model": model, "settings": dataclasses.asdict(s), "notes": notes,

@@ -6,6 +6,7 @@ import torch
 from minillm.config import Components, SpeculativeConfig
 from minillm.speculative.draft import DraftProposer
 from minillm.speculative.heads import HeadsProposer
+from minillm.speculative.mlp_speculator import MLPProposer
 from minillm.speculative.ngram import propose_ngram
 from minillm.speculative.target import ProposerTarget
 from minillm.state import Sequence
@@ -34,4 +35,6 @@ def make_proposer(config: SpeculativeConfig, target: ProposerTarget, components:
         return NgramProposer(config.ngram, components.propose_ngram or propose_ngram)
     if config.method == "draft":
         return DraftProposer(config.draft_model, target)
+    if config.method == "mlp":
+        return MLPProposer(config.speculator, target)
     return HeadsProposer(config.heads, target, config.k)
