@@ -41,9 +41,11 @@ HEADLINES = {
     "serve": lambda r: (f"continuous batching {_x(r['ratios']['goodput_continuous_over_static'])} the goodput of "
                         f"static and {_x(r['ratios']['goodput_continuous_over_sequential'])} sequential on the same "
                         f"arrivals; offline batch {_x(r['cost']['batch_cheaper_x'])} cheaper per token than online"),
+    # decode at one thread: "vs full 1T" in records from the per-thread benchmark, "vs full" in older ones
     "quant": lambda r: ("; ".join(f"{row['scheme']}: {row['of fp32']} the bytes of fp32, perplexity "
-                                  f"{row['perplexity']}, decode {row['vs full']}"
-                                  for row in r["schemes"] if row["scheme"] != "full")
+                                  f"{row['perplexity']}, decode {row.get('vs full 1T', row.get('vs full'))}"
+                                  for row in r["schemes"] if row["scheme"] != "full"
+                                  and row["perplexity"] not in ("=", "-"))
                         + f" (full: perplexity {r['schemes'][0]['perplexity']})"),
     "profile": lambda r: (f"a step of one token {r['profile']['fixed'] * 1e3:.1f} ms, "
                           + ", ".join(f"{n} tokens {t * 1e3:.1f} ms more" for n, t in r["profile"]["token_curve"]
