@@ -36,11 +36,13 @@ class LLM:
     """The synchronous front door: one engine on one loaded model. generate() runs prompts to completion
     (batched), stream() yields one request's chunks as they are decoded, chat() and stream_chat() apply the
     model's chat template, logits() returns one full forward's logits. `engine` is the LLMEngine it drives."""
-    def __init__(self, model: str | None = None, **config) -> None:
+    def __init__(self, model: str | None = None, weights: torch.nn.Module | None = None, **config) -> None:
         """model: a bundled model name ("tiny", "pico") or a Hugging Face model directory.
+        weights: another LLM's `.model` of the same checkpoint, to share instead of loading a second copy (engines
+        side by side with other knobs; one that quantizes copies them first).
         config: any EngineConfig field (dtype, device, max_model_len, seed, ...)."""
         self.config = EngineConfig(model=model or DEFAULT_MODEL, **config)
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config, model=weights)
 
     @property
     def tokenizer(self):

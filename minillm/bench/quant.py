@@ -119,7 +119,7 @@ def decode_speeds(model: str, model_dir: str, schemes: list[QuantConfig], prompt
     order. -> threads -> label -> (rates per repetition, the greedy tokens)."""
     tokens = len(prompt) + max(s.new_tokens, 4)
     llms = {"full": batch_one(model_dir, tokens)}
-    llms.update({c.label(): batch_one(model_dir, tokens, quantization=c) for c in schemes})
+    llms.update({c.label(): batch_one(model_dir, tokens, llms["full"].model, quantization=c) for c in schemes})
     out, before = {}, torch.get_num_threads()
     try:
         for t in threads:
@@ -165,12 +165,13 @@ def calibrated_copy(model: torch.nn.Module, config: QuantConfig, model_dir) -> t
     return quantize_model(scaled, config)
 
 
-def batch_one(model_dir: str, tokens: int, **config) -> LLM:
+def batch_one(model_dir: str, tokens: int, weights: torch.nn.Module | None = None, **config) -> LLM:
     """A float32 CPU engine for one sequence of at most `tokens` tokens, its KV pool sized to just that: the
-    default pool (256 MiB) in each of the engines side by side would be most of the run's memory."""
+    default pool (256 MiB) in each of the engines side by side would be most of the run's memory. weights: the
+    full model's, shared (a quantizing engine copies what it changes) instead of loaded again."""
     block = EngineConfig.block_size
-    return LLM(model_dir, dtype="float32", device="cpu", max_num_seqs=1, num_kv_blocks=-(-tokens // block) + 1,
-               **config)
+    return LLM(model_dir, weights, dtype="float32", device="cpu", max_num_seqs=1,
+               num_kv_blocks=-(-tokens // block) + 1, **config)
 
 
 def stderr(values) -> float:

@@ -201,9 +201,10 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     settings = dict(enable_prefix_caching=False, max_num_seqs=s.batch,
                     num_kv_blocks=s.batch * math.ceil(longest / 16) + s.batch, block_size=16)
     llms, variants = {"none": LLM(model, **settings)}, {}
+    weights = llms["none"].model  # one copy of the target's weights for every variant
     for (label, fields), k in itertools.product(found, s.ks):
         try:
-            llms[f"{label}, k={k}"] = LLM(model, speculative=SpeculativeConfig(k=k, **fields), **settings)
+            llms[f"{label}, k={k}"] = LLM(model, weights, speculative=SpeculativeConfig(k=k, **fields), **settings)
             variants[f"{label}, k={k}"] = (label, k)
         except ValueError as e:  # a draft with another vocabulary, heads that predict fewer than k tokens ahead
             notes.append(f"{label}, k={k} skipped: {e}")
