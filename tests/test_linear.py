@@ -15,6 +15,7 @@ needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="this to
 def layer(inp: int, out: int, bias: bool, seed: int = 0) -> Linear:
     torch.manual_seed(seed)
     m = Linear(inp, out, bias=bias)
+    m.packed = True  # as the loader sets it for a model too big for the caches
     m.weight.data.normal_()  # both signs, unit scale: a wrong row or column shows far above rounding
     if bias:
         m.bias.data.normal_()
@@ -72,3 +73,11 @@ def test_a_layer_with_a_packed_weight_deep_copies_and_pickles():
     for twin in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
         assert twin._packed is None and twin.weight.data_ptr() != m.weight.data_ptr()
         torch.testing.assert_close(twin(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_loader_packs_only_models_that_stream_from_memory():
+    from minillm import LLM
+    assert not any(m.packed for m in LLM("tiny").model.modules() if isinstance(m, Linear))  # 23 MB: in the caches
+    big = torch.nn.Sequential(Linear(4096, 8192, bias=False))  # 128 MiB
+    linear.pack_if_streamed(big)
+    assert big[0].packed

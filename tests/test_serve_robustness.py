@@ -83,15 +83,18 @@ def test_a_body_over_the_cap_is_a_413_with_or_without_content_length(server):
 
 def test_a_long_prompt_is_refused_without_stalling_the_event_loop():
     """A 1 MB prompt is tokenized in a worker thread: /health answers meanwhile. On the event loop, this
-    prompt held /health 1.1 s on the tiny model's tokenizer (7.5 s was reported on a larger one)."""
+    prompt held /health 1.1 s on the tiny model's tokenizer (7.5 s was reported on a larger one), as long as the
+    request itself took. Relative to that request, so that a busy machine slows both alike: no wall-clock bound."""
     rng = random.Random(0)  # varied words: a repeated line tokenizes too fast to show the stall
     prompt = " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 9))) for _ in range(200_000))
     with serve_in_thread(AsyncLLM("tiny")) as server:
         result = {}
 
         def big():
+            start = time.monotonic()
             result["r"] = httpx.post(server.base_url + "/v1/completions", timeout=120,
                                      json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+            result["seconds"] = time.monotonic() - start
         thread = threading.Thread(target=big)
         thread.start()
         slowest = 0.0
@@ -102,7 +105,9 @@ def test_a_long_prompt_is_refused_without_stalling_the_event_loop():
             time.sleep(0.01)
         thread.join()
         assert result["r"].status_code == 400 and "exceeds the context length" in result["r"].text
-        assert slowest < 0.6, f"/health took {slowest:.2f} s while the prompt was tokenized"
+        # Reading and parsing the 1 MB body stays on the loop (a small part); tokenizing it must not.
+        assert slowest < 0.5 * result["seconds"], (f"/health took {slowest:.2f} s while the {result['seconds']:.2f} s "
+                                                   f"request's prompt was tokenized")
 
 
 @pytest.mark.parametrize("path, raw, field", [

@@ -102,7 +102,7 @@ def decode_sweep(model: str, batches: tuple[int, ...], context: int = 64, steps:
         for i in range(b):
             engine.add_request(list(range(10 + i, 10 + i + context)),
                                SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True))
-        while any(len(s.output_token_ids) == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
+        while engine.num_waiting or any(s.num_output_tokens == 0 for s in engine.sequences()):
             engine.step()  # the prefills
         times = []
         for _ in range(steps):

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from minillm.layers.linear import pack_if_streamed
 from minillm.models.config import ModelConfig
 from minillm.models.registry import MODEL_CLASSES
 from minillm.quant.checkpoint import load_quantized, quant_config_of
@@ -39,6 +40,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
         load_weights(model, checkpoint_files(model_dir), cfg)
     if torch.device(device).type == "cpu":
         column_major(model)
+        pack_if_streamed(model)
     return model.eval()
 
 
