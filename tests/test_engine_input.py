@@ -113,3 +113,14 @@ def test_process_request_on_another_thread_while_a_step_runs():
     again = run(engine)
     assert [got[f"t{i}"] for i in range(3)] == [again[f"again{i}"] for i in range(3)]
     assert engine.tokenizer.decode(got["t2"]).isdigit()
+
+
+def test_a_long_text_tokenizes_as_a_short_one_does():
+    """Texts over LONG_TEXT characters go through encode_batch (it lets go of the GIL): the same ids as encode."""
+    from minillm import LLM
+    from minillm.tokenizer import LONG_TEXT
+    tok = LLM("tiny").tokenizer
+    text = "def f(x):\n    return x * 2  # ünïcode, tabs\t and emoji 🙂\n" * (LONG_TEXT // 40)
+    assert len(text) > LONG_TEXT
+    for special in (True, False):
+        assert tok.encode(text, add_special_tokens=special) == tok._tok.encode(text, add_special_tokens=special).ids
