@@ -23,7 +23,7 @@ import torch
 
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
-from minillm.engine.engine_thread import Abort, Add, EngineThread, RequestStream, call_on
+from minillm.engine.engine_thread import STOP, Abort, Add, EngineThread, RequestStream, call_on
 from minillm.engine.runner import full_forward_logits
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import StreamChunk
@@ -52,7 +52,9 @@ class AsyncLLM:
         self.engine = engine
         self._core = EngineThread(engine)
         self._streams: dict[str, RequestStream] = {}  # the open requests, by id (only loops touch it)
-        weakref.finalize(self, self._core.stop).atexit = False  # dropped without shutdown: end the thread
+        # Dropped without shutdown: end the thread. The callback holds only the inbox: holding the EngineThread
+        # (its engine, and whatever that references, maybe this object) would keep them all alive for good.
+        weakref.finalize(self, self._core.inbox.put, STOP).atexit = False
 
     async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[StreamChunk]:

@@ -3,6 +3,10 @@
 `transformers` is the reference no one here wrote: a model it builds and saves must load in
 minillm and give its logits and its greedy tokens. Needs the `dev` extra (transformers).
 """
+import ctypes
+import ctypes.util
+import gc
+import os
 from pathlib import Path
 
 import torch
@@ -11,6 +15,34 @@ from minillm.perf.shapes import MODEL_SHAPES, hf_config_fields
 
 # The shape of SmolLM2-135M (perf/shapes.py): the benchmarks' stand-in for a real small model.
 SMOLLM2_135M_SHAPE = hf_config_fields(MODEL_SHAPES["SmolLM2-135M"])
+
+
+_LIBC_PATH = ctypes.util.find_library("c")
+_MALLOC_TRIM = getattr(ctypes.CDLL(_LIBC_PATH), "malloc_trim", None) if _LIBC_PATH else None  # glibc only
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where there is none). Costs microseconds."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def give_memory_back(above: int = 0) -> bool:
+    """Free what only reference cycles still hold and hand freed heap pages back to the system, when this
+    process holds more than `above` bytes: -> whether it did.
+
+    Engines, servers and executed notebooks hold reference cycles, so they wait for the cyclic collector,
+    which counts objects, not bytes: a few big tensors never trigger it. And glibc keeps freed heap pages
+    for reuse instead of returning them. gc.collect() frees the cycles; malloc_trim(0) hands the pages back."""
+    if above and resident_bytes() <= above:
+        return False
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+    return True
 
 
 def make_tokenizer_json(path: Path, vocab_size: int) -> None:

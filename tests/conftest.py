@@ -1,14 +1,12 @@
 """Shared fixtures: small random checkpoints saved by Hugging Face transformers (the reference)."""
-import ctypes
-import ctypes.util
+import contextlib
 import fcntl
-import gc
 import os
 
 import pytest
 import torch
 
-from minillm.testing import make_hf_model
+from minillm.testing import give_memory_back, make_hf_model
 
 os.environ["TQDM_DISABLE"] = "1"  # no progress bars in test logs (LLM.generate shows one by default)
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -16,16 +14,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # they do not fight over the cores. Small tensors are faster on one thread anyway.
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-
-_LIBC_PATH = ctypes.util.find_library("c")
-_MALLOC_TRIM = getattr(ctypes.CDLL(_LIBC_PATH), "malloc_trim", None) if _LIBC_PATH else None  # glibc only
-
-
-def _give_memory_back() -> None:
-    gc.collect()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
 
 def _holds_the_real_model(module) -> bool:
     return module.get_closest_marker("real_model") is not None
@@ -40,40 +28,58 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not _holds_the_real_model(item))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_real_model_at_a_time(request, tmp_path_factory):
-    """The guarantee behind the ordering above: a module marked `real_model` holds a lock, shared by the
-    xdist workers of this run, from its first test until its module fixtures are gone. It is set up before
-    any other fixture of the module, so it is torn down after them (and after the memory is given back)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") or not _holds_the_real_model(request.node):
+@contextlib.contextmanager
+def _real_model_held(tmp_path_factory):
+    """One holder of the real model at a time among this run's xdist workers (a lock file they share)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     with open(tmp_path_factory.getbasetemp().parent / "real-model.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # waits only if a stolen module of the other worker holds it
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits only while the other worker holds it
         try:
             yield
-            _give_memory_back()
+            give_memory_back()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _memory_back_after_each_module():
-    """After each test module: free its engines, servers and models now, and give the pages back.
+def _one_real_model_at_a_time(request, tmp_path_factory):
+    """The guarantee behind the ordering above: a module marked `real_model` holds the lock from its first
+    test until its module fixtures are gone. It is set up before any other fixture of the module, so it is
+    torn down after them (and after the memory is given back)."""
+    if not _holds_the_real_model(request.node):
+        yield
+        return
+    with _real_model_held(tmp_path_factory):
+        yield
 
-    Engines hold reference cycles, so they wait for the cyclic collector, and glibc keeps freed heap pages
-    for reuse instead of returning them: a worker's memory then only grows, module after module, until the
-    two workers together pass 8 GB. gc.collect() frees the cycles and malloc_trim(0) hands the pages back."""
+
+@pytest.fixture
+def real_model_held(tmp_path_factory):
+    """The same lock for one test, for a test that loads the real model in a module that mostly does not
+    (a lab notebook that measures on it): request it with request.getfixturevalue("real_model_held")."""
+    with _real_model_held(tmp_path_factory):
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _memory_back_after_each_module():
+    """After each test module: free its engines, servers and models now, and give the pages back
+    (minillm.testing.give_memory_back): else a worker's memory only grows, module after module."""
     yield
-    _give_memory_back()
+    give_memory_back()
+
+
+HIGH_WATER = 2 << 30  # bytes of a test worker above which each test's end gives memory back
 
 
 @pytest.fixture(autouse=True)
-def _memory_back_after_each_slow_test(request):
-    """The same after each slow test (a real model, a benchmark, a notebook): a module of them holds GBs."""
+def _memory_back_after_a_heavy_test(request):
+    """The same after a slow test (a real model, a benchmark, a notebook: a module of them holds GBs), and
+    after any test that left the worker above HIGH_WATER (checked in microseconds)."""
     yield
-    if request.node.get_closest_marker("slow"):
-        _give_memory_back()
+    give_memory_back(above=0 if request.node.get_closest_marker("slow") else HIGH_WATER)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ the real engine, and fleets no laptop runs.
 5. Tensor parallelism (gloo, real processes): bytes all-reduced per token measured and by formula.
 6. A capacity plan: the fewest replicas meeting a TTFT / TPOT SLO for 99% of requests.
 """
+import gc
 import statistics
 from functools import partial
 
@@ -206,6 +207,11 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         bar.set_description("cluster: real vs simulated")
         checks = validate(engine, profile, quick, bar, requests_each, calibration,
                           QUICK_BIG_LOADS if big else LOADS)
+        model_config = engine.model_config
+        # The in-process runs are over: the engine's weights and KV pool would sit beside every process below
+        # (on SmolLM2, 1.5 GB more at the peak). Engines hold reference cycles, so the collector frees them now.
+        del engine
+        gc.collect()
         bar.set_description("cluster: routing on a real fleet")
         real_routes = measure_routing(replicas=2, quick=quick, model=model,
                                       **({"policies": QUICK_BIG_ROUTERS} if big else {}))
@@ -219,7 +225,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         disagg = measure_disaggregation(model, quick=quick)
         bar.update()
         bar.set_description("cluster: tensor parallelism")
-        tp = tensor_parallel(model, engine.model_config, quick)
+        tp = tensor_parallel(model, model_config, quick)
         bar.update()
         bar.set_description("cluster: capacity plan")
         slo = SLO

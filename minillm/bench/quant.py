@@ -113,12 +113,13 @@ def scheme_configs(s: Settings, config, notes: list[str]) -> tuple[list[QuantCon
 
 
 def decode_speeds(model: str, model_dir: str, schemes: list[QuantConfig], prompt: list[int], s: Settings, threads,
-                  bar, notes: list[str]) -> dict:
+                  bar, notes: list[str], full: torch.nn.Module | None = None) -> dict:
     """Greedy decode tokens/s at batch 1 of the full model and each scheme, and of llama.cpp's F32, Q8_0 and Q4_1
     files when it is installed (bench/anchors.py), at each torch thread count, interleaved repetitions in rotating
-    order. -> threads -> label -> (rates per repetition, the greedy tokens)."""
+    order; full: the loaded full-precision weights to share (else loaded here).
+    -> threads -> label -> (rates per repetition, the greedy tokens)."""
     tokens = len(prompt) + max(s.new_tokens, 4)
-    llms = {"full": batch_one(model_dir, tokens)}
+    llms = {"full": batch_one(model_dir, tokens, full)}
     llms.update({c.label(): batch_one(model_dir, tokens, llms["full"].model, quantization=c) for c in schemes})
     out, before = {}, torch.get_num_threads()
     try:
@@ -227,7 +228,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
             table[c.label()] = (reference.compare(quantized), linear_weight_bytes(quantized))
             del quantized  # before the next copy is made
             bar.update()
-        speeds = decode_speeds(model, str(path), timed, windows[0, :s.prompt_tokens].tolist(), s, threads, bar, notes)
+        speeds = decode_speeds(model, str(path), timed, windows[0, :s.prompt_tokens].tolist(), s, threads, bar, notes,
+                               full)  # one copy of the weights (a second held SmolLM2 twice: 6.3 GB at the peak)
         studies = []
         for i, base in enumerate(searched):
             bar.total += len(LAYER_PROJECTIONS)

@@ -30,7 +30,9 @@ def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtyp
                              f"{config.block_size} tokens takes {per_block:,} bytes for this model")
     manager = PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching,
                                 config.components, config.attention_backend,
-                                None if config.compile_decode else PagedCacheManager.DECODE_GROUP)
+                                None if config.compile_decode else PagedCacheManager.DECODE_GROUP,
+                                # tensor-parallel ranks rebuild the gather path's context from what rank 0 sends
+                                cpu_decode=config.cpu_decode_kernel and config.tensor_parallel_size == 1)
     if config.kv_offload is not None:
         manager.attach_offload(config.kv_offload, config.kv_offload_blocks, config.kv_offload_dir)
     return manager

@@ -12,6 +12,7 @@ from minillm.cache.block_manager import BlockManager, BlockTable
 from minillm.cache.offload import OffloadStore
 from minillm.cache.pool import PagedKVPool, block_bytes
 from minillm.config import Components
+from minillm.kernels import paged_decode_cpu
 from minillm.layers.attention import AttentionContext, causal_attention, decode_attention
 from minillm.models.config import ModelConfig
 from minillm.state import CacheKind, KVStats, ScheduledSeq, Sequence
@@ -27,23 +28,35 @@ class PagedContext(AttentionContext):
     blocks [B * max_blocks]: each row's block table padded with the pool's zero block; the longest
     context L; padding [B, L]: True past a row's context, or None when every row's context is L long).
     Prefill chunks are attended one by one: (first row, rows, blocks, context length).
+    decode: on a CPU in float32, every decode row for the C++ kernel instead of the groups (kernels/
+    paged_decode_cpu.py), which reads each row's blocks in place to its own length: (block tables
+    [B, max_blocks], context lengths [B], rows [B]), int32.
     """
 
     def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, decode_groups: list[tuple],
-                 prefills: list[tuple[int, int, torch.Tensor, int]]) -> None:
+                 prefills: list[tuple[int, int, torch.Tensor, int]],
+                 decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         self.pool, self.slot_mapping = pool, slot_mapping
-        self.decode_groups, self.prefills = decode_groups, prefills
+        self.decode_groups, self.prefills, self.decode = decode_groups, prefills, decode
         self.decode_only = not prefills and len(decode_groups) == 1 and isinstance(decode_groups[0][0], slice)
 
     def attend(self, layer_idx, q, k, v):
         pool = self.pool
-        pool.k_slots[layer_idx].index_copy_(0, self.slot_mapping, k)
-        pool.v_slots[layer_idx].index_copy_(0, self.slot_mapping, v)
+        k_slots, v_slots, out = pool.k_slots[layer_idx], pool.v_slots[layer_idx], None
+        if self.decode is not None:  # the C++ kernel: one call stores the step's K/V and attends every decode row
+            out = torch.empty(q.shape, dtype=q.dtype)
+            paged_decode_cpu.store_and_launch(k, v, self.slot_mapping, q, k_slots, v_slots, *self.decode,
+                                              pool.block_size, out)
+            if not self.prefills:
+                return out
+        else:
+            k_slots.index_copy_(0, self.slot_mapping, k)
+            v_slots.index_copy_(0, self.slot_mapping, v)
         k_blocks, v_blocks = pool.k_blocks[layer_idx], pool.v_blocks[layer_idx]
         if self.decode_only:  # the common decode step: one group, its rows in batch order
             _, blocks, length, padding = self.decode_groups[0]
             return paged_decode(q, k_blocks, v_blocks, blocks, length, padding)
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         for rows, blocks, length, padding in self.decode_groups:
             out[rows] = paged_decode(q[rows], k_blocks, v_blocks, blocks, length, padding)
         for start, n, blocks, context_len in self.prefills:
@@ -76,14 +89,19 @@ class PagedCacheManager:
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, enable_prefix_caching: bool, components: Components | None = None,
-                 attention_backend: str = "torch", decode_group: int | None = DECODE_GROUP) -> None:
-        """decode_group: decode rows per padded attention batch; None: every decode row of a step in one."""
+                 attention_backend: str = "torch", decode_group: int | None = DECODE_GROUP,
+                 cpu_decode: bool = True) -> None:
+        """decode_group: decode rows per padded attention batch; None: every decode row of a step in one.
+        cpu_decode: on a CPU in float32 with the torch backend, decode rows read the pool in place through
+        the C++ kernel (kernels/paged_decode_cpu.py) where it builds; False: they gather their blocks."""
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, components)
         self.triton_context = None
         if attention_backend == "triton":  # imported only when asked for: it imports triton
             from minillm.cache.paged_triton import TritonPagedContext
             self.triton_context = partial(TritonPagedContext, paged_decode=(components or Components()).paged_decode)
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
+        self.cpu_decode = (cpu_decode and attention_backend == "torch" and decode_group is not None
+                           and paged_decode_cpu.applies(device, dtype))
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
         self.decode_group = decode_group
@@ -169,6 +187,13 @@ class PagedCacheManager:
         if self.triton_context is not None:
             return self.triton_context(self.pool, slot_mapping, decodes, prefills)
         prefills = [(row, n, torch.tensor(blocks, device=self.device), end) for row, n, blocks, end in prefills]
+        if self.cpu_decode and decodes:
+            rows, tables, lens = zip(*decodes)
+            width = max(len(t) for t in tables)
+            as_int32 = partial(torch.tensor, dtype=torch.int32)
+            decode = (as_int32([t + [self.pool.pad_block] * (width - len(t)) for t in tables]), as_int32(lens),
+                      as_int32(rows))
+            return PagedContext(self.pool, slot_mapping, [], prefills, decode)
         return PagedContext(self.pool, slot_mapping, self._group(decodes), prefills)
 
     def _group(self, decodes: list[tuple[int, list[int], int]]) -> list[tuple]:

@@ -9,54 +9,30 @@ registers. Measured at the real model's shapes (kernel_choice.py, printed by `be
 ATen's own packed kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) are slower than
 float32 with float32 activations on this CPU, so the engine compiles its own.
 
-The kernels are compiled once per machine with the system's C++ compiler (g++ -O3 -march=native
--fopenmp), cached under ~/.cache/minillm, and loaded with ctypes. Without a compiler the path does
+The kernels are compiled once per machine with the system's C++ compiler (kernels/cpp.py: g++ -O3
+-march=native -fopenmp), cached under ~/.cache/minillm, and loaded with ctypes. Without a compiler the path does
 not exist (`available()` is False) and QuantizedLinear uses the reference.
 """
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 
+from minillm.kernels import cpp
+
 SOURCE = Path(__file__).with_name("fused_matvec.cpp")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 MAX_ROWS = 16  # rows of x up to which the fused kernels beat dequantize-then-matmul (kernel_choice.py)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minillm" / "kernels"
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, built on first use; None where there is no compiler or the build fails."""
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None or not SOURCE.is_file():
+    """The compiled kernels (kernels/cpp.py builds them on first use); None where there is no compiler or the
+    build fails."""
+    lib = cpp.load(SOURCE, "the fused int8/int4 CPU kernels (quantized layers use the reference: dequantize, "
+                           "then matmul)")
+    if lib is None:
         return None
-    # -march=native ties the binary to this CPU: its flags are part of the cache key
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    flags_line = next((line for line in cpu.splitlines() if line.startswith("flags")), "")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + flags_line.encode()).hexdigest()[:16]
-    target = cache_dir() / f"fused_matvec-{key}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True)
-            if done.returncode != 0:
-                warnings.warn(f"minillm: building the fused int8/int4 CPU kernels with {compiler} failed, so quantized "
-                              f"layers use the reference (dequantize, then matmul):\n{done.stderr.decode()[-2000:]}",
-                              stacklevel=2)
-                return None
-            built.replace(target)  # atomic: another process building at the same time sees a whole file
-    lib = ctypes.CDLL(str(target))  # after torch: libgomp.so.1 resolves to torch's, so the kernels share its threads
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.int8_linear.argtypes = [ptr] * 5 + [i64] * 3 + [i32]
     for name in ("int4_linear_u8zero", "int4_linear_f32zero"):

@@ -25,6 +25,17 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _page_caches_dropped():
+    """A page's st.cache_resource and st.cache_data live as long as the process: under AppTest, as long as the
+    test worker. They are dropped when each module ends (servers stopped by their on_release), or a worker
+    would carry a module's models into the rest of the suite: after the real-model pages, 1.2 GB of SmolLM2."""
+    yield
+    import streamlit as st
+    st.cache_resource.clear()
+    st.cache_data.clear()
+
+
 @pytest.fixture
 def app():
     """The app, on `pico`, with a small workload that arrives at once (fast, and the same every run)."""

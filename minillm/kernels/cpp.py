@@ -1,0 +1,46 @@
+"""C++ kernels for the CPU, compiled once per machine and loaded with ctypes.
+
+The engine's CPU kernels (quant/fused_matvec.cpp, kernels/paged_decode_cpu.cpp) are small C++ files
+built with the system's compiler (g++ -O3 -march=native -fopenmp) the first time they are used, and
+cached under ~/.cache/minillm/kernels, keyed by the source, the flags and the CPU's feature flags
+(-march=native ties a binary to its CPU). Without a compiler, or when a build fails (a warning says
+why), `load` returns None and the caller keeps its plain-PyTorch path.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minillm" / "kernels"
+
+
+def load(source: Path, what: str) -> ctypes.CDLL | None:
+    """The library compiled from `source` (built now if this machine has none yet), or None where there is
+    no compiler or the build fails; what: the kernels in words, for the warning. Callers cache the result."""
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None or not source.is_file():
+        return None
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    flags_line = next((line for line in cpu.splitlines() if line.startswith("flags")), "")
+    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + flags_line.encode()).hexdigest()[:16]
+    target = cache_dir() / f"{source.stem}-{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            done = subprocess.run([compiler, *FLAGS, str(source), "-o", str(built)], capture_output=True)
+            if done.returncode != 0:
+                warnings.warn(f"minillm: building {what} with {compiler} failed, so the plain-PyTorch path runs "
+                              f"instead:\n{done.stderr.decode()[-2000:]}", stacklevel=3)
+                return None
+            built.replace(target)  # atomic: another process building at the same time sees a whole file
+    # Loaded after torch: libgomp.so.1 resolves to torch's, so the kernels share its threads.
+    return ctypes.CDLL(str(target))
