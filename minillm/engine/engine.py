@@ -233,6 +233,11 @@ class LLMEngine:
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions
 
+    @property
+    def uses_cpu_decode_kernel(self) -> bool:
+        """Whether decode rows attend through the C++ paged kernel (kernels/paged_decode_cpu.py) this run."""
+        return bool(getattr(self.cache, "cpu_decode", False))
+
     def kv_stats(self) -> KVStats:
         """The KV pool now: blocks used, cached and free, bytes, fragmentation, prefix hits."""
         return self.cache.stats(self.scheduler.running)
