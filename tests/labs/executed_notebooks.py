@@ -6,6 +6,8 @@ their conftest by name, and a second conftest.py loaded after theirs would shado
 """
 import fcntl
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,15 +49,34 @@ class ExecutedNotebooks:
 
     @staticmethod
     def _execute(stem: str, timeout: float, saved: Path) -> None:
-        """Run it and save it with its outputs (up to the failure, if a cell fails) and how the run went."""
-        nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
-        start, error = time.perf_counter(), None
-        try:
-            NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                           resources={"metadata": {"path": str(ROOT / "solutions")}}).execute()
-        except Exception as e:  # noqa: BLE001  (saved, then raised by run() for every test that asks)
-            error = f"{type(e).__name__}: {e}"[-4000:]
-        nb.metadata["minillm_run"] = {"seconds": time.perf_counter() - start, "error": error}
-        partial = saved.with_suffix(".partial")  # written whole, then renamed: no reader sees half a notebook
-        nbformat.write(nb, partial)
-        partial.replace(saved)
+        """Run it in a process of its own (this file as a script), which saves it. In the caller's process, a test
+        inside a running event loop (the browser test: Playwright's sync API runs one) made nbclient start the
+        kernel from a background thread, where asyncio cannot add its signal handlers: every notebook failed at
+        0 s, depending only on which test asked first."""
+        done = subprocess.run([sys.executable, __file__, stem, str(timeout), str(saved)], capture_output=True,
+                              text=True)
+        if done.returncode or not saved.exists():  # the child died before saving: keep why, for every test that asks
+            nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
+            nb.metadata["minillm_run"] = {"seconds": 0.0, "error": f"the runner exited with {done.returncode}:\n"
+                                                                     f"{done.stderr[-4000:]}"}
+            nbformat.write(nb, saved)
+
+
+def execute_and_save(stem: str, timeout: float, saved: Path) -> None:
+    """Run solutions/<stem>.ipynb and save it with its outputs (up to the failure, if a cell fails) and how the run
+    went."""
+    nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
+    start, error = time.perf_counter(), None
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT / "solutions")}}).execute()
+    except Exception as e:  # noqa: BLE001  (saved, then raised by run() for every test that asks)
+        error = f"{type(e).__name__}: {e}"[-4000:]
+    nb.metadata["minillm_run"] = {"seconds": time.perf_counter() - start, "error": error}
+    partial = saved.with_suffix(".partial")  # written whole, then renamed: no reader sees half a notebook
+    nbformat.write(nb, partial)
+    partial.replace(saved)
+
+
+if __name__ == "__main__":
+    execute_and_save(sys.argv[1], float(sys.argv[2]), Path(sys.argv[3]))
