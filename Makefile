@@ -51,8 +51,9 @@ lint: $(STAMP)
 # Two pytest-xdist workers on two cores, each on one torch thread (tests/conftest.py), so the two do not fight
 # over the cores. --dist worksteal: an idle worker takes tests queued on the busy one (with the default `load`,
 # one worker ran the last 6 minutes alone). (Not loadgroup: pytest 9 ignores the group xdist 3.8 writes.)
+# --durations: the 20 slowest tests, printed at the end, so that a run that nears its 15-minute budget says why.
 test: lint docs-build
-	$(PY) -m pytest -q -n 2 --dist worksteal
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=20
 
 # The docs site, built strictly: a broken link, a missing page or a dangling anchor fails, and so does a README
 # benchmark table that the records in docs/benchmarks/ no longer say. Offline (no web fonts, no CDN), seconds.
