@@ -12,7 +12,6 @@ the real engine, and fleets no laptop runs.
 5. Tensor parallelism (gloo, real processes): bytes all-reduced per token measured and by formula.
 6. A capacity plan: the fewest replicas meeting a TTFT / TPOT SLO for 99% of requests.
 """
-import gc
 import statistics
 from functools import partial
 
@@ -41,6 +40,7 @@ from minillm.sim.calibrate import (
 from minillm.sim.fleet_replay import replay_fleet
 from minillm.sim.plan import predict, replicas_needed, summary
 from minillm.sim.workloads import agent_sessions
+from minillm.testing import give_memory_back
 
 FIGURES = [("output tok/s", "output_throughput", 1), ("TTFT p50 ms", "ttft_median", 1e3),  # (label, key, scale)
            ("TTFT p99 ms", "ttft_p99", 1e3), ("TPOT p50 ms", "tpot_median", 1e3), ("TPOT p99 ms", "tpot_p99", 1e3)]
@@ -209,9 +209,11 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                           QUICK_BIG_LOADS if big else LOADS)
         model_config = engine.model_config
         # The in-process runs are over: the engine's weights and KV pool would sit beside every process below
-        # (on SmolLM2, 1.5 GB more at the peak). Engines hold reference cycles, so the collector frees them now.
+        # (on SmolLM2, 1.5 GB more at the peak). Engines hold reference cycles, so the collector frees them now,
+        # and glibc hands the freed heap back (a matrix under 32 MB is heap, not its own mapping: after the
+        # collector alone, a test worker still held 2.7 GB while the two replicas below ran).
         del engine
-        gc.collect()
+        give_memory_back()
         bar.set_description("cluster: routing on a real fleet")
         real_routes = measure_routing(replicas=2, quick=quick, model=model,
                                       **({"policies": QUICK_BIG_ROUTERS} if big else {}))
