@@ -43,6 +43,18 @@ def test_one_row_and_many_rows_use_the_plain_weight():
     assert m._packed is None
 
 
+@needs_onednn
+@torch.inference_mode()
+@pytest.mark.parametrize("shape,bias", [((576, 960), False), ((37, 51), True)])
+def test_one_row_takes_the_packed_copy_where_the_loader_found_it_faster(shape, bias):
+    m = layer(*shape, bias)
+    m.packed_one_row = True
+    x = torch.randn(1, shape[0], generator=torch.Generator().manual_seed(1))
+    got = m(x)
+    assert m._packed is not None, "one row did not take the packed path"
+    torch.testing.assert_close(got, F.linear(x, m.weight, m.bias), rtol=1e-4, atol=1e-4)
+
+
 def test_training_uses_the_plain_weight_and_gets_gradients():
     m = layer(32, 16, bias=False)
     x = torch.randn(4, 32)
@@ -80,4 +92,19 @@ def test_the_loader_packs_only_models_that_stream_from_memory():
     assert not any(m.packed for m in LLM("tiny").model.modules() if isinstance(m, Linear))  # 23 MB: in the caches
     big = torch.nn.Sequential(Linear(4096, 8192, bias=False))  # 128 MiB
     linear.pack_if_streamed(big)
-    assert big[0].packed
+    assert big[0].packed and big[0].packed_one_row == linear.packed_wins_at_one_row()
+
+
+@pytest.mark.parametrize("wins", [True, False])
+def test_one_row_is_packed_only_where_it_was_measured_faster(monkeypatch, wins):
+    monkeypatch.setattr(linear, "packed_wins_at_one_row", lambda: wins)
+    big, small = torch.nn.Sequential(Linear(4096, 8192, bias=False)), torch.nn.Sequential(Linear(64, 64))
+    for model in (big, small):
+        linear.pack_if_streamed(model)
+    assert big[0].packed_one_row is wins and not small[0].packed_one_row  # small: in the caches, never packed
+
+
+def test_the_one_row_measurement_is_made_once_and_says_yes_or_no():
+    first = linear.packed_wins_at_one_row()
+    assert isinstance(first, bool) and linear.packed_wins_at_one_row() is first
+    assert linear.packed_wins_at_one_row.cache_info().hits >= 1

@@ -10,9 +10,13 @@ although it reads the same weights.
 So, on a CPU in float32, products of 2 to MAX_PACKED_ROWS rows (batched decode, speculative
 verification of a few draft tokens, short prefills) use a copy of the weight that oneDNN has packed
 once into its own blocked layout (what torch.compile's CPU backend does for frozen weights), and
-never repack it. One row keeps the plain weight, which the loader stores column by column
-(models/loader.py: that layout is the fastest for a matrix-vector product), and so does anything
-with gradients (training) or under torch.compile. The packed copy is made on the first call that
+never repack it. Anything with gradients (training) or under torch.compile keeps the plain weight.
+
+One row (single-stream decode) depends on the CPU. The loader stores the plain weight column by column
+(models/loader.py), and on the Intel Xeon below that matrix-vector product beat the packed copy; on a
+2-core AMD EPYC the packed copy won by 1.41x over SmolLM2's matrices (20.6 against 28.9 ms a pass, one
+thread). So the loader measures it once a process (packed_wins_at_one_row) and lets one row take the
+packed copy where it wins. The packed copy is made on the first call that
 needs it and made again if the weight changes; a model that only ever decodes one sequence never
 holds it. It costs as much memory again as the weight.
 
@@ -25,6 +29,9 @@ It pays only where the weights stream from memory. A model whose weights sit in 
 bundled tiny (23 MB), repacks them cheaply, and there the packed path was slower (a step of 4 sequences
 2.9 -> 3.7 ms); so the loader turns it on (`packed = True`) only for models of PACKED_MIN_MODEL_BYTES or more.
 """
+import functools
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,11 +46,13 @@ def onednn_available() -> bool:
 
 class Linear(nn.Linear):
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
+    packed_one_row = False  # whether one row may too (the loader decides, where it measured the packed copy win)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in_features] (or [..., in_features]) -> [rows, out_features]"""
-        if self.packed and x.dim() == 2 and 2 <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
+        fewest = 1 if self.packed_one_row else 2
+        if self.packed and x.dim() == 2 and fewest <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
@@ -69,9 +78,34 @@ class Linear(nn.Linear):
         return packed[0]
 
 
+@functools.cache
+def packed_wins_at_one_row(rows_in: int = 2048, rows_out: int = 8192, margin: float = 0.9) -> bool:
+    """Whether on this CPU, at torch's thread count now, one row times a weight that streams from memory (64 MB)
+    is faster through oneDNN's packed copy than through the loader's column-major weight: by `margin` or better,
+    the best of five tries each, interleaved. Measured once a process (about a third of a second)."""
+    if not onednn_available():
+        return False
+    with torch.inference_mode():
+        plain = torch.full((rows_in, rows_out), 0.5).t()  # [out, in], stored column by column as the loader does
+        packed = torch.ops.mkldnn._reorder_linear_weight(plain, 16)
+        x = torch.full((1, rows_in), 0.25)
+        tries = {"plain": lambda: F.linear(x, plain),
+                 "packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+        best = dict.fromkeys(tries, float("inf"))
+        for _ in range(5):
+            for name, product in tries.items():
+                start = time.perf_counter()
+                product()
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best["packed"] < margin * best["plain"]
+
+
 def pack_if_streamed(model: nn.Module) -> None:
-    """Turn the packed path on for every Linear of a model too big for the CPU's caches (see the top of this file)."""
+    """Turn the packed path on for every Linear of a model too big for the CPU's caches, and for one row too where
+    this CPU runs it faster (see the top of this file)."""
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    streamed = weight_bytes >= PACKED_MIN_MODEL_BYTES
+    one_row = streamed and next(model.parameters()).device.type == "cpu" and packed_wins_at_one_row()
     for module in model.modules():
         if isinstance(module, Linear):
-            module.packed = weight_bytes >= PACKED_MIN_MODEL_BYTES
+            module.packed, module.packed_one_row = streamed, one_row
