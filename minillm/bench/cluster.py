@@ -210,8 +210,8 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         model_config = engine.model_config
         # The in-process runs are over: the engine's weights and KV pool would sit beside every process below
         # (on SmolLM2, 1.5 GB more at the peak). Engines hold reference cycles, so the collector frees them now,
-        # and glibc hands the freed heap back (a matrix under 32 MB is heap, not its own mapping: after the
-        # collector alone, a test worker still held 2.7 GB while the two replicas below ran).
+        # and glibc hands the freed heap back (a matrix under 32 MB is heap, not its own mapping). (A test worker
+        # still held 2.7 GB beside the two replicas below with this too: something else holds that, not found yet.)
         del engine
         give_memory_back()
         bar.set_description("cluster: routing on a real fleet")
