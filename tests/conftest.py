@@ -66,20 +66,23 @@ def real_model_held(tmp_path_factory):
 @pytest.fixture(autouse=True, scope="module")
 def _memory_back_after_each_module():
     """After each test module: free its engines, servers and models now, and give the pages back
-    (minillm.testing.give_memory_back): else a worker's memory only grows, module after module."""
+    (minillm.testing.give_memory_back): else a worker's memory only grows, module after module. Skipped where the
+    worker grew less than GROWN since the last give-back: a full collection costs it about half a second."""
     yield
-    give_memory_back()
+    give_memory_back(grown=GROWN)
 
 
 HIGH_WATER = 2 << 30  # bytes of a test worker above which each test's end gives memory back
+GROWN = 256 << 20  # bytes a worker must have grown by since its last give-back for the next one to run
 
 
 @pytest.fixture(autouse=True)
 def _memory_back_after_a_heavy_test(request):
     """The same after a slow test (a real model, a benchmark, a notebook: a module of them holds GBs), and
-    after any test that left the worker above HIGH_WATER (checked in microseconds)."""
+    after any test that left the worker above HIGH_WATER (checked in microseconds); in both cases only where it grew
+    by GROWN since the last give-back (else the collection would find what the last one left)."""
     yield
-    give_memory_back(above=0 if request.node.get_closest_marker("slow") else HIGH_WATER)
+    give_memory_back(above=0 if request.node.get_closest_marker("slow") else HIGH_WATER, grown=GROWN)
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,7 @@ def run_negative(negative: Path, exercise: str | None = None) -> list:
     del loaded, scope
     # A lab's end-to-end tests build engines and servers, held by cycles through the notebook's namespace: one
     # lab's negatives in a row reached 6 GB in one worker before the collector ran.
-    give_memory_back(above=2 << 30)
+    give_memory_back(above=2 << 30, grown=256 << 20)
     CAUGHT.setdefault(lab, set()).update((o.exercise, o.prop) for o in outcomes if not o.passed)
     if exercise is None:
         GRADED.add(negative)
