@@ -54,10 +54,12 @@ REPEATS = {True: 1, False: 6}  # real runs of each load, quick or not (each afte
 #   median of six such pairs landed within 14% where one of three missed by up to 23% (the same recordings).
 #   A quick run is a smoke run: one pair a load, whose p99s of 24 requests are near their maxima
 REQUESTS = {True: 24, False: 90}  # requests a replica in each real run, quick or not
-QUICK_BIG = 12  # --quick on a big model: requests a replica in each real run, and in each calibration
+QUICK_BIG = 8  # --quick on a big model: requests a replica in each real run, and in each calibration
 # and only the heavy loads (the light one idles most of its wall time, minutes on a big model), two routers
 QUICK_BIG_LOADS = LOADS[1:]
 QUICK_BIG_ROUTERS = ("round_robin", "prefix_aware")
+QUICK_BIG_DECODE = 96  # tokens a decoder makes in the disaggregation run: at SmolLM2's ~45 ms a step they outlast
+# the long prompts' arrivals (the last at 0.9 s) and prefills all the same
 
 
 def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar, requests_each: int,
@@ -224,7 +226,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         bar.set_description("cluster: autoscaling")
         scaling = autoscaling(fleet_profile, quick, bar)
         bar.set_description("cluster: colocated vs disaggregated")
-        disagg = measure_disaggregation(model, quick=quick)
+        disagg = measure_disaggregation(model, quick=quick, decode_tokens=QUICK_BIG_DECODE if big else None)
         bar.update()
         bar.set_description("cluster: tensor parallelism")
         tp = tensor_parallel(model, model_config, quick)
@@ -239,7 +241,9 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     if big:
         print(f"--quick: {SMALLER_QUICK}: {requests_each} requests a replica in each real run and in each "
               f"calibration, the loads {', '.join(name for name, _, _ in QUICK_BIG_LOADS)} only, routers "
-              f"{', '.join(QUICK_BIG_ROUTERS)}, 8 tokens for tensor parallelism")
+              f"{', '.join(QUICK_BIG_ROUTERS)}, {QUICK_BIG_DECODE} tokens a decoder in the disaggregation run, "
+              f"8 tokens for "
+              f"tensor parallelism")
     print(f"\nstep profile of {model} measured here ({profile.source}): {profile.describe()}")
     runs = f"the median of {REPEATS[quick]} runs" if REPEATS[quick] > 1 else "one run"
     print_table(checks, f"1. the simulator against real runs of the same workload (one replica, then two in "

@@ -58,6 +58,7 @@ class Settings:
     awq: tuple[tuple[int, str], ...] = ()  # (group size, int4_range) of the AWQ-calibrated int4 rows
     threads: tuple[int, ...] = (1,)      # torch threads of the decode measurements (those the CPUs have)
     kernel_repeats: int = 3              # sweeps per kernel timing
+    kernel_rows: tuple[int, ...] = kernel_choice.ROWS  # rows of x in the kernel timings
     inductor: bool = False               # time torch.compile's dequantize-matvec too (it compiles per shape)
 
 
@@ -69,7 +70,7 @@ QUICK = Settings(windows=4, window_tokens=128, group_sizes=(64,), fp8=False, pro
                  repeats=2, searched=(("int4", 32),), seeds=(0, 1, 2), exhaustive=False, kernel_repeats=5)
 # --quick on a big model: fewer windows and tokens, and no random orders (each growing set is a copy of the model)
 QUICK_BIG = dataclasses.replace(QUICK, windows=2, window_tokens=32, prompt_tokens=16, new_tokens=8, seeds=(),
-                                kernel_repeats=2)
+                                kernel_repeats=2, kernel_rows=(1, 8))  # the kernels at 1-16 rows took 31 s of 94
 # a full run on a big model: the schemes (AWQ too), the kernels and decode at both thread counts, on enough
 # tokens to tell the int4 codecs apart; no sensitivity sections (30 layers: hours of model copies)
 FULL_BIG = dataclasses.replace(QUICK, group_sizes=(32, 64), prompt_tokens=32, new_tokens=24, repeats=5, searched=(),
@@ -216,7 +217,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
                   "measurement") as bar:
         bar.set_description("quant: the kernels at the model's shapes")
         kernels = kernel_choice.measure(kernel_choice.model_shapes(full.config), kernel_group, s.kernel_repeats,
-                                        s.inductor)
+                                        s.inductor, s.kernel_rows)
         bar.update()
         bar.set_description("quant: the full model's log-probabilities")
         reference = Reference(full, windows)

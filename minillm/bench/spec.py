@@ -58,7 +58,7 @@ class Settings:
 
 FULL = Settings(prompts=8, new_tokens=128, repeats=3, ks=(1, 2, 4, 8), sampled_k=4, batch=16, batch_ks=(2, 4))
 QUICK = Settings(prompts=3, new_tokens=40, repeats=1, ks=(1, 4), sampled_k=4, batch=8, batch_ks=(4,))
-QUICK_BIG = Settings(prompts=2, new_tokens=32, repeats=1, ks=(1, 2, 4), sampled_k=2, batch=4, batch_ks=(2,),
+QUICK_BIG = Settings(prompts=2, new_tokens=24, repeats=1, ks=(1, 4), sampled_k=4, batch=4, batch_ks=(4,),
                      code_tokens=128)
 # a real model's full run: every decode step streams all its weights, so fewer prompts, ks and tokens
 FULL_BIG = Settings(prompts=4, new_tokens=48, repeats=2, ks=(1, 2, 4), sampled_k=2, batch=4, batch_ks=(2,))

@@ -22,11 +22,12 @@ from minillm.perf.serving import percentile
 from minillm.sampling import SamplingParams
 
 
-def mixed_workload(quick: bool) -> list[tuple[float, str, list[int], SamplingParams]]:
+def mixed_workload(quick: bool, decode_tokens: int | None = None) -> list[tuple[float, str, list[int], SamplingParams]]:
     """(arrival second, kind, prompt ids, params): decoders at once, long prompts every 0.3 s while they
-    decode (they make enough tokens to outlast the arrivals even at ~5 ms a token)."""
+    decode (they make enough tokens to outlast the arrivals even at ~5 ms a token; decode_tokens: fewer, for a
+    model whose steps take longer)."""
     decoders, longs, prompt_len = (3, 3, 320) if quick else (6, 6, 448)
-    decode = SamplingParams(max_tokens=240 if quick else 480, temperature=0, ignore_eos=True)
+    decode = SamplingParams(max_tokens=decode_tokens or (240 if quick else 480), temperature=0, ignore_eos=True)
     long = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     work = [(0.0, "decode", [50 + 13 * i + k for k in range(12)], decode) for i in range(decoders)]
     work += [(0.3 * (i + 1), "long", [(97 * i + 31 * k) % 3900 + 100 for k in range(prompt_len)], long)
@@ -64,11 +65,12 @@ def latency_figures(records: dict[str, dict]) -> dict[str, float]:
             "itl_decode_max_ms": max(itl)}
 
 
-def measure_disaggregation(model: str = "tiny", quick: bool = True, **config) -> dict:
-    """The mixed workload run colocated (one LLM) and disaggregated (two workers), one after the
-    other on this machine. -> {"colocated": figures, "disaggregated": figures, "kv_bytes_per_request":
-    {prompt tokens: bytes}, "machine", "threads"}."""
-    work, warm = mixed_workload(quick), SamplingParams(max_tokens=2, temperature=0)
+def measure_disaggregation(model: str = "tiny", quick: bool = True, decode_tokens: int | None = None,
+                           **config) -> dict:
+    """The mixed workload (mixed_workload(quick, decode_tokens)) run colocated (one LLM) and disaggregated (two
+    workers), one after the other on this machine. -> {"colocated": figures, "disaggregated": figures,
+    "kv_bytes_per_request": {prompt tokens: bytes}, "machine", "threads"}."""
+    work, warm = mixed_workload(quick, decode_tokens), SamplingParams(max_tokens=2, temperature=0)
     with DisaggregatedLLM(model, **config) as disagg:
         disagg.generate([work[-1][2]], warm)
         split = replay(disagg.add_request, lambda: disagg.poll(timeout=0.005), work)
