@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import itertools
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -500,7 +501,10 @@ def test_replay_fleet_runs_every_request_on_real_replicas_in_processes_and_names
     assert len(calibration[0]) > 0 and knobs["max_num_seqs"] == 16
     with pytest.raises(RuntimeError, match="replica-[01] failed"):
         replay_fleet("no-such-model", requests, replicas=2, calibration_requests=4, timeout=120)
-    running = [p for p in Path("/proc").glob("[0-9]*/cmdline") if b"minillm.sim.fleet_replay" in _read(p)]
+    # this process's own replicas only: the other xdist worker may be running a fleet of its own (the cluster
+    # benchmark, the app's cluster page), whose replicas failed this check in a full run
+    running = [p for p in Path("/proc").glob("[0-9]*") if b"minillm.sim.fleet_replay" in _read(p / "cmdline")
+               and f"PPid:\t{os.getpid()}\n".encode() in _read(p / "status")]
     assert not running
 
 
