@@ -11,8 +11,8 @@
     prefill_attention.py  causal FlashAttention over a flattened batch, through block tables
     guard.py            buffers with guard regions: catch out-of-bounds reads and writes in tests
 
-Two CPU modules sit beside them, without triton: cpp.py compiles the engine's C++ CPU kernels once per
-machine, and paged_decode_cpu.py is paged_decode's job in C++ (the engine's decode attention on a CPU).
+One CPU module sits beside them, without triton: paged_decode_cpu.py is paged_decode's job in C++ (the
+engine's decode attention on a CPU), built once per machine by minillm/cpp.
 
 Without a GPU they run on the CPU in Triton's interpreter (`runtime.py` sets TRITON_INTERPRET=1
 before any kernel is defined, whenever triton itself was imported): slow, but the same kernels,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.kernels import cpp
+from minillm import cpp
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 

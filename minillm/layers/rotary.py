@@ -18,6 +18,8 @@ keys are rotated together, in one call, as one tensor of heads.
 import torch
 from torch import nn
 
+from minillm.layers import fused_cpu
+
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float = 10000.0) -> None:
@@ -34,8 +36,12 @@ class RotaryEmbedding(nn.Module):
         self._last: tuple | None = None  # (positions, dtype, cos, sin) of the latest call
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """positions: [num_tokens]; x: [num_tokens, heads, d] (query and key heads alike) -> rotated x."""
-        cos, sin_signed = self._tables(positions, x.dtype)  # [num_tokens, 1, d] each
+        """positions: [num_tokens]; x: [num_tokens, heads, d] (query and key heads alike) -> rotated x.
+        On a CPU in float32 (inference), x is rotated in place, in one C++ call (fused_cpu.py)."""
+        cos, sin_signed = self._tables(positions, x.dtype)  # [num_tokens, d] each
+        if x.stride(1) == x.shape[2] and fused_cpu.applies(x):
+            return fused_cpu.rotary_(x, cos, sin_signed)
+        cos, sin_signed = cos[:, None], sin_signed[:, None]  # [num_tokens, 1, d]: every head alike
         return torch.addcmul(x * cos, x.roll(self.half, dims=-1), sin_signed)
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype):
@@ -44,7 +50,7 @@ class RotaryEmbedding(nn.Module):
         # identity from being reused by another).
         last = self._last
         if last is None or last[0] is not positions or last[1] != dtype:
-            cos = self.cos[positions].unsqueeze(1).to(dtype)
-            sin = self.sin_signed[positions].unsqueeze(1).to(dtype)
+            cos = self.cos.index_select(0, positions).to(dtype)  # index_select: a fraction of [] indexing's cost
+            sin = self.sin_signed.index_select(0, positions).to(dtype)
             last = self._last = (positions, dtype, cos, sin)
         return last[2], last[3]

@@ -4,6 +4,10 @@
     for each layer:  x = x + attn(norm1(x));  x = x + mlp(norm2(x))
     logits = lm_head(norm(x))
 
+Written as vLLM writes it, each residual add is handed to the norm that follows it: a layer takes the
+stream and its last sublayer's output, and returns its own, `h, x = norm(h, x)` doing x = x + h and
+h = norm(x) at once (one pass over the row; on a CPU one C++ call, layers/fused_cpu.py).
+
 Tokens arrive flattened: `input_ids` and `positions` are [num_tokens], possibly from several
 sequences at once; how they group into sequences is the AttentionContext's business.
 Module names mirror Hugging Face's, so checkpoint names map one to one (except the fused qkv and
@@ -29,9 +33,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, x: torch.Tensor | None,
+                ctx: AttentionContext | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: the last sublayer's output, not yet added to the residual stream x (the first layer: the embeddings,
+        and x None) -> (this layer's MLP output, the stream before it), both [num_tokens, hidden]."""
+        if x is None:  # the first layer: the stream starts as the embeddings
+            h, x = self.input_layernorm(h), h
+        else:
+            h, x = self.input_layernorm(h, x)  # x = x + h; h = norm(x)
+        h, x = self.post_attention_layernorm(self.self_attn(positions, h, ctx), x)
+        return self.mlp(h), x
 
 
 class LlamaModel(nn.Module):
@@ -44,10 +55,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        h, x = self.embed_tokens(input_ids), None  # [num_tokens, hidden]
         for layer in self.layers:
-            x = layer(positions, x, ctx)
-        return self.norm(x)
+            h, x = layer(positions, h, x, ctx)
+        return self.norm(h, x)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -9,7 +9,7 @@ registers. Measured at the real model's shapes (kernel_choice.py, printed by `be
 ATen's own packed kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) are slower than
 float32 with float32 activations on this CPU, so the engine compiles its own.
 
-The kernels are compiled once per machine with the system's C++ compiler (kernels/cpp.py: g++ -O3
+The kernels are compiled once per machine with the system's C++ compiler (minillm/cpp: g++ -O3
 -march=native -fopenmp), cached under ~/.cache/minillm, and loaded with ctypes. Without a compiler the path does
 not exist (`available()` is False) and QuantizedLinear uses the reference.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.kernels import cpp
+from minillm import cpp
 
 SOURCE = Path(__file__).with_name("fused_matvec.cpp")
 MAX_ROWS = 16  # rows of x up to which the fused kernels beat dequantize-then-matmul (kernel_choice.py)
@@ -27,7 +27,7 @@ MAX_ROWS = 16  # rows of x up to which the fused kernels beat dequantize-then-ma
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels (kernels/cpp.py builds them on first use); None where there is no compiler or the
+    """The compiled kernels (minillm/cpp builds them on first use); None where there is no compiler or the
     build fails."""
     lib = cpp.load(SOURCE, "the fused int8/int4 CPU kernels (quantized layers use the reference: dequantize, "
                            "then matmul)")

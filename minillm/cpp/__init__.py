@@ -1,10 +1,11 @@
 """C++ kernels for the CPU, compiled once per machine and loaded with ctypes.
 
-The engine's CPU kernels (quant/fused_matvec.cpp, kernels/paged_decode_cpu.cpp) are small C++ files
-built with the system's compiler (g++ -O3 -march=native -fopenmp) the first time they are used, and
-cached under ~/.cache/minillm/kernels, keyed by the source, the flags and the CPU's feature flags
-(-march=native ties a binary to its CPU). Without a compiler, or when a build fails (a warning says
-why), `load` returns None and the caller keeps its plain-PyTorch path.
+The engine's CPU kernels (layers/fused_cpu.cpp, kernels/paged_decode_cpu.cpp, quant/fused_matvec.cpp) are
+small C++ files built with the system's compiler (g++ -O3 -march=native -fopenmp) the first time they are
+used, and cached under ~/.cache/minillm/kernels, keyed by the source, the headers of this folder they may
+include (vec8.h: eight floats as one value), the flags and the CPU's feature flags (-march=native ties a
+binary to its CPU). Without a compiler, or when a build fails (a warning says why), `load` returns None and
+the caller keeps its plain-PyTorch path. The engine's lowest layer: the layers themselves use it.
 """
 import ctypes
 import hashlib
@@ -16,6 +17,7 @@ import warnings
 from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+HEADERS = Path(__file__).parent  # `#include "vec8.h"` finds the shared headers here (-I)
 
 
 def cache_dir() -> Path:
@@ -30,13 +32,16 @@ def load(source: Path, what: str) -> ctypes.CDLL | None:
         return None
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     flags_line = next((line for line in cpu.splitlines() if line.startswith("flags")), "")
-    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + flags_line.encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(HEADERS.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode() + flags_line.encode())
+    key = key.hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            done = subprocess.run([compiler, *FLAGS, str(source), "-o", str(built)], capture_output=True)
+            done = subprocess.run([compiler, *FLAGS, f"-I{HEADERS}", str(source), "-o", str(built)],
+                                  capture_output=True)
             if done.returncode != 0:
                 warnings.warn(f"minillm: building {what} with {compiler} failed, so the plain-PyTorch path runs "
                               f"instead:\n{done.stderr.decode()[-2000:]}", stacklevel=3)

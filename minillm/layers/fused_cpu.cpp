@@ -1,0 +1,130 @@
+// The small operators between a decoder layer's matrix products, fused for the CPU in float32: the residual add
+// with the RMSNorm after it, rotary embeddings in place, and SwiGLU's SiLU-and-multiply. Built by minillm/cpp
+// (g++ -O3 -march=native -fopenmp) and called through ctypes from fused_cpu.py; rmsnorm.py, rotary.py and mlp.py
+// keep the plain-PyTorch formulas, which are their reference in the tests.
+//
+// Why: a decode step at batch 1 streams every weight from memory, and between two weight streams the cache holds
+// none of the code or data of the operators in between. PyTorch's rms_norm is about ten operator calls, rotary
+// four, SiLU-and-multiply three; each pays Python, the dispatcher and cold caches. Here each is one call that
+// reads its rows once. Rows are shared out among the OpenMP threads torch runs on when there are many (a prefill).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "vec8.h"  // minillm/cpp: f8, i8, load8, store8, sum8, exp8
+
+namespace {
+
+using namespace vec8;
+
+constexpr int64_t PARALLEL_ELEMENTS = 1 << 16;  // below this many floats, one thread: waking the others costs more
+
+// y = h / sqrt(mean(h^2) + eps) * w over one row of n floats
+void norm_row(const float* h, const float* w, float* y, int64_t n, float eps) {
+    f8 s0 = {}, s1 = {};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const f8 a = load8(h + i), b = load8(h + i + 8);
+        s0 += a * a;
+        s1 += b * b;
+    }
+    float squares = sum8(s0 + s1);
+    for (; i < n; ++i) squares += h[i] * h[i];
+    const float r = 1.0f / std::sqrt(squares / static_cast<float>(n) + eps);
+    i = 0;
+    for (; i + 8 <= n; i += 8) store8(y + i, load8(h + i) * r * load8(w + i));
+    for (; i < n; ++i) y[i] = h[i] * r * w[i];
+}
+
+// silu(x) = x * sigmoid(x), eight at a time, with exp8 of -|x| only (it takes x <= 0): for x >= 0,
+// sigmoid(x) = 1 / (1 + e^-x); for x < 0, e^x / (1 + e^x).
+inline f8 silu8(f8 x) {
+    i8 bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    const i8 abs_bits = bits & 0x7fffffff;
+    f8 minus_abs;
+    std::memcpy(&minus_abs, &abs_bits, sizeof minus_abs);
+    const f8 e = exp8(-minus_abs);  // e^-|x|, in (0, 1]
+    const f8 one = {1, 1, 1, 1, 1, 1, 1, 1};
+    const i8 negative = x < 0.0f;   // all ones where x < 0
+    i8 e_bits, one_bits;
+    std::memcpy(&e_bits, &e, sizeof e_bits);
+    std::memcpy(&one_bits, &one, sizeof one_bits);
+    const i8 numerator_bits = (e_bits & negative) | (one_bits & ~negative);
+    f8 numerator;
+    std::memcpy(&numerator, &numerator_bits, sizeof numerator);
+    return x * numerator / (one + e);
+}
+
+inline float silu(float x) { return x >= 0.0f ? x / (1.0f + std::exp(-x)) : x * std::exp(x) / (1.0f + std::exp(x)); }
+
+inline int threads_for(int64_t elements, int nthreads) { return elements >= PARALLEL_ELEMENTS ? nthreads : 1; }
+
+}  // namespace
+
+extern "C" {
+
+// x: [rows, n] with rows ldx apart; w: [n]; y: [rows, n] contiguous. y = rms_norm(x) * w.
+void rms_norm_f32(const float* x, int64_t ldx, const float* w, float* y, int64_t rows, int64_t n, float eps,
+                  int nthreads) {
+#pragma omp parallel for num_threads(threads_for(rows * n, nthreads)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) norm_row(x + r * ldx, w, y + r * n, n, eps);
+}
+
+// The residual add and the norm after it: residual += x (in place: the residual stream, [rows, n] contiguous),
+// then y = rms_norm(residual) * w. x: [rows, n] with rows ldx apart.
+void add_rms_norm_f32(const float* x, int64_t ldx, float* residual, const float* w, float* y, int64_t rows, int64_t n,
+                      float eps, int nthreads) {
+#pragma omp parallel for num_threads(threads_for(rows * n, nthreads)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        float* h = residual + r * n;
+        const float* xr = x + r * ldx;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) store8(h + i, load8(h + i) + load8(xr + i));
+        for (; i < n; ++i) h[i] += xr[i];
+        norm_row(h, w, y + r * n, n, eps);
+    }
+}
+
+// Rotary embeddings in place, rotate-half layout: for each row r and each of its `heads` heads of d floats
+// (heads d apart, rows ldx apart), x = x * cos[r] + roll(x, d / 2) * sin_signed[r], where cos and sin_signed
+// are the row's position's tables ([rows, d] contiguous; sin_signed is -sin on the first half, sin on the second).
+void rotary_f32(float* x, int64_t ldx, const float* cos, const float* sin_signed, int64_t rows, int64_t heads,
+                int64_t d, int nthreads) {
+    const int64_t half = d / 2;
+#pragma omp parallel for num_threads(threads_for(rows * heads * d, nthreads)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* c = cos + r * d;
+        const float* s = sin_signed + r * d;
+        for (int64_t h = 0; h < heads; ++h) {
+            float* v = x + r * ldx + h * d;
+            int64_t i = 0;
+            for (; i + 8 <= half; i += 8) {  // the pair (i, i + half) rotated together, in registers
+                const f8 lo = load8(v + i), hi = load8(v + i + half);
+                store8(v + i, lo * load8(c + i) + hi * load8(s + i));
+                store8(v + i + half, hi * load8(c + i + half) + lo * load8(s + i + half));
+            }
+            for (; i < half; ++i) {
+                const float lo = v[i], hi = v[i + half];
+                v[i] = lo * c[i] + hi * s[i];
+                v[i + half] = hi * c[i + half] + lo * s[i + half];
+            }
+        }
+    }
+}
+
+// SwiGLU's middle: out = silu(gate) * up, where each row of gate_up ([rows, 2 * inter], rows ld apart) holds gate
+// then up; out: [rows, inter] contiguous.
+void silu_mul_f32(const float* gate_up, int64_t ld, float* out, int64_t rows, int64_t inter, int nthreads) {
+#pragma omp parallel for num_threads(threads_for(rows * inter, nthreads)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* gate = gate_up + r * ld;
+        const float* up = gate + inter;
+        float* o = out + r * inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) store8(o + i, silu8(load8(gate + i)) * load8(up + i));
+        for (; i < inter; ++i) o[i] = silu(gate[i]) * up[i];
+    }
+}
+
+}  // extern "C"
