@@ -193,3 +193,17 @@ def test_profile_quick_run_writes_a_profile_that_loads_with_its_curve_and_spread
     assert loaded.spread[0] < 1 < loaded.spread[-1]  # real steps stray both ways from a fitted price
     assert loaded.step_time(5, 3, 200) == StepProfile(**figures["profile"]).step_time(5, 3, 200)
     assert "how far the steps strayed from that price" in capsys.readouterr().out
+
+
+def test_batching_bound_is_amdahls_law_over_a_sequential_runs_own_prefill_and_decode_times():
+    from minillm.bench.throughput import batching_bound, make_prompts, run_minillm
+    from minillm.bench.workload import chat_workload
+    timings = [{"queue_time": 0.0, "ttft": 1.0, "e2e": 4.0}, {"queue_time": 4.0, "ttft": 5.0, "e2e": 8.0}]
+    share, bound = batching_bound(timings, decode_speedup=8.0)   # prefill 1 + 1 of busy 4 + 4
+    assert share == 0.25 and bound == pytest.approx(1 / (0.25 + 0.75 / 8))
+    assert batching_bound(timings, decode_speedup=1.0)[1] == 1   # decode no cheaper batched: nothing to gain
+    workload = chat_workload(3, seed=0, max_output=8, median_output=4, max_prompt=24, median_prompt=12)
+    metrics = []
+    run_minillm("tiny", make_prompts(workload, 4096), workload, metrics=metrics, scheduler="sequential")
+    assert len(metrics) == 3 and all(0 < m["ttft"] - m["queue_time"] < m["e2e"] - m["queue_time"] for m in metrics)
+    assert 0 < batching_bound(metrics, 8.0)[0] < 1

@@ -62,7 +62,9 @@ def make_prompts(workload, vocab: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(1, vocab, (r.prompt_len,), generator=gen).tolist() for r in workload]
 
 
-def run_minillm(model: str, prompts, workload, observer=None, **config) -> tuple[float, list[list[int]]]:
+def run_minillm(model: str, prompts, workload, observer=None, metrics: list | None = None,
+                **config) -> tuple[float, list[list[int]]]:
+    """-> (output tokens/s, each request's tokens); metrics: a list that receives each request's metrics."""
     llm = LLM(model, **config)
     params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in workload]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
@@ -71,7 +73,19 @@ def run_minillm(model: str, prompts, workload, observer=None, **config) -> tuple
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
+    if metrics is not None:
+        metrics.extend(o.metrics for o in outs)
     return sum(len(o.token_ids) for o in outs) / elapsed, [o.token_ids for o in outs]
+
+
+def batching_bound(sequential: list[dict], decode_speedup: float) -> tuple[float, float]:
+    """Amdahl's law for batching: each request of a sequential run spends ttft - queue_time prefilling and
+    e2e - ttft decoding. Batching makes decode tokens decode_speedup times cheaper (a step of B sequences against
+    B steps of one) but not prefill, which is compute-bound already. -> (the prefill share of the sequential
+    run's time, the most a batched run can gain over it)."""
+    prefill = sum(m["ttft"] - m["queue_time"] for m in sequential)
+    share = prefill / sum(m["e2e"] - m["queue_time"] for m in sequential)
+    return share, 1 / (share + (1 - share) / decode_speedup)
 
 
 @torch.inference_mode()
@@ -139,7 +153,7 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
     workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output,
                             max_prompt=sweep.max_prompt, median_prompt=sweep.median_prompt)
     prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
-    rates, outputs, full_steps = {}, {}, []
+    rates, outputs, full_steps, seq_metrics = {}, {}, [], []
     profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
 
     def keep_full_decode_steps(event):
@@ -163,7 +177,7 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
         if not quick:
             bar.set_description("throughput: sequential (first 16)")
             rates["sequential (first 16)"], seq_out = run_minillm(model, prompts[:16], workload[:16],
-                                                                  scheduler="sequential")
+                                                                  metrics=seq_metrics, scheduler="sequential")
             outputs["sequential"] = seq_out + outputs[f"continuous, batch {batches[-1]}"][16:]
             bar.update()
         bar.set_description("throughput: one decode step at each batch size")
@@ -201,8 +215,13 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
     if not quick:
         seq = rates["sequential (first 16)"]
         figures["continuous_batch_16_vs_sequential"] = rates["continuous, batch 16"] / seq
+        at_16 = next(r["tok/s"] for r in sweep_rows if r["batch"] == 16) / sweep_rows[0]["tok/s"]
+        share, bound = batching_bound(seq_metrics, at_16)
+        figures["sequential_prefill_share"], figures["batch_16_bound_vs_sequential"] = share, bound
         print(f"\noffline: continuous batching at batch 16 makes {figures['continuous_batch_16_vs_sequential']:.2f}x "
-              f"the tokens/s of one request at a time")
+              f"the tokens/s of one request at a time. The bound (Amdahl): one at a time, prefill is {share:.0%} of "
+              f"a request's time, and batching makes only decode cheaper (a step of 16 makes {at_16:.1f}x the "
+              f"tokens/s of a step of 1), so batch 16 can gain at most {bound:.2f}x on this workload")
     print_table([{"variant": k, "output tok/s": v, f"continuous (batch {batches[-1]}) is": f"{best / v:.2f}x"}
                  for k, v in reference.items()], "for reference")
     print(f"\ncontinuous never slower than static: {figures['continuous_never_slower_than_static']}; "
