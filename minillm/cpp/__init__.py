@@ -24,9 +24,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minillm" / "kernels"
 
 
-def load(source: Path, what: str) -> ctypes.CDLL | None:
-    """The library compiled from `source` (built now if this machine has none yet), or None where there is
-    no compiler or the build fails; what: the kernels in words, for the warning. Callers cache the result."""
+# the C types of the kernels' arguments: pointers to tensor data, sizes and strides, thread counts, scalars
+PTR, I64, INT, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+def load(source: Path, what: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
+    """The library compiled from `source` (built now if this machine has none yet), its functions' argument types
+    set from signatures (name -> C types), or None where there is no compiler or the build fails; what: the
+    kernels in words, for the warning. Callers cache the result."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None or not source.is_file():
         return None
@@ -48,4 +53,7 @@ def load(source: Path, what: str) -> ctypes.CDLL | None:
                 return None
             built.replace(target)  # atomic: another process building at the same time sees a whole file
     # Loaded after torch: libgomp.so.1 resolves to torch's, so the kernels share its threads.
-    return ctypes.CDLL(str(target))
+    lib = ctypes.CDLL(str(target))
+    for name, argtypes in signatures.items():
+        getattr(lib, name).argtypes = argtypes
+    return lib

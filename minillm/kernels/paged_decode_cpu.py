@@ -20,14 +20,10 @@ SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    lib = cpp.load(SOURCE, "the CPU paged decode attention kernel (decode rows gather their blocks instead)")
-    if lib is None:
-        return None
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    decode = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr] + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
-    lib.paged_decode_f32.argtypes = decode
-    lib.paged_store_decode_f32.argtypes = [ptr, i64, ptr, i64, ptr, i64] + decode
-    return lib
+    ptr, i64 = cpp.PTR, cpp.I64
+    decode = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr] + [i64] * 5 + [cpp.F32, cpp.INT]
+    return cpp.load(SOURCE, "the CPU paged decode attention kernel (decode rows gather their blocks instead)",
+                    {"paged_decode_f32": decode, "paged_store_decode_f32": [ptr, i64, ptr, i64, ptr, i64] + decode})
 
 
 def available() -> bool:

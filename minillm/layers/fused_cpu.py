@@ -21,15 +21,12 @@ SOURCE = Path(__file__).with_name("fused_cpu.cpp")
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    lib = cpp.load(SOURCE, "the layers' fused CPU operators (the layers run their PyTorch formulas instead)")
-    if lib is None:
-        return None
-    ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    lib.rms_norm_f32.argtypes = [ptr, i64, ptr, ptr, i64, i64, f32, i32]
-    lib.add_rms_norm_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32]
-    lib.rotary_f32.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i32]
-    lib.silu_mul_f32.argtypes = [ptr, i64, ptr, i64, i64, i32]
-    return lib
+    ptr, i64, f32, n = cpp.PTR, cpp.I64, cpp.F32, cpp.INT
+    return cpp.load(SOURCE, "the layers' fused CPU operators (the layers run their PyTorch formulas instead)",
+                    {"rms_norm_f32": [ptr, i64, ptr, ptr, i64, i64, f32, n],
+                     "add_rms_norm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, f32, n],
+                     "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, n],
+                     "silu_mul_f32": [ptr, i64, ptr, i64, i64, n]})
 
 
 def applies(x: torch.Tensor) -> bool:

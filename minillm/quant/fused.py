@@ -29,15 +29,10 @@ MAX_ROWS = 16  # rows of x up to which the fused kernels beat dequantize-then-ma
 def library() -> ctypes.CDLL | None:
     """The compiled kernels (minillm/cpp builds them on first use); None where there is no compiler or the
     build fails."""
-    lib = cpp.load(SOURCE, "the fused int8/int4 CPU kernels (quantized layers use the reference: dequantize, "
-                           "then matmul)")
-    if lib is None:
-        return None
-    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.int8_linear.argtypes = [ptr] * 5 + [i64] * 3 + [i32]
-    for name in ("int4_linear_u8zero", "int4_linear_f32zero"):
-        getattr(lib, name).argtypes = [ptr] * 6 + [i64] * 4 + [i32]
-    return lib
+    int4 = [cpp.PTR] * 6 + [cpp.I64] * 4 + [cpp.INT]
+    return cpp.load(SOURCE, "the fused int8/int4 CPU kernels (quantized layers use the reference: dequantize, then "
+                            "matmul)", {"int8_linear": [cpp.PTR] * 5 + [cpp.I64] * 3 + [cpp.INT],
+                                        "int4_linear_u8zero": int4, "int4_linear_f32zero": int4})
 
 
 def available() -> bool:
