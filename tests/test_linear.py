@@ -1,4 +1,5 @@
-"""The model's Linear: its packed CPU path for a few rows equals nn.Linear's product."""
+"""The model's Linear: its CPU paths equal nn.Linear's product: the C++ matrix-vector product for one row, the
+packed copy for a few; the loader's choice of them."""
 import copy
 import pickle
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minillm.layers import linear
+from minillm.layers import cpu_ops, linear
 from minillm.layers.linear import MAX_PACKED_ROWS, Linear
 
 needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="this torch build has no oneDNN")
@@ -91,17 +92,46 @@ def test_the_loader_packs_only_models_that_stream_from_memory():
     from minillm import LLM
     assert not any(m.packed for m in LLM("tiny").model.modules() if isinstance(m, Linear))  # 23 MB: in the caches
     big = torch.nn.Sequential(Linear(4096, 8192, bias=False))  # 128 MiB
-    linear.pack_if_streamed(big)
-    assert big[0].packed and big[0].packed_one_row == linear.packed_wins_at_one_row()
+    assert linear.cpu_paths(big) is big[0].matvec is (cpu_ops.library() is not None)
+    assert big[0].packed and big[0].packed_one_row == (not big[0].matvec and linear.packed_wins_at_one_row())
 
 
 @pytest.mark.parametrize("wins", [True, False])
-def test_one_row_is_packed_only_where_it_was_measured_faster(monkeypatch, wins):
+def test_without_matvec_one_row_is_packed_only_where_it_was_measured_faster(monkeypatch, wins):
     monkeypatch.setattr(linear, "packed_wins_at_one_row", lambda: wins)
+    monkeypatch.setattr(cpu_ops, "library", lambda: None)  # no compiler
     big, small = torch.nn.Sequential(Linear(4096, 8192, bias=False)), torch.nn.Sequential(Linear(64, 64))
     for model in (big, small):
-        linear.pack_if_streamed(model)
+        assert not linear.cpu_paths(model)  # the loader then stores the weights column by column
     assert big[0].packed_one_row is wins and not small[0].packed_one_row  # small: in the caches, never packed
+
+
+needs_matvec = pytest.mark.skipif(cpu_ops.library() is None, reason="no C++ compiler: one row takes F.linear")
+
+
+@needs_matvec
+@torch.inference_mode()
+@pytest.mark.parametrize("shape,bias", [((576, 960), False), ((37, 51), True), ((1536, 576), True), ((5, 3), False)])
+def test_one_row_takes_the_matvec_and_equals_f_linear(shape, bias, monkeypatch):
+    m = layer(*shape, bias)
+    m.matvec = True
+    calls = []
+    monkeypatch.setattr(cpu_ops, "matvec", lambda *a, real=cpu_ops.matvec: calls.append(1) or real(*a))
+    x = torch.randn(1, shape[0], generator=torch.Generator().manual_seed(2)) * 3
+    torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-3)  # sums of 1536: ~100
+    assert calls == [1]
+    m.weight.data = m.weight.data.t().contiguous().t()  # column by column: the matvec does not read that
+    torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-3)  # sums of 1536: ~100
+    assert calls == [1]
+
+
+@needs_matvec
+@torch.inference_mode()
+def test_matvec_refuses_a_weight_it_cannot_read():
+    with pytest.raises(ValueError, match=r"got x \(1, 4\), weight \(3, 4\) torch.float32 \(not contiguous\)"):
+        cpu_ops.matvec(torch.randn(1, 4), torch.randn(4, 3).t(), None)
+    with pytest.raises(ValueError, match=r"got x \(2, 4\)"):
+        cpu_ops.matvec(torch.randn(2, 4), torch.randn(3, 4), None)
 
 
 def test_the_one_row_measurement_is_made_once_and_says_yes_or_no():

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from minillm import LLM, EngineConfig, SamplingParams
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
@@ -61,13 +60,13 @@ def bare_loop(model: torch.nn.Module, new: int) -> float:
               for layer in model.model.layers]
     cfg = model.config
     width, inter = cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size
-    head = model.lm_head.weight
-    x = torch.zeros(1, cfg.hidden_size, dtype=head.dtype, device=head.device)
+    head = model.lm_head  # the engine's own module: the product the engine runs (the C++ matvec on a CPU)
+    x = torch.zeros(1, cfg.hidden_size, dtype=head.weight.dtype, device=head.weight.device)
 
     def token(x):
         for qkv, o, gate_up, down in layers:
             x = down(gate_up(o(qkv(x)[:, :width]))[:, :inter])
-        return F.linear(x, head)
+        return head(x)
 
     token(x)  # warm-up
     start = time.perf_counter()

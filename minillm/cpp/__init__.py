@@ -1,6 +1,6 @@
 """C++ kernels for the CPU, compiled once per machine and loaded with ctypes.
 
-The engine's CPU kernels (layers/fused_cpu.cpp, kernels/paged_decode_cpu.cpp, quant/fused_matvec.cpp) are
+The engine's CPU kernels (layers/cpu_ops.cpp, kernels/paged_decode_cpu.cpp, quant/fused_matvec.cpp) are
 small C++ files built with the system's compiler (g++ -O3 -march=native -fopenmp) the first time they are
 used, and cached under ~/.cache/minillm/kernels, keyed by the source, the headers of this folder they may
 include (vec8.h: eight floats as one value), the flags and the CPU's feature flags (-march=native ties a

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm.layers import cpu_ops
+
 MAX_PACKED_ROWS = 48
 PACKED_MIN_MODEL_BYTES = 100 * 2**20  # SmolLM2-135M's float32 weights are 540 MB, tiny's 23 MB
 
@@ -45,12 +47,17 @@ def onednn_available() -> bool:
 
 
 class Linear(nn.Linear):
+    matvec = False  # whether one row takes the C++ matrix-vector product (the loader decides: cpu_paths)
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
-    packed_one_row = False  # whether one row may too (the loader decides, where it measured the packed copy win)
+    packed_one_row = False  # whether one row may too (where there is no matvec and the packed copy measured faster)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in_features] (or [..., in_features]) -> [rows, out_features]"""
+        if self.matvec and x.dim() == 2 and x.shape[0] == 1 and cpu_ops.applies(x):
+            weight = self.weight
+            if weight.dtype == torch.float32 and weight.is_contiguous():
+                return cpu_ops.matvec(x, weight, self.bias)
         fewest = 1 if self.packed_one_row else 2
         if self.packed and x.dim() == 2 and fewest <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
@@ -100,12 +107,20 @@ def packed_wins_at_one_row() -> bool:
     return best["packed"] < 0.9 * best["plain"]
 
 
-def pack_if_streamed(model: nn.Module) -> None:
-    """Turn the packed path on for every Linear of a model too big for the CPU's caches, and for one row too where
-    this CPU runs it faster (see the top of this file)."""
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    streamed = weight_bytes >= PACKED_MIN_MODEL_BYTES
-    one_row = streamed and packed_wins_at_one_row()  # the loader calls this for CPU models only
+def streamed(model: nn.Module) -> bool:
+    """Whether the model's weights are too big for the CPU's caches (PACKED_MIN_MODEL_BYTES or more)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) >= PACKED_MIN_MODEL_BYTES
+
+
+def cpu_paths(model: nn.Module) -> bool:
+    """The loader's choices for a CPU model's Linears (see the top of this file): one row through the C++
+    matrix-vector product where the library builds, 2-48 rows through the packed copy where the model streams from
+    memory, and one row through the packed copy too where there is no matvec and this CPU runs it faster.
+    -> whether one row takes the matvec, which wants each weight stored row by row (else the loader stores them
+    column by column, for F.linear)."""
+    big, matvec = streamed(model), cpu_ops.library() is not None
+    one_row = big and not matvec and packed_wins_at_one_row()
     for module in model.modules():
         if isinstance(module, Linear):
-            module.packed, module.packed_one_row = streamed, one_row
+            module.matvec, module.packed, module.packed_one_row = matvec, big, one_row
+    return matvec

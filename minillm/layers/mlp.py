@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.layers import fused_cpu
+from minillm.layers import cpu_ops
 from minillm.layers.linear import Linear
 
 
@@ -21,7 +21,7 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, hidden] -> [num_tokens, hidden]"""
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
-        if gate_up.dim() == 2 and fused_cpu.applies(gate_up):  # a CPU in float32: one C++ call (fused_cpu.py)
-            return self.down_proj(fused_cpu.silu_mul(gate_up))
+        if gate_up.dim() == 2 and cpu_ops.applies(gate_up):  # a CPU in float32: one C++ call (cpu_ops.py)
+            return self.down_proj(cpu_ops.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)

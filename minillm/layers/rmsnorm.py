@@ -6,13 +6,13 @@ Unlike LayerNorm there is no mean subtraction and no bias. The statistics are co
 float32 even when the model runs in bfloat16, as Hugging Face's Llama does: squaring bf16 values
 loses too much precision. PyTorch's fused `rms_norm` computes the formula in one operator call
 instead of seven; decode runs 2 x layers + 1 of them per token, so the calls add up. On a CPU in float32
-(inference) one C++ call does the residual add and the norm together (fused_cpu.py).
+(inference) one C++ call does the residual add and the norm together (cpu_ops.py).
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.layers import fused_cpu
+from minillm.layers import cpu_ops
 
 
 class RMSNorm(nn.Module):
@@ -25,10 +25,10 @@ class RMSNorm(nn.Module):
         """x: [..., hidden] -> [..., hidden]. With the residual stream (x's shape): the residual add before the
         norm, done here -> (norm(x + residual), x + residual). The decoder hands each sublayer's output and the
         stream to the next norm this way (vLLM's fused_add_rms_norm), so that on a CPU the add and the norm are
-        one pass over the row (fused_cpu.py; there the sum is written into residual's own memory)."""
+        one pass over the row (cpu_ops.py; there the sum is written into residual's own memory)."""
         weight = self.weight
-        if x.dim() == 2 and weight.dtype == torch.float32 and fused_cpu.applies(x):
-            return fused_cpu.rms_norm(x, weight, self.eps, residual)
+        if x.dim() == 2 and weight.dtype == torch.float32 and cpu_ops.applies(x):
+            return cpu_ops.rms_norm(x, weight, self.eps, residual)
         if residual is None:
             return self.normed(x)
         x = x + residual

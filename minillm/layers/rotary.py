@@ -18,7 +18,7 @@ keys are rotated together, in one call, as one tensor of heads.
 import torch
 from torch import nn
 
-from minillm.layers import fused_cpu
+from minillm.layers import cpu_ops
 
 
 class RotaryEmbedding(nn.Module):
@@ -37,10 +37,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions: [num_tokens]; x: [num_tokens, heads, d] (query and key heads alike) -> rotated x.
-        On a CPU in float32 (inference), x is rotated in place, in one C++ call (fused_cpu.py)."""
+        On a CPU in float32 (inference), x is rotated in place, in one C++ call (cpu_ops.py)."""
         cos, sin_signed = self._tables(positions, x.dtype)  # [num_tokens, d] each
-        if x.stride(1) == x.shape[2] and fused_cpu.applies(x):
-            return fused_cpu.rotary_(x, cos, sin_signed)
+        if x.stride(1) == x.shape[2] and cpu_ops.applies(x):
+            return cpu_ops.rotary_(x, cos, sin_signed)
         cos, sin_signed = cos[:, None], sin_signed[:, None]  # [num_tokens, 1, d]: every head alike
         return torch.addcmul(x * cos, x.roll(self.half, dims=-1), sin_signed)
 

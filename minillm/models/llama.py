@@ -6,7 +6,7 @@
 
 Written as vLLM writes it, each residual add is handed to the norm that follows it: a layer takes the
 stream and its last sublayer's output, and returns its own, `h, x = norm(h, x)` doing x = x + h and
-h = norm(x) at once (one pass over the row; on a CPU one C++ call, layers/fused_cpu.py).
+h = norm(x) at once (one pass over the row; on a CPU one C++ call, layers/cpu_ops.py).
 
 Tokens arrive flattened: `input_ids` and `positions` are [num_tokens], possibly from several
 sequences at once; how they group into sequences is the AttentionContext's business.

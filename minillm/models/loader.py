@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from minillm.layers.linear import pack_if_streamed
+from minillm.layers.linear import cpu_paths, streamed
 from minillm.models.config import ModelConfig
+from minillm.models.huge_pages import to_huge_pages
 from minillm.models.registry import MODEL_CLASSES
 from minillm.quant.checkpoint import load_quantized, quant_config_of
 
@@ -39,17 +40,20 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
     else:
         load_weights(model, checkpoint_files(model_dir), cfg)
     if torch.device(device).type == "cpu":
-        column_major(model)
-        pack_if_streamed(model)
+        if not cpu_paths(model):  # no C++ matvec: F.linear at one row, faster on column-major weights
+            column_major(model)
+        if streamed(model):
+            to_huge_pages(model)  # decode streams every weight a token: 2 MiB pages, not 4 KiB (huge_pages.py)
     return model.eval()
 
 
 def column_major(model: torch.nn.Module) -> None:
     """Store each linear layer's weight [out, in] column by column (its transpose contiguous), same shape
-    and values. nn.Linear computes x @ weight.T, and on a CPU a product with 1-3 rows (decode at a small
-    batch) is 25-30% faster when weight.T is the contiguous one. Measured on this project's 2-core CPU over
-    tiny's 25 matrices: 4.6 -> 3.2 ms at one row. From 4 rows on, wide matrices lose: a 3072 x 576 product
-    takes 1.9 ms against 1.0 row-major, SmolLM2's 49152 x 576 LM head 45 ms against 30 (one thread)."""
+    and values, where the C++ matrix-vector product is not built. nn.Linear computes x @ weight.T, and on a CPU
+    a product with 1-3 rows (decode at a small batch) is 25-30% faster when weight.T is the contiguous one.
+    Measured on this project's 2-core CPU over tiny's 25 matrices: 4.6 -> 3.2 ms at one row. From 4 rows on, wide
+    matrices lose: a 3072 x 576 product takes 1.9 ms against 1.0 row-major, SmolLM2's 49152 x 576 LM head 45 ms
+    against 30 (one thread)."""
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.weight.data = module.weight.data.t().contiguous().t()

@@ -1,4 +1,4 @@
-"""The layers' fused CPU operators (layers/fused_cpu.cpp) against the PyTorch formulas they replace: the residual
+"""The layers' fused CPU operators (layers/cpu_ops.cpp) against the PyTorch formulas they replace: the residual
 add with RMSNorm, rotary embeddings in place on a view of the qkv product, SiLU-and-multiply; odd widths (the
 scalar tails), both signs and large magnitudes, many rows on two threads (the parallel path); the layers choose
 them only where they apply; and the engine's greedy tokens and logits are those of the plain-PyTorch layers."""
@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from minillm import LLM, SamplingParams
-from minillm.layers import fused_cpu
+from minillm.layers import cpu_ops
 from minillm.layers.mlp import SwiGLUMLP
 from minillm.layers.rmsnorm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
 
-pytestmark = pytest.mark.skipif(fused_cpu.library() is None, reason="no C++ compiler: the layers run PyTorch only")
+pytestmark = pytest.mark.skipif(cpu_ops.library() is None, reason="no C++ compiler: the layers run PyTorch only")
 
 SHAPES = [(1, 576), (3, 13), (5, 8), (2, 1), (300, 576)]  # 300 x 576 floats: shared among threads
 
@@ -35,10 +35,10 @@ def test_add_rms_norm_equals_the_torch_formula_and_updates_the_stream_in_place(r
     x, stream, weight = signed(rows, n), signed(rows, n, seed=1), signed(n, seed=2)
     expected_stream = x + stream
     expected = F.rms_norm(expected_stream, (n,), weight, 1e-5)
-    y, h = fused_cpu.rms_norm(x, weight, 1e-5, stream)
+    y, h = cpu_ops.rms_norm(x, weight, 1e-5, stream)
     assert h is stream and torch.equal(stream, expected_stream)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(fused_cpu.rms_norm(x, weight, 1e-5), F.rms_norm(x, (n,), weight, 1e-5),
+    torch.testing.assert_close(cpu_ops.rms_norm(x, weight, 1e-5), F.rms_norm(x, (n,), weight, 1e-5),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -48,18 +48,18 @@ def test_rms_norm_reads_rows_apart_and_takes_eps_as_given():
     x, weight = wide[:, 3:24], signed(21, seed=3)  # rows 40 floats apart
     tiny = x * 1e-4                                 # eps dominates mean(x^2) here: a wrong eps shows
     for eps in (1e-6, 1e-2):
-        torch.testing.assert_close(fused_cpu.rms_norm(tiny, weight, eps), F.rms_norm(tiny, (21,), weight, eps),
+        torch.testing.assert_close(cpu_ops.rms_norm(tiny, weight, eps), F.rms_norm(tiny, (21,), weight, eps),
                                    rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(fused_cpu.rms_norm(x, weight, 1e-6), F.rms_norm(x, (21,), weight, 1e-6))
+    torch.testing.assert_close(cpu_ops.rms_norm(x, weight, 1e-6), F.rms_norm(x, (21,), weight, 1e-6))
 
 
 @torch.inference_mode()
 def test_a_residual_of_another_shape_or_layout_is_refused():
     x, weight = signed(2, 8), signed(8)
     with pytest.raises(ValueError, match=r"contiguous and shaped like x \(2, 8\), got \(2, 4\)"):
-        fused_cpu.rms_norm(x, weight, 1e-5, signed(2, 4))
+        cpu_ops.rms_norm(x, weight, 1e-5, signed(2, 4))
     with pytest.raises(ValueError, match="contiguous"):
-        fused_cpu.rms_norm(x, weight, 1e-5, signed(8, 2).t())
+        cpu_ops.rms_norm(x, weight, 1e-5, signed(8, 2).t())
 
 
 @pytest.mark.parametrize("rows, heads, d", [(1, 13, 64), (3, 5, 8), (2, 3, 6), (300, 4, 64)])
@@ -85,18 +85,18 @@ def test_silu_mul_equals_the_torch_formula_from_deep_negatives_to_large_positive
     gate_up = signed(rows, 2 * inter, scale=8.0)
     gate_up[0, :5] = torch.tensor([-200.0, -90.0, 0.0, 60.0, 1e-30])[:min(5, inter)]
     expected = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-    torch.testing.assert_close(fused_cpu.silu_mul(gate_up), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cpu_ops.silu_mul(gate_up), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_the_layers_take_the_fused_path_only_where_it_applies():
     norm, x = RMSNorm(16), signed(3, 16)
     torch.nn.init.normal_(norm.weight)
     with torch.inference_mode():
-        assert fused_cpu.applies(x)
-        assert not fused_cpu.applies(x.bfloat16()) and not fused_cpu.applies(signed(16, 3).t())
+        assert cpu_ops.applies(x)
+        assert not cpu_ops.applies(x.bfloat16()) and not cpu_ops.applies(signed(16, 3).t())
         stream = signed(3, 16, seed=5)
         fused, fused_stream = norm(x, stream.clone())
-    assert not fused_cpu.applies(x)                          # autograd on: the PyTorch formulas run
+    assert not cpu_ops.applies(x)                          # autograd on: the PyTorch formulas run
     reference, reference_stream = norm(x, stream)            # (with autograd: the torch path)
     assert reference.requires_grad and torch.equal(stream, signed(3, 16, seed=5))  # not in place there
     torch.testing.assert_close(fused, reference.detach(), rtol=1e-5, atol=1e-6)
@@ -113,7 +113,7 @@ def test_the_engine_makes_the_same_tokens_and_logits_as_with_the_plain_torch_lay
     fused = LLM("tiny")
     ids = fused.tokenizer.encode(prompts[0])
     tokens, logits = [o.token_ids for o in fused.generate(prompts, params, use_tqdm=False)], fused.logits(ids)
-    monkeypatch.setattr(fused_cpu, "applies", lambda x: False)
+    monkeypatch.setattr(cpu_ops, "applies", lambda x: False)
     plain = LLM("tiny")
     assert [o.token_ids for o in plain.generate(prompts, params, use_tqdm=False)] == tokens
     torch.testing.assert_close(plain.logits(ids), logits, rtol=1e-4, atol=1e-4)
