@@ -8,6 +8,8 @@ import torch
 
 from minillm.config import Components, EngineConfig
 from minillm.distributed.driver import TensorParallelDriver
+from minillm.layers.linear import streamed
+from minillm.models.huge_pages import to_huge_pages
 from minillm.models.loader import load_model
 from minillm.quant import QuantizedLinear, QuantOps, quantize_model
 from minillm.quant.awq import apply_awq, calibration_rows
@@ -21,6 +23,8 @@ def setup_model(config: EngineConfig, model_dir: Path, model: torch.nn.Module | 
     shared = model is not None
     model = model if shared else load_model(model_dir, config.torch_dtype, config.torch_device)
     model = quantized(model, config, shared, model_dir)
+    if config.quantization is not None and config.torch_device.type == "cpu" and streamed(model):
+        to_huge_pages(model)  # the quantized codes are new tensors: in huge pages too, as the loader's were
     if config.tensor_parallel_size > 1:  # the workers run the other shards
         model = TensorParallelDriver(model, model_dir, config)
     return model

@@ -108,8 +108,10 @@ def packed_wins_at_one_row() -> bool:
 
 
 def streamed(model: nn.Module) -> bool:
-    """Whether the model's weights are too big for the CPU's caches (PACKED_MIN_MODEL_BYTES or more)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters()) >= PACKED_MIN_MODEL_BYTES
+    """Whether the model's weights are too big for the CPU's caches (PACKED_MIN_MODEL_BYTES or more; a quantized
+    model's codes are buffers)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors) >= PACKED_MIN_MODEL_BYTES
 
 
 def cpu_paths(model: nn.Module) -> bool:

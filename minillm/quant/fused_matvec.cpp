@@ -109,7 +109,7 @@ template <int R> void int4_dot(const float* xe, const float* xo, int64_t ldx, co
 // Calls body(row, m0, rows) for every weight row and every block of at most X_ROWS rows of x.
 template <typename Body> void for_each_block(int64_t n, int64_t m_rows, int nthreads, Body body) {
     const int64_t tasks = (n + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int64_t t = 0; t < tasks; ++t) {
         const int64_t end = (t + 1) * ROWS_PER_TASK < n ? (t + 1) * ROWS_PER_TASK : n;
         for (int64_t row = t * ROWS_PER_TASK; row < end; ++row)
