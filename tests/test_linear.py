@@ -92,12 +92,12 @@ def test_the_loader_packs_only_models_that_stream_from_memory():
     from minillm import LLM
     assert not any(m.packed for m in LLM("tiny").model.modules() if isinstance(m, Linear))  # 23 MB: in the caches
     big = torch.nn.Sequential(Linear(4096, 8192, bias=False))  # 128 MiB
-    assert linear.cpu_paths(big) is big[0].matvec is (cpu_ops.library() is not None)
-    assert big[0].packed and big[0].packed_one_row == (not big[0].matvec and linear.packed_wins_at_one_row())
+    assert linear.cpu_paths(big) is big[0].few_rows is (cpu_ops.library() is not None)
+    assert big[0].packed and big[0].packed_one_row == (not big[0].few_rows and linear.packed_wins_at_one_row())
 
 
 @pytest.mark.parametrize("wins", [True, False])
-def test_without_matvec_one_row_is_packed_only_where_it_was_measured_faster(monkeypatch, wins):
+def test_without_the_cpp_product_one_row_is_packed_only_where_it_was_measured_faster(monkeypatch, wins):
     monkeypatch.setattr(linear, "packed_wins_at_one_row", lambda: wins)
     monkeypatch.setattr(cpu_ops, "library", lambda: None)  # no compiler
     big, small = torch.nn.Sequential(Linear(4096, 8192, bias=False)), torch.nn.Sequential(Linear(64, 64))
@@ -106,35 +106,44 @@ def test_without_matvec_one_row_is_packed_only_where_it_was_measured_faster(monk
     assert big[0].packed_one_row is wins and not small[0].packed_one_row  # small: in the caches, never packed
 
 
-needs_matvec = pytest.mark.skipif(cpu_ops.library() is None, reason="no C++ compiler: one row takes F.linear")
+needs_cpp = pytest.mark.skipif(cpu_ops.library() is None, reason="no C++ compiler: the plain paths run")
 
 
-@needs_matvec
+@needs_cpp
 @torch.inference_mode()
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize("shape,bias", [((576, 960), False), ((37, 51), True), ((1536, 576), True), ((5, 3), False)])
-def test_one_row_takes_the_matvec_and_equals_f_linear(shape, bias, monkeypatch):
+def test_one_to_four_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bias, monkeypatch):
     m = layer(*shape, bias)
-    m.matvec = True
+    m.few_rows = True
     calls = []
-    monkeypatch.setattr(cpu_ops, "matvec", lambda *a, real=cpu_ops.matvec: calls.append(1) or real(*a))
-    x = torch.randn(1, shape[0], generator=torch.Generator().manual_seed(2)) * 3
-    torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-3)  # sums of 1536: ~100
-    assert calls == [1]
-    m.weight.data = m.weight.data.t().contiguous().t()  # column by column: the matvec does not read that
-    torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-3)  # sums of 1536: ~100
+    monkeypatch.setattr(cpu_ops, "linear", lambda *a, real=cpu_ops.linear: calls.append(1) or real(*a))
+    x = torch.randn(rows, shape[0], generator=torch.Generator().manual_seed(rows)) * 3
+    expected = F.linear(x, m.weight, m.bias)
+    torch.testing.assert_close(m(x), expected, rtol=1e-5, atol=1e-3)  # sums of up to 1536 terms of ~3: ~100
+    assert calls == [1] and m._packed is None
+    m.weight.data = m.weight.data.t().contiguous().t()  # column by column: the C++ product does not read that
+    torch.testing.assert_close(m(x), expected, rtol=1e-5, atol=1e-3)
     assert calls == [1]
 
 
-@needs_matvec
+@needs_cpp
 @torch.inference_mode()
-def test_matvec_refuses_a_weight_it_cannot_read():
+def test_five_rows_and_more_leave_the_cpp_product():
+    m = layer(48, 40, bias=True)
+    m.few_rows = True
+    for rows in (5, 9):
+        x = torch.randn(rows, 48)
+        torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-4, atol=1e-4)
+    assert m._packed is not None or not linear.onednn_available()
+
+
+@needs_cpp
+@torch.inference_mode()
+def test_the_cpp_product_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match=r"got x \(1, 4\), weight \(3, 4\) torch.float32 \(not contiguous\)"):
-        cpu_ops.matvec(torch.randn(1, 4), torch.randn(4, 3).t(), None)
-    with pytest.raises(ValueError, match=r"got x \(2, 4\)"):
-        cpu_ops.matvec(torch.randn(2, 4), torch.randn(3, 4), None)
-
-
-def test_the_one_row_measurement_is_made_once_and_says_yes_or_no():
-    first = linear.packed_wins_at_one_row()
-    assert isinstance(first, bool) and linear.packed_wins_at_one_row() is first
-    assert linear.packed_wins_at_one_row.cache_info().hits >= 1
+        cpu_ops.linear(torch.randn(1, 4), torch.randn(4, 3).t(), None)
+    with pytest.raises(ValueError, match=r"x \[m <= 4, k\].*got x \(5, 4\)"):
+        cpu_ops.linear(torch.randn(5, 4), torch.randn(3, 4), None)
+    with pytest.raises(ValueError, match=r"got x \(1, 5\), weight \(3, 4\)"):
+        cpu_ops.linear(torch.randn(1, 5), torch.randn(3, 4), None)

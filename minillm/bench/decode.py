@@ -60,7 +60,7 @@ def bare_loop(model: torch.nn.Module, new: int) -> float:
               for layer in model.model.layers]
     cfg = model.config
     width, inter = cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size
-    head = model.lm_head  # the engine's own module: the product the engine runs (the C++ matvec on a CPU)
+    head = model.lm_head  # the engine's own module: the product the engine runs (the C++ few-row product on a CPU)
     x = torch.zeros(1, cfg.hidden_size, dtype=head.weight.dtype, device=head.weight.device)
 
     def token(x):

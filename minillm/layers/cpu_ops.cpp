@@ -1,13 +1,14 @@
-// A decoder layer's operators in C++ for the CPU, in float32: the matrix-vector product of single-stream decode,
+// A decoder layer's operators in C++ for the CPU, in float32: the product of a few rows by a weight (single-stream
+// decode, speculative verification),
 // and the small operators between the matrix products, fused: the residual add with the RMSNorm after it, rotary
 // embeddings in place, SwiGLU's SiLU-and-multiply. Built by minillm/cpp (g++ -O3 -march=native -fopenmp) and
 // called through ctypes from cpu_ops.py; linear.py, rmsnorm.py, rotary.py and mlp.py keep the plain-PyTorch
 // formulas, which are their reference in the tests.
 //
-// Why: a decode step at batch 1 streams every weight from memory once. The matrix-vector product reads each
-// weight row once, sixteen floats at a time in four independent sums, which keeps the memory system busy (with the
-// weights in huge pages, models/huge_pages.py, it streamed SmolLM2's 540 MB at 32 GB/s on one core of the 2-core
-// AMD EPYC, against 17-20 for torch's F.linear). And between two weight streams the cache holds none of the code
+// Why: a decode step at batch 1 streams every weight from memory once. The product reads each weight row once,
+// sixteen floats at a time in four independent sums, which keeps the memory system busy (with the weights in huge
+// pages, models/huge_pages.py, it streamed SmolLM2's 540 MB at 32 GB/s on one core of the 2-core AMD EPYC, against
+// 17-20 for torch's F.linear; a pass at 2 and 4 rows took 25.9 and 30.9 ms against oneDNN's packed 49.4 and 34.1). And between two weight streams the cache holds none of the code
 // or data of the operators in between: PyTorch's rms_norm is about ten operator calls, rotary four,
 // SiLU-and-multiply three, each paying Python, the dispatcher and cold caches; here each is one call that reads its
 // rows once. Rows are shared out among the OpenMP threads torch runs on when there are many.
@@ -79,28 +80,70 @@ inline float silu(float x) { return x >= 0.0f ? x / (1.0f + std::exp(-x)) : x * 
 
 inline int threads_for(int64_t elements, int nthreads) { return elements >= PARALLEL_ELEMENTS ? nthreads : 1; }
 
+// a . b over k floats: four sums of sixteen lanes, so that four multiply-adds are in flight at once
+inline float dot(const float* a, const float* b, int64_t k) {
+    f16 s0 = {}, s1 = {}, s2 = {}, s3 = {};
+    int64_t j = 0;
+    for (; j + 64 <= k; j += 64) {
+        s0 += load16(a + j) * load16(b + j);
+        s1 += load16(a + j + 16) * load16(b + j + 16);
+        s2 += load16(a + j + 32) * load16(b + j + 32);
+        s3 += load16(a + j + 48) * load16(b + j + 48);
+    }
+    for (; j + 16 <= k; j += 16) s0 += load16(a + j) * load16(b + j);
+    float s = sum16((s0 + s1) + (s2 + s3));
+    for (; j < k; ++j) s += a[j] * b[j];
+    return s;
+}
+
+// y[i * ldy] = x[i] . w for the R rows of x (ldx apart): each chunk of w loaded once for all of them
+template <int R> inline void dots(const float* x, int64_t ldx, const float* w, int64_t k, float* y, int64_t ldy) {
+    f16 acc[R][2] = {};
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {
+        const f16 w0 = load16(w + j), w1 = load16(w + j + 16);
+        for (int i = 0; i < R; ++i) {
+            acc[i][0] += w0 * load16(x + i * ldx + j);
+            acc[i][1] += w1 * load16(x + i * ldx + j + 16);
+        }
+    }
+    for (int i = 0; i < R; ++i) {
+        float s = sum16(acc[i][0] + acc[i][1]);
+        for (int64_t t = j; t < k; ++t) s += w[t] * x[i * ldx + t];
+        y[i * ldy] = s;
+    }
+}
+
+// linear_f32 for R rows of x: every row of w once, multiplied with all R rows of x
+template <int R>
+void linear_rows(const float* x, const float* w, const float* bias, float* y, int64_t n, int64_t k, int nthreads) {
+#pragma omp parallel for num_threads(threads_for(n * k, nthreads)) schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+        const float* row = w + r * k;
+        if (R == 1)
+            y[r] = dot(row, x, k);  // the weight first: its loads are the explicit ones (25% faster here than x first)
+        else
+            dots<R>(x, k, row, k, y + r, n);
+        if (bias)
+            for (int i = 0; i < R; ++i) y[i * n + r] += bias[r];
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
-// y = w x + bias: x [k], w [n, k] contiguous (nn.Linear's weight, row by row), bias [n] or null, y [n]. Each
-// weight row's dot product with x in four sums of sixteen lanes; the rows are shared out among the threads.
-void matvec_f32(const float* x, const float* w, const float* bias, float* y, int64_t n, int64_t k, int nthreads) {
-#pragma omp parallel for num_threads(threads_for(n * k, nthreads)) schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-        const float* row = w + r * k;
-        f16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-        int64_t j = 0;
-        for (; j + 64 <= k; j += 64) {
-            a0 += load16(row + j) * load16(x + j);
-            a1 += load16(row + j + 16) * load16(x + j + 16);
-            a2 += load16(row + j + 32) * load16(x + j + 32);
-            a3 += load16(row + j + 48) * load16(x + j + 48);
-        }
-        for (; j + 16 <= k; j += 16) a0 += load16(row + j) * load16(x + j);
-        float s = sum16((a0 + a1) + (a2 + a3));
-        for (; j < k; ++j) s += row[j] * x[j];
-        y[r] = bias ? s + bias[r] : s;
+// y = x w^T + bias for a few rows of x (single-stream decode: one; speculative verification: k + 1): x [m, k]
+// contiguous, w [n, k] contiguous (nn.Linear's weight, row by row), bias [n] or null, y [m, n]. Each weight row is
+// read from memory once and multiplied with every row of x while it sits in registers and the L1 cache; the rows of
+// w are shared out among the threads. Up to 4 rows (cpu_ops.py MAX_ROWS): beyond, oneDNN's packed product is faster.
+void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
+                int nthreads) {
+    switch (m) {  // the row count chosen outside the loop over w: each case compiles to a loop of its own
+        case 1: return linear_rows<1>(x, w, bias, y, n, k, nthreads);
+        case 2: return linear_rows<2>(x, w, bias, y, n, k, nthreads);
+        case 3: return linear_rows<3>(x, w, bias, y, n, k, nthreads);
+        default: return linear_rows<4>(x, w, bias, y, n, k, nthreads);
     }
 }
 

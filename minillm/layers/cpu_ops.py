@@ -1,14 +1,14 @@
-"""A decoder layer's operators in C++ for the CPU (cpu_ops.cpp): the matrix-vector product of single-stream
-decode, and the small operators between the matrix products, fused: the residual add with the RMSNorm after it,
-rotary embeddings in place, SwiGLU's SiLU-and-multiply.
+"""A decoder layer's operators in C++ for the CPU (cpu_ops.cpp): the product of a few rows by a weight
+(single-stream decode, speculative verification), and the small operators between the matrix products, fused:
+the residual add with the RMSNorm after it, rotary embeddings in place, SwiGLU's SiLU-and-multiply.
 
-A decode step at batch 1 streams every weight from memory. The matrix-vector product streams it faster than torch's
-F.linear does (models/huge_pages.py has the figures), and between two of a step's weight streams the caches hold
-none of the code or data of the operators in between: each of their ~20 calls a layer pays Python, the dispatcher
-and cold caches. On SmolLM2-135M (2-core AMD EPYC, one thread, paired steps) the fused three took a decode step
-from 83% of the bare loop of its matrix products to 88%. They run where `applies` says: on a CPU, in float32,
-without autograd and outside torch.compile (which fuses them itself), where the library builds. Everywhere else,
-and as the reference in the tests, the layers' plain-PyTorch formulas run.
+A decode step at batch 1 streams every weight from memory. The few-row product streams it faster than torch's
+F.linear does (linear.py and models/huge_pages.py have the figures), and between two of a step's weight streams
+the caches hold none of the code or data of the operators in between: each of their ~20 calls a layer pays
+Python, the dispatcher and cold caches. On SmolLM2-135M (2-core AMD EPYC, one thread, paired steps) the fused
+three took a decode step from 83% of the bare loop of its matrix products to 88%. They run where `applies` says:
+on a CPU, in float32, without autograd and outside torch.compile (which fuses them itself), where the library
+builds. Everywhere else, and as the reference in the tests, the layers' plain-PyTorch formulas run.
 """
 import ctypes
 import functools
@@ -19,13 +19,14 @@ import torch
 from minillm import cpp
 
 SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+MAX_ROWS = 4  # rows of x `linear` takes: from 5, oneDNN's packed product was faster (cpu_ops.cpp)
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
     ptr, i64, f32, n = cpp.PTR, cpp.I64, cpp.F32, cpp.INT
     return cpp.load(SOURCE, "the layers' fused CPU operators (the layers run their PyTorch formulas instead)",
-                    {"matvec_f32": [ptr, ptr, ptr, ptr, i64, i64, n],
+                    {"linear_f32": [ptr, ptr, ptr, ptr, i64, i64, i64, n],
                      "rms_norm_f32": [ptr, i64, ptr, ptr, i64, i64, f32, n],
                      "add_rms_norm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, f32, n],
                      "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, n],
@@ -38,15 +39,18 @@ def applies(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and library() is not None)
 
 
-def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x: [1, k] (contiguous); weight: [n, k] float32, contiguous; bias: [n] or None -> x @ weight.T + bias, [1, n]."""
-    n, k = weight.shape
-    if x.shape != (1, k) or not (x.is_contiguous() and weight.is_contiguous()) or weight.dtype != torch.float32:
-        raise ValueError(f"matvec: x [1, k] and a contiguous float32 weight [n, k]; got x {tuple(x.shape)}, weight "
-                         f"{tuple(weight.shape)} {weight.dtype}{'' if weight.is_contiguous() else ' (not contiguous)'}")
-    y = torch.empty(1, n)
-    library().matvec_f32(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), n, k,
-                         torch.get_num_threads())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x: [m, k] contiguous, 1 <= m <= MAX_ROWS; weight: [n, k] float32, contiguous; bias: [n] or None
+    -> x @ weight.T + bias, [m, n]."""
+    (m, k), n = x.shape, weight.shape[0]
+    if not (1 <= m <= MAX_ROWS and weight.shape[1] == k and x.is_contiguous() and weight.is_contiguous()
+            and weight.dtype == torch.float32):
+        raise ValueError(f"linear: x [m <= {MAX_ROWS}, k] and a contiguous float32 weight [n, k]; got x "
+                         f"{tuple(x.shape)}, weight {tuple(weight.shape)} {weight.dtype}"
+                         f"{'' if weight.is_contiguous() else ' (not contiguous)'}")
+    y = torch.empty(m, n)
+    library().linear_f32(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), m, n,
+                         k, torch.get_num_threads())
     return y
 
 

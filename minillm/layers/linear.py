@@ -1,4 +1,4 @@
-"""The model's linear layers: nn.Linear, with a faster CPU path for products of a few rows.
+"""The model's linear layers: nn.Linear, with faster CPU paths for products of a few rows.
 
 A decode step of B sequences multiplies a [B, in] activation by every weight matrix. On a CPU, a
 general matrix product (sgemm) repacks the weight into cache-sized panels on every call; with one
@@ -7,27 +7,26 @@ many times over. With 2 to a few dozen rows it is neither: the repacking streams
 second time, and a step of 8 sequences took more than twice as long as one of a single sequence,
 although it reads the same weights.
 
-So, on a CPU in float32, products of 2 to MAX_PACKED_ROWS rows (batched decode, speculative
-verification of a few draft tokens, short prefills) use a copy of the weight that oneDNN has packed
-once into its own blocked layout (what torch.compile's CPU backend does for frozen weights), and
-never repack it. Anything with gradients (training) or under torch.compile keeps the plain weight.
+So, on a CPU in float32, without gradients and outside torch.compile:
+* 1 to 4 rows (single-stream decode, speculative verification of up to 3 draft tokens) take a C++ product
+  (layers/cpu_ops.py) that reads each weight row once, where the compiler builds it (`few_rows`, the loader
+  decides). With SmolLM2-135M's weights in huge pages (models/huge_pages.py), one core of the 2-core AMD EPYC,
+  ms a pass over every matrix: 20.9, 25.9 and 30.9 at 1, 2 and 4 rows against 45.5, 49.4 and 34.1 for the packed
+  copy below, and 26.5 for F.linear at one row (31.6 without huge pages).
+* 2 to MAX_PACKED_ROWS rows (batched decode, longer verification, short prefills) use a copy of the weight that
+  oneDNN has packed once into its own blocked layout (what torch.compile's CPU backend does for frozen weights),
+  and never repack it: at 5 rows the two are level, from 8 the packed copy wins (44.8 against 59.3 ms).
+  Measured on the project's 2-core Intel Xeon against F.linear: at 4 rows 56 -> 37, at 8 rows 75 -> 45, at 16
+  rows 90 -> 58; from 64 rows on the two are level. The packed copy is made on the first call that needs it and
+  made again if the weight changes; it costs as much memory again as the weight.
+* Where the C++ product does not build, one row takes F.linear on weights the loader stores column by column
+  (models/loader.py), or the packed copy where it measured faster once a process (packed_wins_at_one_row: on
+  the AMD EPYC by 1.41x, on the Intel Xeon not).
 
-One row (single-stream decode) depends on the CPU. The loader stores the plain weight column by column
-(models/loader.py), and on the Intel Xeon below that matrix-vector product beat the packed copy; on a
-2-core AMD EPYC the packed copy won by 1.41x over SmolLM2's matrices (20.6 against 28.9 ms a pass, one
-thread). So the loader measures it once a process (packed_wins_at_one_row) and lets one row take the
-packed copy where it wins. The packed copy is made on the first call that
-needs it and made again if the weight changes; a model that only ever decodes one sequence never
-holds it. It costs as much memory again as the weight.
-
-Measured on this project's 2-core Intel Xeon, one thread, SmolLM2-135M's matrices (540 MB in all),
-milliseconds per pass over every matrix: at 4 rows 56 -> 37, at 8 rows 75 -> 45, at 16 rows 90 -> 58;
-at 1 row the plain weight wins (31 against 45); from 64 rows on the two are level.
-The results equal F.linear's within float32 rounding (a different summation order).
-
-It pays only where the weights stream from memory. A model whose weights sit in the CPU's caches, like the
-bundled tiny (23 MB), repacks them cheaply, and there the packed path was slower (a step of 4 sequences
-2.9 -> 3.7 ms); so the loader turns it on (`packed = True`) only for models of PACKED_MIN_MODEL_BYTES or more.
+The results equal F.linear's within float32 rounding (a different summation order). The packed copy pays only
+where the weights stream from memory: a model whose weights sit in the CPU's caches, like the bundled tiny
+(23 MB), repacks them cheaply, and there it was slower (a step of 4 sequences 2.9 -> 3.7 ms); so the loader
+turns it on (`packed = True`) only for models of PACKED_MIN_MODEL_BYTES or more.
 """
 import functools
 import time
@@ -47,17 +46,18 @@ def onednn_available() -> bool:
 
 
 class Linear(nn.Linear):
-    matvec = False  # whether one row takes the C++ matrix-vector product (the loader decides: cpu_paths)
+    few_rows = False  # whether 1-4 rows take the C++ product, cpu_ops.linear (the loader decides: cpu_paths)
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
-    packed_one_row = False  # whether one row may too (where there is no matvec and the packed copy measured faster)
+    packed_one_row = False  # whether one row may too (without few_rows, where the packed copy measured faster)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in_features] (or [..., in_features]) -> [rows, out_features]"""
-        if self.matvec and x.dim() == 2 and x.shape[0] == 1 and cpu_ops.applies(x):
+        if (self.few_rows and x.dim() == 2 and 1 <= x.shape[0] <= cpu_ops.MAX_ROWS and x.is_contiguous()
+                and cpu_ops.applies(x)):
             weight = self.weight
             if weight.dtype == torch.float32 and weight.is_contiguous():
-                return cpu_ops.matvec(x, weight, self.bias)
+                return cpu_ops.linear(x, weight, self.bias)
         fewest = 1 if self.packed_one_row else 2
         if self.packed and x.dim() == 2 and fewest <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
@@ -115,14 +115,14 @@ def streamed(model: nn.Module) -> bool:
 
 
 def cpu_paths(model: nn.Module) -> bool:
-    """The loader's choices for a CPU model's Linears (see the top of this file): one row through the C++
-    matrix-vector product where the library builds, 2-48 rows through the packed copy where the model streams from
-    memory, and one row through the packed copy too where there is no matvec and this CPU runs it faster.
-    -> whether one row takes the matvec, which wants each weight stored row by row (else the loader stores them
-    column by column, for F.linear)."""
-    big, matvec = streamed(model), cpu_ops.library() is not None
-    one_row = big and not matvec and packed_wins_at_one_row()
+    """The loader's choices for a CPU model's Linears (see the top of this file): 1-4 rows through the C++ product
+    where the library builds, 2-48 rows through the packed copy where the model streams from memory, and one row
+    through the packed copy too where there is no C++ product and this CPU runs it faster.
+    -> whether the C++ product is on, which reads each weight stored row by row (else the loader stores them column
+    by column, for F.linear)."""
+    big, few_rows = streamed(model), cpu_ops.library() is not None
+    one_row = big and not few_rows and packed_wins_at_one_row()
     for module in model.modules():
         if isinstance(module, Linear):
-            module.matvec, module.packed, module.packed_one_row = matvec, big, one_row
-    return matvec
+            module.few_rows, module.packed, module.packed_one_row = few_rows, big, one_row
+    return few_rows

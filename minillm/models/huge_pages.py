@@ -4,7 +4,7 @@ Decode streams every weight from memory once a token. Memory is mapped page by p
 recent translations from virtual to physical addresses in a small cache, the TLB. With the usual 4 KiB pages,
 streaming SmolLM2-135M's 540 MB of float32 weights crosses 132,000 pages a token, and nearly every one costs a walk
 of the page tables; with 2 MiB pages, 258. Measured over SmolLM2's matrices on one core of the 2-core AMD EPYC, ms
-for a pass over all of them at one row: torch's F.linear 31.6 -> 26.5, the C++ matrix-vector product of
+for a pass over all of them at one row: torch's F.linear 31.6 -> 26.5, the C++ few-row product of
 layers/cpu_ops.py 24.9 -> 16.8 (32 GB/s). (llama.cpp gets the same from its file mapping, which Linux backs
 with huge pages where it can.)
 

@@ -40,7 +40,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
     else:
         load_weights(model, checkpoint_files(model_dir), cfg)
     if torch.device(device).type == "cpu":
-        if not cpu_paths(model):  # no C++ matvec: F.linear at one row, faster on column-major weights
+        if not cpu_paths(model):  # no C++ product: F.linear at one row, faster on column-major weights
             column_major(model)
         if streamed(model):
             to_huge_pages(model)  # decode streams every weight a token: 2 MiB pages, not 4 KiB (huge_pages.py)
