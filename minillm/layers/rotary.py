@@ -47,7 +47,11 @@ class RotaryEmbedding(nn.Module):
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype):
         # Every layer shares this module and receives the same positions tensor in a forward, so
         # the lookup is done once per forward, not once per layer (holding the tensor keeps its
-        # identity from being reused by another).
+        # identity from being reused by another). A compiled step looks the tables up in its graph:
+        # a cache kept on the module would make torch.compile guard on it and recompile every step.
+        if torch.compiler.is_compiling():
+            return (self.cos.index_select(0, positions).to(dtype),
+                    self.sin_signed.index_select(0, positions).to(dtype))
         last = self._last
         if last is None or last[0] is not positions or last[1] != dtype:
             cos = self.cos.index_select(0, positions).to(dtype)  # index_select: a fraction of [] indexing's cost
