@@ -1,7 +1,7 @@
 // Paged decode attention for the CPU: one query token per sequence, over its context where it lies in
 // the paged pool (no gather, no padding to the batch's longest context). The CPU twin of the Triton
 // kernel in paged_decode.py, with its interface; its plain-PyTorch reference is paged_decode_spec there.
-// Built by minillm/kernels/cpp.py (g++ -O3 -march=native -fopenmp) and called through ctypes from
+// Built by minillm/cpp (g++ -O3 -march=native -fopenmp) and called through ctypes from
 // paged_decode_cpu.py.
 //
 // For sequence b and kv head h, the `group` query heads that share h are served together, so each key
@@ -24,11 +24,11 @@
 #include <cstring>
 #include <vector>
 
-#include "vec8.h"  // minillm/cpp: f8, load8, store8, sum8, exp8
+#include "vec.h"  // minillm/cpp: f8, load8, store8, sum8, exp8
 
 namespace {
 
-using namespace vec8;
+using namespace vec;
 
 // a . b over d floats: two vector accumulators (two independent chains of multiply-adds), then the rest.
 inline float dot(const float* a, const float* b, int64_t d) {

@@ -19,11 +19,12 @@ SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
+def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     ptr, i64 = cpp.PTR, cpp.I64
     decode = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr] + [i64] * 5 + [cpp.F32, cpp.INT]
     return cpp.load(SOURCE, "the CPU paged decode attention kernel (decode rows gather their blocks instead)",
-                    {"paged_decode_f32": decode, "paged_store_decode_f32": [ptr, i64, ptr, i64, ptr, i64] + decode})
+                    {"paged_decode_f32": decode, "paged_store_decode_f32": [ptr, i64, ptr, i64, ptr, i64] + decode},
+                    flags)
 
 
 def available() -> bool:

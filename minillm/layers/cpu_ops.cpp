@@ -16,28 +16,13 @@
 #include <cstdint>
 #include <cstring>
 
-#include "vec8.h"  // minillm/cpp: f8, i8, load8, store8, sum8, exp8
+#include "vec.h"  // minillm/cpp: f8, f16, i8, load8, load16, store8, sum8, sum16, exp8
 
 namespace {
 
-using namespace vec8;
+using namespace vec;
 
 constexpr int64_t PARALLEL_ELEMENTS = 1 << 16;  // below this many floats, one thread: waking the others costs more
-
-// Sixteen floats as one value (one AVX-512 register, two AVX ones): the matrix-vector product's unit.
-typedef float f16 __attribute__((vector_size(64)));
-
-inline f16 load16(const float* p) {
-    f16 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-
-inline float sum16(f16 v) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; ++i) s += v[i];
-    return s;
-}
 
 // y = h / sqrt(mean(h^2) + eps) * w over one row of n floats
 void norm_row(const float* h, const float* w, float* y, int64_t n, float eps) {

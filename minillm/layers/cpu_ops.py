@@ -23,14 +23,14 @@ MAX_ROWS = 4  # rows of x `linear` takes: from 5, oneDNN's packed product was fa
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
+def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     ptr, i64, f32, n = cpp.PTR, cpp.I64, cpp.F32, cpp.INT
     return cpp.load(SOURCE, "the layers' fused CPU operators (the layers run their PyTorch formulas instead)",
                     {"linear_f32": [ptr, ptr, ptr, ptr, i64, i64, i64, n],
                      "rms_norm_f32": [ptr, i64, ptr, ptr, i64, i64, f32, n],
                      "add_rms_norm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, f32, n],
                      "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, n],
-                     "silu_mul_f32": [ptr, i64, ptr, i64, i64, n]})
+                     "silu_mul_f32": [ptr, i64, ptr, i64, i64, n]}, flags)
 
 
 def applies(x: torch.Tensor) -> bool:

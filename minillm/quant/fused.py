@@ -26,13 +26,13 @@ MAX_ROWS = 16  # rows of x up to which the fused kernels beat dequantize-then-ma
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
+def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled kernels (minillm/cpp builds them on first use); None where there is no compiler or the
     build fails."""
     int4 = [cpp.PTR] * 6 + [cpp.I64] * 4 + [cpp.INT]
     return cpp.load(SOURCE, "the fused int8/int4 CPU kernels (quantized layers use the reference: dequantize, then "
                             "matmul)", {"int8_linear": [cpp.PTR] * 5 + [cpp.I64] * 3 + [cpp.INT],
-                                        "int4_linear_u8zero": int4, "int4_linear_f32zero": int4})
+                                        "int4_linear_u8zero": int4, "int4_linear_f32zero": int4}, flags)
 
 
 def available() -> bool:
