@@ -26,14 +26,27 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}")
-        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [positions, d/2]
+        self.theta, self.half = theta, head_dim // 2
         # Tables are buffers (not parameters) so .to(device) moves them; never saved in checkpoints.
-        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
-        self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], dim=-1), persistent=False)
-        self.register_buffer("sin_signed", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
-        self.half = head_dim // 2
+        for name, table in zip(("cos", "sin", "sin_signed"), self._tables_for(max_positions)):
+            self.register_buffer(name, table, persistent=False)
         self._last: tuple | None = None  # (positions, dtype, cos, sin) of the latest call
+
+    def _tables_for(self, positions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin and sin with its first half negated: [positions, d] each, float32."""
+        d = 2 * self.half
+        inv_freq = self.theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)  # [positions, d/2]
+        cos, sin = angles.cos(), angles.sin()
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+    @torch.no_grad()
+    def reset_tables(self) -> None:
+        """Compute the tables again, in place (the loader builds the model on the meta device, where they hold
+        nothing, then gives them memory)."""
+        for table, values in zip((self.cos, self.sin, self.sin_signed), self._tables_for(self.cos.shape[0])):
+            table.copy_(values)
+        self._last = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions: [num_tokens]; x: [num_tokens, heads, d] (query and key heads alike) -> rotated x.

@@ -11,6 +11,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from minillm.layers.linear import cpu_paths, streamed
+from minillm.layers.rotary import RotaryEmbedding
 from minillm.models.config import ModelConfig
 from minillm.models.huge_pages import to_huge_pages
 from minillm.models.registry import MODEL_CLASSES
@@ -32,8 +33,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
         raise FileNotFoundError(f"{model_dir} has no config.json: not a Hugging Face model directory")
     cfg = ModelConfig.from_file(cfg_path)
     quantized = quant_config_of(json.loads(cfg_path.read_text()))
-    with torch.device(device):
-        model = MODEL_CLASSES[cfg.architecture](cfg)
+    model = build_empty(cfg, device)
     model.to(dtype)
     if quantized is not None:  # a checkpoint minillm quantized and saved (minillm/quant/checkpoint.py)
         load_quantized(model, quantized, model_dir)
@@ -45,6 +45,21 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
         if streamed(model):
             to_huge_pages(model)  # decode streams every weight a token: 2 MiB pages, not 4 KiB (huge_pages.py)
     return model.eval()
+
+
+def build_empty(cfg: ModelConfig, device: torch.device) -> torch.nn.Module:
+    """The model of cfg on device, its weights uninitialized: built on the meta device, so that no layer draws
+    the random initial weights the checkpoint replaces next (on SmolLM2, 0.9 s of a 1.9 s load), then given
+    memory. The loaders fill every parameter or refuse the checkpoint; the rotary tables are computed again."""
+    with torch.device("meta"):
+        model = MODEL_CLASSES[cfg.architecture](cfg)
+    model.to_empty(device=device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.reset_tables()
+    return model
 
 
 def column_major(model: torch.nn.Module) -> None:
