@@ -953,9 +953,11 @@ if real_installed:
 
 # %% [markdown]
 # Each scheme reads fewer bytes a token, and here that is time: on the course's 2-core AMD EPYC (one thread),
-# int8 ran 2.3x float32's tokens/s, int8 with the head 2.9x and int4 with the head 2.1x, where the bytes alone
-# would allow 4x and 6x. The rest of a step did not shrink: the norms, attention and the Python around 121 matrix
-# products, and, for int4, converting codes to floats, which at one row of x is as much arithmetic as the product.
+# int8 ran 1.6-1.7x float32's tokens/s, int8 with the head 2.1-2.2x and int4 with the head 1.8x, where the bytes
+# alone would allow 4x and 6x. The rest of a step did not shrink: the norms, attention and the Python around 121
+# matrix products; and turning each code into its weight is arithmetic the float32 product does not do. At one row
+# of x it costs about as much as the multiply-add itself, so int4's kernel runs out of arithmetic before it runs out
+# of memory bandwidth, and int8's nearly does too.
 #
 # ## How production engines do it
 #
