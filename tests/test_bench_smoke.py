@@ -140,8 +140,14 @@ def test_quant_quick_path_on_a_hf_checkpoint_skips_group_sizes_that_do_not_divid
     # random windows: the held-out corpus in this tokenizer's tokens takes longer than the whole test
     monkeypatch.setattr(quant, "heldout_windows", lambda path, count, tokens: torch.randint(
         1, 300, (count, tokens + 1), generator=torch.Generator().manual_seed(0)))
-    figures = quant.run(quick=True, json_path=str(tmp_path / "quant.json"), model=str(tmp_path / "model"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # as `--threads 2` would: --quick decodes at the run's thread count
+    try:
+        figures = quant.run(quick=True, json_path=str(tmp_path / "quant.json"), model=str(tmp_path / "model"))
+    finally:
+        torch.set_num_threads(before)
     out = capsys.readouterr().out
+    assert list(figures["decode_tokens_per_s"]) == [min(2, os.cpu_count() or 1)]
     assert "int4-g64 skipped: group size 64 does not divide intermediate_size 96" in out
     assert [r["scheme"] for r in figures["schemes"] if not r["scheme"].startswith("llama.cpp")] == [
         "full", "int8", "int4-g32", "int4-g32-minmax", "int8+head", "int4-g32-minmax+head", "int8 reference",

@@ -56,7 +56,7 @@ class Settings:
     seeds: tuple[int, ...]               # random orders of the growing sets
     exhaustive: bool                     # every subset of layers for the first searched scheme
     awq: tuple[tuple[int, str], ...] = ()  # (group size, int4_range) of the AWQ-calibrated int4 rows
-    threads: tuple[int, ...] = (1,)      # torch threads of the decode measurements (those the CPUs have)
+    threads: tuple[int, ...] = (1,)      # torch threads of a full run's decode measurements (those the CPUs have)
     kernel_repeats: int = 3              # sweeps per kernel timing
     kernel_rows: tuple[int, ...] = kernel_choice.ROWS  # rows of x in the kernel timings
     inductor: bool = False               # time torch.compile's dequantize-matvec too (it compiles per shape)
@@ -201,8 +201,10 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     elif big:
         notes.append(f"a big model: {s.windows} windows of {s.window_tokens} tokens, the schemes and kernels only "
                      f"(the sensitivity sections would take hours of model copies)")
-    threads = tuple(t for t in s.threads if t <= (os.cpu_count() or 1))
-    if threads != s.threads:
+    # --quick decodes at the run's thread count (--threads), a full run at each of its own
+    wanted = (torch.get_num_threads(),) if quick else s.threads
+    threads = tuple(t for t in wanted if t <= (os.cpu_count() or 1)) or (os.cpu_count() or 1,)
+    if threads != wanted:
         notes.append(f"decode at {', '.join(map(str, threads))} thread(s) only: this machine has {os.cpu_count()} CPUs")
     windows = heldout_windows(path, s.windows, s.window_tokens)  # [windows, tokens + 1]
     full = batch_one(str(path), s.window_tokens + 1).model
