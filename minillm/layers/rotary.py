@@ -63,11 +63,12 @@ class RotaryEmbedding(nn.Module):
         # identity from being reused by another). A compiled step looks the tables up in its graph:
         # a cache kept on the module would make torch.compile guard on it and recompile every step.
         if torch.compiler.is_compiling():
-            return (self.cos.index_select(0, positions).to(dtype),
-                    self.sin_signed.index_select(0, positions).to(dtype))
+            return self._lookup(positions, dtype)
         last = self._last
         if last is None or last[0] is not positions or last[1] != dtype:
-            cos = self.cos.index_select(0, positions).to(dtype)  # index_select: a fraction of [] indexing's cost
-            sin = self.sin_signed.index_select(0, positions).to(dtype)
-            last = self._last = (positions, dtype, cos, sin)
+            last = self._last = (positions, dtype, *self._lookup(positions, dtype))
         return last[2], last[3]
+
+    def _lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin at positions: [num_tokens, d] each (index_select: a fraction of [] indexing's cost)."""
+        return self.cos.index_select(0, positions).to(dtype), self.sin_signed.index_select(0, positions).to(dtype)
