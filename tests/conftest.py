@@ -15,16 +15,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
-def _holds_the_real_model(module) -> bool:
-    return module.get_closest_marker("real_model") is not None
+def _holds_the_real_model(node) -> bool:
+    return node.get_closest_marker("real_model") is not None
 
 
 def pytest_collection_modifyitems(config, items):
-    """The modules that hold the real model go first, in their usual order (a stable sort: the same order in
-    every xdist worker). `--dist worksteal` hands each worker a contiguous half of the list and steals from
-    the back, so they all land on one worker, one after another, early in the run, while the other worker
-    runs the light tests: two copies of the real model (and their servers) never meet, which kept the
-    suite's peak memory above 8 GB."""
+    """The tests that hold the real model (the modules marked `real_model`, and the lab notebooks that measure on
+    it, marked one by one) go first, in their usual order (a stable sort: the same order in every xdist worker).
+    `--dist worksteal` hands each worker a contiguous half of the list and steals from the back, so they all land
+    on one worker, one after another, early in the run, while the other worker runs the light tests: two copies of
+    the real model (and their servers) never meet, which kept the suite's peak memory above 8 GB, and none waits
+    for the lock below while the other worker holds it."""
     items.sort(key=lambda item: not _holds_the_real_model(item))
 
 

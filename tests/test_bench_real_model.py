@@ -1,7 +1,12 @@
 """Every benchmark that runs a model, on the real one (SmolLM2-135M-Instruct): its quick path runs in
 process, on the smaller quick workload a big model gets, and writes figures that are present and sane.
 No timing is asserted beyond "positive"; greedy outputs must be identical where a benchmark checks them.
-Skipped when the model's package is not installed."""
+Skipped when the model's package is not installed.
+
+The spec, quant and cluster benchmarks run here on a workload smaller still (`smaller`): every part of them runs,
+on fewer prompts, tokens and requests. Their quick run on SmolLM2 is what the README records, and took 85-120 s
+each on a 2-core machine, a fifth of the suite's time on one worker; these tests check code paths, not figures."""
+import dataclasses
 import json
 import math
 
@@ -31,6 +36,17 @@ def cache(tmp_path_factory):
         registry.resolve_model_path(NAME)
         yield
     torch.set_num_threads(threads)
+
+
+def smaller(monkeypatch, name: str, **changes) -> None:
+    """The benchmark's --quick workload for a big model (its module's QUICK_BIG...) made smaller for this test:
+    changes name a field of its QUICK_BIG settings, or another module constant in upper case."""
+    module = BENCHMARKS[name].module()
+    for key, value in changes.items():
+        if key.isupper():
+            monkeypatch.setattr(module, key, value)
+        else:
+            monkeypatch.setattr(module, "QUICK_BIG", dataclasses.replace(module.QUICK_BIG, **{key: value}))
 
 
 def quick_run(name: str, tmp_path) -> tuple[dict, dict]:
@@ -77,7 +93,9 @@ def test_chunked_prefill_runs_both_variants_with_identical_outputs(tmp_path):
             "itl_p99_ms"]
 
 
-def test_spec_runs_prompt_lookup_and_the_bundled_speculator_and_says_no_bundled_draft_fits(tmp_path, capsys):
+def test_spec_runs_prompt_lookup_and_the_bundled_speculator_and_says_no_bundled_draft_fits(tmp_path, capsys,
+                                                                                          monkeypatch):
+    smaller(monkeypatch, "spec", prompts=1, new_tokens=12, ks=(4,), batch=2, code_tokens=64)
     figures, _ = quick_run("spec", tmp_path)
     out = capsys.readouterr().out
     assert "draft pico skipped: draft model 'pico' has a vocabulary of" in out
@@ -101,7 +119,8 @@ def test_throughput_policies_agree_on_the_tokens(tmp_path):
     assert 0 < figures["batched_decode_step_ms"]["attention"] < figures["batched_decode_step_ms"]["model"]
 
 
-def test_quant_scores_each_scheme_on_the_real_weights(tmp_path):
+def test_quant_scores_each_scheme_on_the_real_weights(tmp_path, monkeypatch):
+    smaller(monkeypatch, "quant", new_tokens=4, kernel_rows=(1,), kernel_repeats=1)
     figures, _ = quick_run("quant", tmp_path)
     assert [r["scheme"] for r in figures["schemes"] if not r["scheme"].startswith("llama.cpp")] == [
         "full", "int8", "int4-g64", "int4-g64-minmax", "int8+head", "int4-g64-minmax+head", "int8 reference",
@@ -115,10 +134,11 @@ def test_quant_scores_each_scheme_on_the_real_weights(tmp_path):
     assert len(study["layers_alone"]) == 30 and study["sets_measured"] > 30
 
 
-def test_cluster_validates_routes_splits_and_shards_the_real_model(tmp_path):
+def test_cluster_validates_routes_splits_and_shards_the_real_model(tmp_path, monkeypatch):
     """Every part of the cluster benchmark runs on the real model: the simulator against real runs (one
     replica and two in processes), routing on a real fleet, disaggregation, and tensor parallelism at 3 ranks
     (SmolLM2's 9 query and 3 KV heads do not split in 2)."""
+    smaller(monkeypatch, "cluster", QUICK_BIG=4, QUICK_BIG_DECODE=32, QUICK_BIG_ROUTERS=("prefix_aware",))
     figures, _ = quick_run("cluster", tmp_path)
     assert figures["smaller_quick_workload"] and figures["profile"]["source"].startswith(NAME)
     real = [r for r in figures["validation"] if r["real"] != "-"]

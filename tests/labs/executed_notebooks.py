@@ -42,6 +42,10 @@ class ExecutedNotebooks:
                                f"{record['error']}")
         return nb, record["seconds"]
 
+    def executed(self, stem: str) -> bool:
+        """Whether this session has run it already (a test that would run it first may need a lock: the real model)."""
+        return (self.folder / f"{stem}.ipynb").exists()
+
     def path(self, stem: str, timeout: float) -> Path:
         """The executed notebook's file (run now if this session has not run it yet)."""
         self.run(stem, timeout)
