@@ -117,7 +117,7 @@ def test_one_to_four_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, b
     m = layer(*shape, bias)
     m.few_rows = True
     calls = []
-    monkeypatch.setattr(cpu_ops, "linear", lambda *a, real=cpu_ops.linear: calls.append(1) or real(*a))
+    monkeypatch.setattr(cpu_ops, "product", lambda *a, real=cpu_ops.product: calls.append(1) or real(*a))
     x = torch.randn(rows, shape[0], generator=torch.Generator().manual_seed(rows)) * 3
     expected = F.linear(x, m.weight, m.bias)
     torch.testing.assert_close(m(x), expected, rtol=1e-5, atol=1e-3)  # sums of up to 1536 terms of ~3: ~100

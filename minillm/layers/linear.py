@@ -46,18 +46,20 @@ def onednn_available() -> bool:
 
 
 class Linear(nn.Linear):
-    few_rows = False  # whether 1-4 rows take the C++ product, cpu_ops.linear (the loader decides: cpu_paths)
+    few_rows = False  # whether 1-4 rows take the C++ product, cpu_ops.product (the loader decides: cpu_paths)
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
     packed_one_row = False  # whether one row may too (without few_rows, where the packed copy measured faster)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in_features] (or [..., in_features]) -> [rows, out_features]"""
-        if (self.few_rows and x.dim() == 2 and 1 <= x.shape[0] <= cpu_ops.MAX_ROWS and x.is_contiguous()
+        # The parameters from their dict: nn.Module's attribute lookup costs half a microsecond each
+        params = self._parameters
+        if (self.few_rows and x.ndim == 2 and 1 <= x.shape[0] <= cpu_ops.MAX_ROWS and x.is_contiguous()
                 and cpu_ops.applies(x)):
-            weight = self.weight
-            if weight.dtype == torch.float32 and weight.is_contiguous():
-                return cpu_ops.linear(x, weight, self.bias)
+            weight = params["weight"]
+            if weight.dtype == torch.float32 and weight.is_contiguous() and weight.shape[1] == x.shape[1]:
+                return cpu_ops.product(x, weight, params["bias"])  # what cpu_ops.linear checks, checked
         fewest = 1 if self.packed_one_row else 2
         if self.packed and x.dim() == 2 and fewest <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")

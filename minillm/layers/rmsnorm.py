@@ -26,8 +26,8 @@ class RMSNorm(nn.Module):
         norm, done here -> (norm(x + residual), x + residual). The decoder hands each sublayer's output and the
         stream to the next norm this way (vLLM's fused_add_rms_norm), so that on a CPU the add and the norm are
         one pass over the row (cpu_ops.py; there the sum is written into residual's own memory)."""
-        weight = self.weight
-        if x.dim() == 2 and weight.dtype == torch.float32 and cpu_ops.applies(x):
+        weight = self._parameters["weight"]  # not self.weight: nn.Module's attribute lookup costs half a microsecond
+        if x.ndim == 2 and weight.dtype == torch.float32 and cpu_ops.applies(x):
             return cpu_ops.rms_norm(x, weight, self.eps, residual)
         if residual is None:
             return self.normed(x)
