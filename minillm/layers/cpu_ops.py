@@ -43,7 +43,7 @@ def applies(x: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x: [m, k] contiguous, 1 <= m <= MAX_ROWS; weight: [n, k] float32, contiguous; bias: [n] or None
     -> x @ weight.T + bias, [m, n]."""
-    (m, k), n = x.shape, weight.shape[0]
+    m, k = x.shape
     if not (1 <= m <= MAX_ROWS and weight.shape[1] == k and x.is_contiguous() and weight.is_contiguous()
             and weight.dtype == torch.float32):
         raise ValueError(f"linear: x [m <= {MAX_ROWS}, k] and a contiguous float32 weight [n, k]; got x "
