@@ -105,9 +105,11 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
         """positions: [num_tokens]; x: [num_tokens, hidden] -> [num_tokens, hidden]"""
         n, d, h = x.shape[0], self.head_dim, self.num_heads
-        qk, v = self.qkv_proj(x).split(self.qk_v_widths, -1)  # [num_tokens, (heads + kv_heads) * d], [.., kv_heads * d]
+        # split_with_sizes: the op under Tensor.split, without the 2 us of Python in front of it (twice a layer).
+        # qk: [n, (heads + kv_heads) * d], v: [n, kv_heads * d]
+        qk, v = self.qkv_proj(x).split_with_sizes(self.qk_v_widths, -1)
         # Query and key heads are rotated together, as one [num_tokens, heads + kv_heads, d] tensor.
-        q, k = self.rotary(positions, qk.view(n, -1, d)).split(self.qk_heads, 1)  # [n, heads, d], [n, kv_heads, d]
+        q, k = self.rotary(positions, qk.view(n, -1, d)).split_with_sizes(self.qk_heads, 1)  # [n, heads|kv_heads, d]
         v = v.view(n, self.num_kv_heads, d)
         out = causal_attention(q, k, v) if ctx is None else ctx.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(n, h * d))
