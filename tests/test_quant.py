@@ -232,6 +232,33 @@ def test_an_engine_quantizes_a_copy_of_a_shared_model_and_leaves_the_shared_one_
     assert torch.equal(engine.model.compute_logits(engine.model(ids, pos)), own.compute_logits(own(ids, pos)))
 
 
+def test_a_copy_sharing_weights_keeps_them_shared_until_moved_and_never_moves_the_originals(tiny):
+    """What an engine quantizes when its model is shared: the copy's modules are its own, their unchanged weights are
+    the original's (no second 540 MB on SmolLM2), and moving the copy's tensors into huge pages (which reassigns
+    each Parameter's .data) leaves the original's where they were."""
+    from minillm.models.huge_pages import to_huge_pages
+    from minillm.quant.apply import copy_sharing_weights
+    original = tiny.model
+    ids, pos = torch.tensor([5, 99, 1000, 7]), torch.arange(4)
+    before = original.compute_logits(original(ids, pos))
+    pointers = {name: p.data_ptr() for name, p in original.named_parameters()}
+    copied = copy_sharing_weights(original)
+    embed = copied.model.embed_tokens.weight
+    assert embed is not original.model.embed_tokens.weight and embed.data_ptr() == pointers["model.embed_tokens.weight"]
+    assert copied.lm_head.weight is embed  # still tied
+    quantize_model(copied, QuantConfig("int8", layers=(0, 2)))
+    assert isinstance(copied.model.layers[0].mlp.down_proj, QuantizedLinear)
+    assert type(original.model.layers[0].mlp.down_proj) is not QuantizedLinear
+    norm = copied.model.layers[1].input_layernorm.weight
+    assert norm.data_ptr() == pointers["model.layers.1.input_layernorm.weight"]
+    if to_huge_pages(copied):  # where the system gives huge pages: every tensor of the copy moves, none of model's
+        assert embed.data_ptr() != pointers["model.embed_tokens.weight"] and copied.lm_head.weight is embed
+    assert {name: p.data_ptr() for name, p in original.named_parameters()} == pointers
+    assert torch.equal(original.compute_logits(original(ids, pos)), before)
+    own = quantize_model(copy.deepcopy(original), QuantConfig("int8", layers=(0, 2)))
+    assert torch.equal(copied.compute_logits(copied(ids, pos)), own.compute_logits(own(ids, pos)))
+
+
 def test_quantized_engine_gives_the_same_greedy_tokens_batched_and_alone():
     from minillm.sampling import SamplingParams
     llm = LLM("tiny", quantization=QuantConfig("int4", group_size=32))

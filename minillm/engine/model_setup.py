@@ -12,6 +12,7 @@ from minillm.layers.linear import streamed
 from minillm.models.huge_pages import to_huge_pages
 from minillm.models.loader import load_model
 from minillm.quant import QuantizedLinear, QuantOps, quantize_model
+from minillm.quant.apply import copy_sharing_weights
 from minillm.quant.awq import apply_awq, calibration_rows
 from minillm.quant.linear import int4_linear_triton
 
@@ -47,7 +48,7 @@ def quantized(model: torch.nn.Module, config: EngineConfig, shared: bool, model_
     if config.quantization is None:
         if already is None or ops == QuantOps():
             return model
-        model = copy.deepcopy(model) if shared else model
+        model = copy_sharing_weights(model) if shared else model  # only the layers' ops change
         for layer in model.modules():
             if isinstance(layer, QuantizedLinear):
                 layer.ops = ops
@@ -55,7 +56,9 @@ def quantized(model: torch.nn.Module, config: EngineConfig, shared: bool, model_
     if already is not None:
         raise ValueError(f"the model is already quantized ({already.label()}): load its "
                          f"full-precision checkpoint to quantize it another way")
-    model = copy.deepcopy(model) if shared else model
-    if config.quantization.calibration == "awq":
+    if config.quantization.calibration == "awq":  # scales weights in place: on a copy of its own
+        model = copy.deepcopy(model) if shared else model
         apply_awq(model, config.quantization, calibration_rows(model_dir))
+    elif shared:  # quantizing replaces layers: the copy shares the weights it keeps instead of copying them all
+        model = copy_sharing_weights(model)
     return quantize_model(model, config.quantization, ops)

@@ -6,6 +6,8 @@ along a row), so quantizing a fused matrix whole gives exactly the same numbers 
 parts apart. When a policy picks only some of the parts (q but not k and v), the fused matrix is
 split into row blocks: a StackedLinear of quantized and full-precision pieces, same output.
 """
+import copy
+
 from torch import nn
 
 from minillm.quant.config import QuantConfig
@@ -22,6 +24,17 @@ def fused_parts(layer: nn.Module) -> dict[str, list[tuple[str, int]]]:
         "mlp.gate_up_proj": [("gate_proj", mlp.intermediate_size), ("up_proj", mlp.intermediate_size)],
         "mlp.down_proj": [("down_proj", mlp.down_proj.out_features)],
     }
+
+
+def copy_sharing_weights(model: nn.Module) -> nn.Module:
+    """A copy of model's modules over the same weights, to quantize: quantize_model replaces modules and writes no
+    weight, so quantizing the copy leaves model as it was, without first copying every weight it is about to
+    drop (SmolLM2's 540 MB of float32, for 140 MB of int8). Each parameter of the copy is a new Parameter over the
+    same data, so that moving the copy's tensors elsewhere (models/huge_pages.py reassigns .data) leaves model's
+    where they are; a tied pair stays tied. Not for a change that writes weights in place (AWQ's scaling)."""
+    memo = {id(p): nn.Parameter(p.data, requires_grad=p.requires_grad) for p in model.parameters()}
+    memo |= {id(b): b for b in model.buffers()}
+    return copy.deepcopy(model, memo)
 
 
 def quantize_model(model: nn.Module, config: QuantConfig, ops: QuantOps | None = None,

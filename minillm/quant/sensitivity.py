@@ -5,13 +5,12 @@ some layers and projections, and compares it with the full model on the same hel
 (eval.Reference). Quantizing one unit alone gives its sensitivity; `orders` ranks the layers by it,
 the orders in which cancellation.py quantizes growing sets to see whether errors only add up.
 """
-import copy
 import random
 from dataclasses import replace
 
 import torch
 
-from minillm.quant.apply import quantize_model
+from minillm.quant.apply import copy_sharing_weights, quantize_model
 from minillm.quant.config import LAYER_PROJECTIONS, QuantConfig
 from minillm.quant.eval import Quality, Reference
 
@@ -21,7 +20,7 @@ def quantized_copy(model: torch.nn.Module, config: QuantConfig) -> torch.nn.Modu
     if config.calibration is not None:
         raise ValueError(f"sensitivity sweeps quantize without calibration; got calibration={config.calibration!r} "
                          f"(an engine applies it: LLM(model, quantization=config))")
-    return quantize_model(copy.deepcopy(model), config)
+    return quantize_model(copy_sharing_weights(model), config)
 
 
 def measure(model: torch.nn.Module, reference: Reference, config: QuantConfig) -> Quality:
