@@ -62,8 +62,8 @@ QUICK_BIG_DECODE = 96  # tokens a decoder makes in the disaggregation run: at Sm
 # the long prompts' arrivals (the last at 0.9 s) and prefills all the same
 
 
-def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar, requests_each: int,
-             calibration_requests: int, loads: list[tuple[str, float, int]]) -> list[dict]:
+def validate(engine: LLMEngine | None, model: str, knobs: dict, profile: StepProfile, quick: bool, bar,
+             requests_each: int, calibration_requests: int, loads: list[tuple[str, float, int]]) -> list[dict]:
     """Real runs against simulated ones at a light and a heavy load on one replica, and the heavy load on
     each of two replicas in processes of their own behind round robin (rates from `profile`). This
     machine's speed drifts from minute to minute, so a full run repeats each real run, each right after a
@@ -75,9 +75,12 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar, requests
     batching and queueing alone, the machine's drift taken out), and a row per load for the step model
     alone (each real step against its price, times its warmup factor if it ran soon after an idle pause).
     requests_each: requests a replica in each real run; calibration_requests: in each calibration; loads:
-    (name, utilisation a replica, replicas) of each, from LOADS."""
+    (name, utilisation a replica, replicas) of each, from LOADS. engine: the in-process one, for the loads of one
+    replica (None where every load is a fleet of processes: run() frees it first, so that its weights and pool do
+    not sit beside theirs); knobs: its replica_knobs, which the simulated replicas share."""
+    if not loads:
+        return []
     alone = alone_seconds(profile)
-    knobs = replica_knobs(engine)
     rows = []
     for seed, (name, utilisation, replicas) in enumerate(loads, start=10 + LOADS.index(loads[0])):
         requests = workload(requests_each * replicas, replicas * utilisation / alone, seed=seed)
@@ -88,8 +91,7 @@ def validate(engine: LLMEngine, profile: StepProfile, quick: bool, bar, requests
                 calibrated = measure_profile(engine, requests=calibration_requests)
                 real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
             else:
-                calibration, (steps, woke), knobs, real = replay_fleet(engine.config.model, requests, replicas,
-                                                                     calibration_requests)
+                calibration, (steps, woke), knobs, real = replay_fleet(model, requests, replicas, calibration_requests)
                 calibrated = fit_profile(*calibration)
             reals.append(summary(real))
             sims.append(predict(requests, calibrated, **fleet, **knobs))
@@ -207,15 +209,18 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
         engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
         profile = measure_profile(engine, requests=calibration)
         bar.set_description("cluster: real vs simulated")
-        checks = validate(engine, profile, quick, bar, requests_each, calibration,
-                          QUICK_BIG_LOADS if big else LOADS)
+        loads, knobs = QUICK_BIG_LOADS if big else LOADS, replica_knobs(engine)
+        checks = validate(engine, model, knobs, profile, quick, bar, requests_each, calibration,
+                          [load for load in loads if load[2] == 1])
         model_config = engine.model_config
-        # The in-process runs are over: the engine's weights and KV pool would sit beside every process below
-        # (on SmolLM2, 1.5 GB more at the peak). Engines hold reference cycles, so the collector frees them now,
-        # and glibc hands the freed heap back (a matrix under 32 MB is heap, not its own mapping). (A test worker
-        # still held 2.7 GB beside the two replicas below with this too: something else holds that, not found yet.)
+        # The in-process runs are over: the engine's weights, their packed copy for batched products and its KV
+        # pool would sit beside every process below (on SmolLM2, 1.5 GB more at the peak: the suite's peak was the
+        # two replicas' run beside it). Engines hold reference cycles, so the collector frees them now, and glibc
+        # hands the freed heap back (a matrix under 32 MB is heap, not its own mapping).
         del engine
         give_memory_back()
+        checks += validate(None, model, knobs, profile, quick, bar, requests_each, calibration,
+                           [load for load in loads if load[2] > 1])
         bar.set_description("cluster: routing on a real fleet")
         real_routes = measure_routing(replicas=2, quick=quick, model=model,
                                       **({"policies": QUICK_BIG_ROUTERS} if big else {}))
