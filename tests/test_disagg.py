@@ -135,3 +135,22 @@ def test_a_killed_worker_raises_a_clear_error_and_leaves_no_process():
         assert not os.path.exists(f"/proc/{pid}")  # reaped: no orphan, no zombie
     with pytest.raises(RuntimeError, match="stopped"):
         llm.generate("x", SamplingParams(max_tokens=1))
+
+
+def test_the_decode_workers_handoff_record_brings_in_the_prefill_workers_first():
+    """The facade reads two pipes. A short request can finish (its last chunk on the decode worker's pipe) before the
+    facade has read the prefill worker's record of its handoff: CI once saw a record without its sent digest. The
+    prefill worker writes that record before the K/V leave it, so the decode worker's report of their arrival makes
+    the facade read the prefill pipe first. Here on real pipes, without workers: the decode side's messages alone."""
+    import multiprocessing as mp
+
+    from minillm.distributed.disagg_worker import send
+    from minillm.distributed.handoff import DECODE_RANK, PREFILL_RANK
+    llm = DisaggregatedLLM.__new__(DisaggregatedLLM)  # no workers: only the pipes and what _handle reads
+    ends = {rank: mp.Pipe() for rank in (PREFILL_RANK, DECODE_RANK)}
+    llm._conns, llm.transfers, llm._live, llm.error = {r: a for r, (a, _) in ends.items()}, {}, {"7"}, None
+    send(ends[PREFILL_RANK][1], ("handoff", 7, {"sent_sha256": "abc"}))
+    send(ends[DECODE_RANK][1], ("handoff", 7, {"received_sha256": "abc", "kv_bytes": 10}))
+    llm._drain(DECODE_RANK)
+    assert llm.transfers["7"] == {"sent_sha256": "abc", "received_sha256": "abc", "kv_bytes": 10}
+    assert not llm._conns[PREFILL_RANK].poll()

@@ -110,13 +110,25 @@ class DisaggregatedLLM:
             return []
         chunks = []
         for rank, conn in self._conns.items():
-            while conn in ready and conn.poll():
-                try:
-                    message = receive(conn)
-                except EOFError:  # its end closed: it died
-                    self._fail(None)
-                chunks += self._handle(rank, message)
+            if conn in ready:
+                chunks += self._drain(rank)
         self._live -= {c.request_id for c in chunks if c.request is not None}
+        return chunks
+
+    def _drain(self, rank: int) -> list[StreamChunk]:
+        """Every message waiting on rank's pipe, handled; the chunks among them. The decode worker's record of a
+        handoff first brings in what the prefill worker sent before it: the prefill worker writes its own record
+        of that handoff (its K/V digest) before the K/V leave it, so it is in its pipe by then, and the request can
+        finish no earlier (else a short request could end with its record half there)."""
+        conn, chunks = self._conns[rank], []
+        while conn.poll():
+            try:
+                message = receive(conn)
+            except EOFError:  # its end closed: it died
+                self._fail(None)
+            if message[0] == "handoff" and rank == DECODE_RANK:
+                chunks += self._drain(PREFILL_RANK)
+            chunks += self._handle(rank, message)
         return chunks
 
     def generate(self, prompts: str | list[str] | list[list[int]],

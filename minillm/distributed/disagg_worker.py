@@ -91,8 +91,9 @@ def serve_prefill(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
                 send(conn, ("chunks", chunks))
                 continue
             prefilled = engine.hand_off(rid, pack_kv)
-            sender.put(int(rid), prefilled)
+            # this record first: the facade reads it when the decode worker reports the K/V's arrival (disagg.py)
             send(conn, ("handoff", int(rid), {"sent_sha256": digest(prefilled.kv)} if check_kv else {}))
+            sender.put(int(rid), prefilled)
 
 
 def serve_decode(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
