@@ -61,9 +61,9 @@ class Linear(nn.Linear):
             if weight.dtype == torch.float32 and weight.is_contiguous() and weight.shape[1] == x.shape[1]:
                 return cpu_ops.product(x, weight, params["bias"])  # what cpu_ops.linear checks, checked
         fewest = 1 if self.packed_one_row else 2
-        if self.packed and x.dim() == 2 and fewest <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if self.packed and x.ndim == 2 and fewest <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), params["bias"], "none", [], "")
+        return F.linear(x, params["weight"], params["bias"])
 
     def __getstate__(self) -> dict:
         # copy.deepcopy and pickle go through here: the packed copy is an opaque oneDNN tensor that neither can

@@ -17,6 +17,12 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def measures_on_the_real_model(source: Path) -> bool:
+    """Whether solutions/<stem>.py loads SmolLM2 (labkit.REAL_MODEL): its run holds the real model, one at a time
+    across xdist workers (tests/conftest.py's lock)."""
+    return "REAL_MODEL" in source.read_text()
+
+
 class ExecutedNotebooks:
     """solutions/<stem>.ipynb run in a real kernel, saved with its outputs in this session's pytest temporary folder
     (the one all pytest-xdist workers share: a notebook runs once however many tests and workers ask)."""

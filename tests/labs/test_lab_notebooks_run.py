@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from executed_notebooks import ExecutedNotebooks
+from executed_notebooks import ExecutedNotebooks, measures_on_the_real_model
 
 from minillm.labkit.notebook import lab_sources
 
@@ -21,16 +21,11 @@ CELL_TIMEOUT_S = 600  # a hang guard per cell
 pytestmark = [pytest.mark.notebook, pytest.mark.subprocess, pytest.mark.slow]
 
 
-def measures_on_the_real_model(source: Path) -> bool:
-    return "REAL_MODEL" in source.read_text()
-
-
 @pytest.mark.timeout(1800)
 # A notebook that measures on SmolLM2 too is marked real_model: tests/conftest.py runs it right after the modules
-# that hold the real model, on their worker, so that it never waits for them on the other worker (it did: 15-37 s).
-# [mark] * False is no mark
-@pytest.mark.parametrize("source", [pytest.param(p, marks=[pytest.mark.real_model] * measures_on_the_real_model(p))
-                                    for p in lab_sources(ROOT)], ids=lambda p: p.stem)
+# that hold the real model, on their worker, so that it never waits for them on the other worker (it did: 15-37 s)
+@pytest.mark.parametrize("source", [pytest.param(p, marks=pytest.mark.real_model) if measures_on_the_real_model(p)
+                                    else p for p in lab_sources(ROOT)], ids=lambda p: p.stem)
 def test_solution_notebook_runs_top_to_bottom_and_its_checks_pass(source, tmp_path_factory, record_property, request):
     if measures_on_the_real_model(source):  # not beside another holder of it
         request.getfixturevalue("real_model_held")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from executed_notebooks import ExecutedNotebooks
+from executed_notebooks import ExecutedNotebooks, measures_on_the_real_model
 
 from minillm.labkit.notebook import lab_sources
 from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve
@@ -87,7 +87,7 @@ def browser(tmp_path_factory):
 def test_notebook_shows_no_error_and_its_figures_span_their_data(source, browser, jupyterlab, tmp_path_factory,
                                                                  request):
     notebooks = ExecutedNotebooks(tmp_path_factory)
-    if "REAL_MODEL" in source.read_text() and not notebooks.executed(source.stem):
+    if measures_on_the_real_model(source) and not notebooks.executed(source.stem):
         request.getfixturevalue("real_model_held")  # this test runs it: not beside another holder of the real model
     path = notebooks.path(source.stem, timeout=RUN_TIMEOUT_S)
     nb = nbformat.read(path, as_version=4)
