@@ -7,6 +7,7 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -160,3 +161,13 @@ def serve(cmd: list[str], url: str, ready_path: str, log: Path, env: dict | None
                 proc.wait()
 
     return running()
+
+
+def wait_until(condition, timeout: float = 5.0, poll: float = 0.02) -> bool:
+    """Poll condition() until it holds or `timeout` seconds pass; -> whether it held (checked once more at the end)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll)
+    return condition()

@@ -7,6 +7,7 @@ import pytest
 
 from minillm import LLM, AsyncLLM, SamplingParams
 from minillm.structured.spec import StructuredOutput
+from minillm.testing import wait_until
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -211,7 +212,12 @@ def test_one_llm_serves_one_event_loop_after_another(hf_llama):
         stream = llm.generate([1, 2, 3], params, "open")
         await anext(stream)  # asyncio.run closes it when this loop ends: that aborts the request
 
+    aborted, abort = [], llm.engine.abort  # the engine thread's aborts: (request id, whether it was live)
+    llm.engine.abort = lambda request_id: aborted.append((request_id, abort(request_id))) or aborted[-1][1]
     asyncio.run(leaves_a_stream_open())
+    # Closing the stream queues the abort; asyncio.run's teardown cancels the wait for its reply, and the
+    # engine thread takes it between two steps, maybe after asyncio.run has returned.
+    assert wait_until(lambda: aborted, 10) and aborted == [("open", True)]
     assert not llm.engine.has_unfinished() and llm.engine.kv_stats().used_blocks == 0
     assert len(asyncio.run(tokens_of(llm.generate([1, 2, 3], SamplingParams(max_tokens=5, **GREEDY), "open")))) == 5
 

@@ -7,7 +7,6 @@ router's hit estimate equals each replica's own hit-rate gauge, and a replica ki
 its callers an error or a retry within a timeout, never a hang or a leaked process."""
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -24,19 +23,11 @@ from minillm.router.prefix_index import PrefixIndex
 from minillm.router.state import RouterState
 from minillm.serve.responses import sse
 from minillm.serve.server import app_in_thread
+from minillm.testing import wait_until
 
 # ~70 tokens of code: prompts built on it share whole 16-token blocks
 SHARED = "def handler(value, limit=3):\n    if value > limit:\n        return value - 1\n    return value * 2\n\n" * 3
 OTHER = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n" * 3
-
-
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 # -- the prefix index ----------------------------------------------------------------------------
@@ -151,7 +142,7 @@ def held(pool: ThreadPoolExecutor, router, replica: int, prompt: str):
     state = router.app.state.router.state
     before = state.replicas[replica].in_flight
     future = pool.submit(complete, router.base_url, prompt, user="hold")
-    assert wait_until(lambda: state.replicas[replica].in_flight == before + 1), "the held request went elsewhere"
+    assert wait_until(lambda: state.replicas[replica].in_flight == before + 1, 10), "the held request went elsewhere"
     return future
 
 

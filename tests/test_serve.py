@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import weakref
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minillm import LLM, AsyncLLM, SamplingParams
 from minillm.serve import serve_in_thread
+from minillm.testing import wait_until
 
 PROMPTS = ["def fib(n):", "import os\n", "class Stack:", "for i in range(10):", "def parse(text):\n    ",
            "# sort a list\n", "x = [", "async def fetch(url):"]
@@ -46,15 +46,6 @@ def client(server):
 
 def greedy(max_tokens: int, **extra) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **extra)
-
-
-def wait_until(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def test_completions_stream_and_not_equal_offline_generation(client, offline):

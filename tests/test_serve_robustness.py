@@ -6,6 +6,7 @@ streams still open when a shutdown's grace period ends get an error event and [D
 import asyncio
 import json
 import random
+import socket
 import string
 import threading
 import time
@@ -13,21 +14,15 @@ import time
 import httpx
 import openai
 import pytest
+from fastapi import FastAPI
 
 from minillm import AsyncLLM
 from minillm.serve import serve_in_thread
 from minillm.serve.admission import DrainRate, admit
 from minillm.serve.protocol import CompletionRequest
+from minillm.serve.server import app_in_thread
 from minillm.structured import StructuredOutput
-
-
-def wait_until(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
+from minillm.testing import wait_until
 
 
 def slowed(llm: AsyncLLM, seconds: float) -> AsyncLLM:
@@ -203,3 +198,49 @@ def test_streams_open_when_the_grace_period_ends_get_an_error_event_and_done():
     assert error["type"] == "service_unavailable" and "grace period ended" in error["message"]
     assert 3 < len(lines) < 400 and not server.thread.is_alive()
     assert llm.kv_stats().used_blocks == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_connection_accepted_while_the_loop_was_busy_is_closed_by_the_shutdown():
+    """uvicorn's shutdown closes the connections it knows of; one the kernel accepted while the loop was
+    blocked becomes a connection just after that, is served, and (unless DrainingServer closes it) stays open
+    past the grace period and past the loop itself: a keep-alive client on it then hangs instead of seeing the
+    server gone. It must see the connection end, and the server stop before its grace period is over."""
+    app = FastAPI()
+
+    @app.get("/block")
+    async def block():
+        time.sleep(0.5)  # holds the server's event loop
+        return {}
+
+    @app.get("/health")
+    def health():
+        return {}
+
+    server = app_in_thread(app, grace=3.0)
+    port = int(server.base_url.rsplit(":", 1)[1])
+
+    def connect(path: str) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+        sock.settimeout(8)
+        return sock
+
+    blocking = connect("/block")
+    time.sleep(0.1)  # the loop is blocked now
+    late = connect("/health")  # accepted by the kernel, not by the loop yet
+    start = time.monotonic()
+    stopper = threading.Thread(target=server.stop, daemon=True)
+    stopper.start()
+    try:
+        while late.recv(4096):
+            pass
+    except ConnectionResetError:  # closed with its request unread: as uvicorn closes an idle connection
+        pass
+    ended = time.monotonic() - start
+    stopper.join(10)
+    stopped = time.monotonic() - start
+    blocking.close()
+    late.close()
+    assert ended < 2.0, f"the late connection stayed open {ended:.1f} s"
+    assert stopped < 2.5 and not server.thread.is_alive(), f"the server took {stopped:.1f} s to stop (grace: 3 s)"

@@ -24,24 +24,45 @@ from minillm.llm import LLM
 from minillm.serve.app import build_app
 
 END_STREAMS_MARGIN_S = 0.5  # end the open streams this long before uvicorn would cancel them
+DRAIN_POLL_S = 0.05  # how often a shutdown tells the connections to close
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, which calls the app's `state.end_streams()` (if it has one) just before the
-    graceful shutdown's timeout, so that what is still open ends cleanly instead of being cancelled."""
+    graceful shutdown's timeout, so that what is still open ends cleanly instead of being cancelled.
+
+    It also closes the connections that uvicorn's shutdown misses. uvicorn tells the connections open
+    when the shutdown starts to close once idle; one the kernel had accepted while the event loop was
+    busy becomes a connection a moment later, is served, and then stays open: the drain waits for it
+    until the grace period ends, and its socket outlives the loop, so a client that sends on it (a
+    router's keep-alive health check) waits for its own timeout instead of seeing the server gone.
+    So during the drain every connection is told again every DRAIN_POLL_S, and any left at the end is
+    closed."""
 
     async def shutdown(self, sockets=None) -> None:
         end = getattr(self.config.app.state, "end_streams", None) if hasattr(self.config.app, "state") else None
         grace = self.config.timeout_graceful_shutdown
+        loop = asyncio.get_running_loop()
         timer = None
         if end is not None and grace is not None:
             delay = max(0.0, grace - min(END_STREAMS_MARGIN_S, grace / 4))
-            timer = asyncio.get_running_loop().call_later(delay, end)
+            timer = loop.call_later(delay, end)
+        latecomers = loop.create_task(self._close_when_idle())
         try:
             await super().shutdown(sockets)
         finally:
+            latecomers.cancel()
             if timer is not None:
                 timer.cancel()
+            for connection in list(self.server_state.connections):
+                connection.transport.close()
+
+    async def _close_when_idle(self) -> None:
+        """Ask every connection to close once its response is sent (an idle one closes now), again and again."""
+        while True:
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
+            await asyncio.sleep(DRAIN_POLL_S)
 
 
 def _as_async_llm(llm_or_model) -> AsyncLLM:
