@@ -46,6 +46,7 @@ class Components:
 
 
 SPEC_METHODS = ("ngram", "draft", "heads", "mlp")
+SELF_DRAFT = "self"  # SpeculativeConfig.draft_model: the target's own weights (quantized) as its draft
 ATTENTION_BACKENDS = ("torch", "triton")
 OFFLOAD_KINDS = ("host", "disk")  # cache/offload.py's tiers
 
@@ -58,7 +59,9 @@ class SpeculativeConfig:
                                  # | mlp (a recurrent MLP speculator on the target's hidden state)
     k: int = 4                   # proposals per sequence and step
     ngram: int = 3               # ngram: the longest n-gram looked up (shorter ones are tried too)
-    draft_model: str = "pico"    # draft: a bundled name or model directory with the target's tokenizer
+    draft_model: str = "pico"    # draft: a bundled name or model directory with the target's tokenizer, or
+                                 # "self": the target's own weights, quantized as draft_quantization says
+    draft_quantization: QuantConfig | None = None  # draft: weight-only quantization of the draft's copy
     heads: str | None = None     # heads: a file of trained heads; None: the target's spec_heads.safetensors
     speculator: str | None = None  # mlp: a trained speculator's file; None: the target's spec_mlp.safetensors
 
@@ -68,6 +71,15 @@ class SpeculativeConfig:
         for name, value in (("k", self.k), ("ngram", self.ngram)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"speculative {name} must be an integer >= 1, got {value!r}")
+        if self.draft_quantization is not None and not isinstance(self.draft_quantization, QuantConfig):
+            raise TypeError(f"draft_quantization must be a minillm.QuantConfig or None, "
+                            f"got {type(self.draft_quantization).__name__}")
+        if self.draft_quantization is not None and self.method != "draft":
+            raise ValueError(f"draft_quantization quantizes a draft model: it needs method 'draft', "
+                             f"got {self.method!r}")
+        if self.method == "draft" and self.draft_model == SELF_DRAFT and self.draft_quantization is None:
+            raise ValueError("draft_model 'self' needs a draft_quantization: the target's own full-precision "
+                             "weights as its draft would cost a whole target forward per proposal")
 
 
 @dataclass
@@ -132,6 +144,11 @@ class EngineConfig:
         if self.quantization is not None and not isinstance(self.quantization, QuantConfig):
             raise TypeError(f"quantization must be a minillm.QuantConfig or None, "
                             f"got {type(self.quantization).__name__}")
+        spec = self.speculative
+        if spec is not None and spec.method == "draft" and spec.draft_model == SELF_DRAFT and self.quantization:
+            raise ValueError(f"draft_model 'self' quantizes the target's full-precision weights, but the target is "
+                             f"quantized ({self.quantization.label()}): leave quantization None, or draft with "
+                             f"another model")
         if not isinstance(self.components, Components):
             raise TypeError(f"components must be a minillm.config.Components, got {type(self.components).__name__}")
         if self.components.paged_decode is not None and self.attention_backend != "triton":

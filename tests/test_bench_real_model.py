@@ -93,8 +93,8 @@ def test_chunked_prefill_runs_both_variants_with_identical_outputs(tmp_path):
             "itl_p99_ms"]
 
 
-def test_spec_runs_prompt_lookup_and_the_bundled_speculator_and_says_no_bundled_draft_fits(tmp_path, capsys,
-                                                                                          monkeypatch):
+def test_spec_runs_prompt_lookup_the_bundled_speculator_and_a_self_draft_and_says_no_bundled_draft_fits(
+        tmp_path, capsys, monkeypatch):
     smaller(monkeypatch, "spec", prompts=1, new_tokens=12, ks=(4,), batch=2, code_tokens=64)
     figures, _ = quick_run("spec", tmp_path)
     out = capsys.readouterr().out
@@ -104,7 +104,7 @@ def test_spec_runs_prompt_lookup_and_the_bundled_speculator_and_says_no_bundled_
     assert set(figures["targets"]) == {"edit", "code", "chat"}
     for workload in ("code", "edit", "chat"):
         greedy = figures["batch1_greedy"][workload]
-        assert {r["proposer"] for r in greedy} == {"ngram", "mlp"}
+        assert {r["proposer"] for r in greedy} == {"ngram", "mlp", "draft self-int4-g32-minmax"}
         for r in greedy + figures[batch][workload]:
             assert r["same_tokens"], f"greedy speculation changed the tokens: {r}"
         for r in greedy + figures["batch1_temperature_1"][workload]:

@@ -8,6 +8,8 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.config import Components, SpeculativeConfig
+from minillm.quant.config import QuantConfig
+from minillm.quant.linear import QuantizedLinear
 from minillm.speculative.heads import SpecHeads, save_heads
 from minillm.speculative.mlp_speculator import MLPSpeculator, save_speculator
 from minillm.speculative.ngram import propose_ngram
@@ -73,6 +75,41 @@ def test_greedy_speculation_is_token_identical_inside_a_preempting_batch(method,
     if method == "draft":
         proposer = llm.engine.speculator.proposer
         assert not proposer.shadows and proposer.cache.stats([]).used_blocks == 0, "the draft's cache leaked"
+
+
+SELF_INT4 = SpeculativeConfig("draft", k=4, draft_model="self", draft_quantization=QuantConfig("int4", group_size=32))
+
+
+def test_an_int4_copy_of_the_target_drafts_for_it_exactly_and_leaves_it_untouched(tiny):
+    """Self-speculation: draft_model 'self' drafts with a quantized copy of the target. Greedy output is the
+    target's own, inside a preempting batch; the int4 copy agrees with the target most of the time (95% of
+    proposals on tiny, a few rejected); and the target keeps its float weights: the copy shares the ones it
+    did not quantize (the embedding) and holds its own quantized matrices."""
+    prompts = workload(tiny)
+    params = [SamplingParams(max_tokens=24 + 4 * i, **GREEDY) for i in range(len(prompts))]
+    reference = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    llm = LLM("tiny", speculative=SELF_INT4, block_size=4, num_kv_blocks=48)
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
+    assert llm.engine.num_preemptions > 0, "the small pool was meant to force preemption"
+    stats, proposer = llm.engine.speculator.stats, llm.engine.speculator.proposer
+    assert stats.proposed > stats.accepted > 0.8 * stats.proposed, (stats.accepted, stats.proposed)
+    assert not proposer.shadows and proposer.cache.stats([]).used_blocks == 0, "the draft's cache leaked"
+    target, draft = llm.engine.model, proposer.model
+    assert getattr(target, "quant_config", None) is None and draft.quant_config == SELF_INT4.draft_quantization
+    assert not isinstance(target.model.layers[0].mlp.down_proj, QuantizedLinear)
+    assert isinstance(draft.model.layers[0].mlp.down_proj, QuantizedLinear)
+    assert draft.model.embed_tokens.weight.data_ptr() == target.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_self_draft_is_refused_without_a_quantization_or_over_a_quantized_target():
+    with pytest.raises(ValueError, match="draft_model 'self' needs a draft_quantization"):
+        SpeculativeConfig("draft", draft_model="self")
+    with pytest.raises(TypeError, match="draft_quantization must be a minillm.QuantConfig"):
+        SpeculativeConfig("draft", draft_model="self", draft_quantization="int8")
+    with pytest.raises(ValueError, match="draft_quantization quantizes a draft model: it needs method 'draft'"):
+        SpeculativeConfig("ngram", draft_quantization=QuantConfig("int8"))
+    with pytest.raises(ValueError, match=r"the target is quantized \(int4"):
+        LLM("tiny", speculative=SELF_INT4, quantization=QuantConfig("int4"))
 
 
 def test_mlp_proposals_are_drawn_from_its_vocabulary_with_the_distributions_it_reports(tiny, mlp_file):

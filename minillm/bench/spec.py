@@ -28,6 +28,7 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.spec_workloads import chat_prompts, code_prompts, copied, edit_prompts, heldout_sources
 from minillm.config import SpeculativeConfig
 from minillm.models.registry import bundled_models, resolve_model_path
+from minillm.quant.config import QuantConfig
 from minillm.speculative.draft import check_same_vocabulary
 from minillm.speculative.heads import HEADS_FILE
 from minillm.speculative.mlp_speculator import find_speculator
@@ -39,7 +40,12 @@ WORKLOADS = ("code", "edit", "chat")
 # issue 12: the best proposer on edits; heads or distilled draft on code. Issue 32: a model-based proposer
 # on chat, on the real model
 TARGETS = {"edit": 1.5, "code": 1.2, "chat": 1.3}
-MODEL_BASED = ("heads", "draft pico-distilled", "mlp")  # the proposers the code and chat targets are for
+# Self-speculation on a big model: its own weights as int4 with a free minimum per 32 (Q4_1's shape), drafting for
+# the float32 model (a weight-streaming model's int4 forward costs a fraction of its float32 one)
+SELF_DRAFT = ("draft self-int4-g32-minmax",
+              {"method": "draft", "draft_model": "self",
+               "draft_quantization": QuantConfig("int4", group_size=32, int4_range="min-max")})
+MODEL_BASED = ("heads", "draft pico-distilled", SELF_DRAFT[0], "mlp")  # the proposers the code and chat targets are for
 COUNTS = ("proposed", "reached", "accepted", "verifications", "emitted")
 
 
@@ -94,6 +100,8 @@ def proposers(model: str) -> tuple[list[tuple[str, dict]], list[str]]:
     if not any(label.startswith("draft") for label, _ in found):
         notes.append(f"no bundled draft shares {model}'s tokenizer, so no draft runs here; the proposers that fit "
                      f"it: {', '.join(label for label, _ in found)}")
+    if is_big(path):
+        found.append(SELF_DRAFT)
     if (path / HEADS_FILE).is_file():
         found.append(("heads", {"method": "heads"}))
     else:

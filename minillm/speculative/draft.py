@@ -1,6 +1,11 @@
 """The draft-model proposer: a smaller model with the target's tokenizer guesses k tokens, one
 forward per token, all speculating sequences batched together.
 
+The draft may also be the target itself, quantized (draft_model "self" with a draft_quantization):
+self-speculation. An int8 copy streams a quarter of the bytes per token and agrees with the
+full-precision model's greedy choice most of the time, so on a memory-bound machine it guesses
+cheaply and well; it shares the target's embedding and norms, and only its quantized matrices are new.
+
 The draft keeps its own paged KV cache, in step with the target's: for each sequence a shadow
 Sequence holds the tokens the draft has seen and how many it has computed. Before proposing, the
 shadow is reconciled with the target's tokens: proposals the target rejected are cut off (with
@@ -9,8 +14,13 @@ their K/V), and the tokens the target added are fed to the draft in its first fo
 import torch
 
 from minillm.cache.paged import PagedCacheManager
+from minillm.config import SELF_DRAFT
+from minillm.layers.linear import streamed
+from minillm.models.huge_pages import to_huge_pages
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
+from minillm.quant.apply import copy_sharing_weights, quantize_model
+from minillm.quant.config import QuantConfig
 from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
 from minillm.state import Phase, ScheduledSeq, Sequence
@@ -20,11 +30,19 @@ DRAFT_BLOCK_SIZE = 16
 
 
 class DraftProposer:
-    def __init__(self, draft_model: str, target: ProposerTarget) -> None:
-        path = resolve_model_path(draft_model)
-        self.model = load_model(path, target.dtype, target.device)
-        check_same_vocabulary(Tokenizer(path), target.tokenizer, self.model.config.vocab_size,
-                              target.model.config.vocab_size, draft_model)
+    def __init__(self, draft_model: str, target: ProposerTarget, quantization: QuantConfig | None = None) -> None:
+        if draft_model == SELF_DRAFT:  # self-speculation: the target's weights, quantized (EngineConfig checks)
+            model = copy_sharing_weights(target.model)
+        else:
+            path = resolve_model_path(draft_model)
+            model = load_model(path, target.dtype, target.device)
+            check_same_vocabulary(Tokenizer(path), target.tokenizer, model.config.vocab_size,
+                                  target.model.config.vocab_size, draft_model)
+        if quantization is not None:
+            model = quantize_model(model, quantization)
+            if target.device.type == "cpu" and streamed(model):
+                to_huge_pages(model)  # its new codes, as the engine's own quantized ones: 4 KiB pages cost 45% more
+        self.model = model
         self.cache = PagedCacheManager(self.model.config, target.kv_slots // DRAFT_BLOCK_SIZE + 1, DRAFT_BLOCK_SIZE,
                                        target.dtype, target.device, enable_prefix_caching=False)
         self.runner = target.make_runner(self.model, self.cache)
