@@ -62,6 +62,7 @@ class SpeculativeConfig:
     draft_model: str = "pico"    # draft: a bundled name or model directory with the target's tokenizer, or
                                  # "self": the target's own weights, quantized as draft_quantization says
     draft_quantization: QuantConfig | None = None  # draft: weight-only quantization of the draft's copy
+    draft_head_quantization: QuantConfig | None = None  # draft: its LM head's own (int8 beside int4 layers, say)
     heads: str | None = None     # heads: a file of trained heads; None: the target's spec_heads.safetensors
     speculator: str | None = None  # mlp: a trained speculator's file; None: the target's spec_mlp.safetensors
 
@@ -71,12 +72,16 @@ class SpeculativeConfig:
         for name, value in (("k", self.k), ("ngram", self.ngram)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"speculative {name} must be an integer >= 1, got {value!r}")
-        if self.draft_quantization is not None and not isinstance(self.draft_quantization, QuantConfig):
-            raise TypeError(f"draft_quantization must be a minillm.QuantConfig or None, "
-                            f"got {type(self.draft_quantization).__name__}")
-        if self.draft_quantization is not None and self.method != "draft":
-            raise ValueError(f"draft_quantization quantizes a draft model: it needs method 'draft', "
-                             f"got {self.method!r}")
+        for name in ("draft_quantization", "draft_head_quantization"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, QuantConfig):
+                raise TypeError(f"{name} must be a minillm.QuantConfig or None, got {type(value).__name__}")
+            if value is not None and self.method != "draft":
+                raise ValueError(f"{name} quantizes a draft model: it needs method 'draft', got {self.method!r}")
+        if self.draft_head_quantization is not None and "lm_head" in getattr(self.draft_quantization, "projections",
+                                                                             ()):
+            raise ValueError(f"draft_quantization {self.draft_quantization.label()} quantizes the LM head already: "
+                             f"leave draft_head_quantization None, or take lm_head out of its projections")
         if self.method == "draft" and self.draft_model == SELF_DRAFT and self.draft_quantization is None:
             raise ValueError("draft_model 'self' needs a draft_quantization: the target's own full-precision "
                              "weights as its draft would cost a whole target forward per proposal")
@@ -145,10 +150,14 @@ class EngineConfig:
             raise TypeError(f"quantization must be a minillm.QuantConfig or None, "
                             f"got {type(self.quantization).__name__}")
         spec = self.speculative
-        if spec is not None and spec.method == "draft" and spec.draft_model == SELF_DRAFT and self.quantization:
-            raise ValueError(f"draft_model 'self' quantizes the target's full-precision weights, but the target is "
-                             f"quantized ({self.quantization.label()}): leave quantization None, or draft with "
-                             f"another model")
+        if spec is not None and spec.method == "draft" and spec.draft_model == SELF_DRAFT:
+            if self.quantization:
+                raise ValueError(f"draft_model 'self' quantizes the target's full-precision weights, but the target "
+                                 f"is quantized ({self.quantization.label()}): leave quantization None, or draft "
+                                 f"with another model")
+            if self.tensor_parallel_size != 1:
+                raise ValueError(f"draft_model 'self' copies the target's layers in this process: it runs with "
+                                 f"tensor_parallel_size=1 only, got {self.tensor_parallel_size}")
         if not isinstance(self.components, Components):
             raise TypeError(f"components must be a minillm.config.Components, got {type(self.components).__name__}")
         if self.components.paged_decode is not None and self.attention_backend != "triton":

@@ -104,7 +104,7 @@ def test_spec_runs_prompt_lookup_the_bundled_speculator_and_a_self_draft_and_say
     assert set(figures["targets"]) == {"edit", "code", "chat"}
     for workload in ("code", "edit", "chat"):
         greedy = figures["batch1_greedy"][workload]
-        assert {r["proposer"] for r in greedy} == {"ngram", "mlp", "draft self-int4-g32-minmax"}
+        assert {r["proposer"] for r in greedy} == {"ngram", "mlp", "draft self-int4-g32-minmax, int8 head"}
         for r in greedy + figures[batch][workload]:
             assert r["same_tokens"], f"greedy speculation changed the tokens: {r}"
         for r in greedy + figures["batch1_temperature_1"][workload]:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.config import Components, SpeculativeConfig
-from minillm.quant.config import QuantConfig
+from minillm.config import Components, EngineConfig, SpeculativeConfig
+from minillm.quant.config import PROJECTIONS, QuantConfig
 from minillm.quant.linear import QuantizedLinear
 from minillm.speculative.heads import SpecHeads, save_heads
 from minillm.speculative.mlp_speculator import MLPSpeculator, save_speculator
@@ -77,27 +77,35 @@ def test_greedy_speculation_is_token_identical_inside_a_preempting_batch(method,
         assert not proposer.shadows and proposer.cache.stats([]).used_blocks == 0, "the draft's cache leaked"
 
 
-SELF_INT4 = SpeculativeConfig("draft", k=4, draft_model="self", draft_quantization=QuantConfig("int4", group_size=32))
+SELF_INT4 = SpeculativeConfig("draft", k=4, draft_model="self", draft_quantization=QuantConfig("int4", group_size=32),
+                              draft_head_quantization=QuantConfig("int8"))
 
 
 def test_an_int4_copy_of_the_target_drafts_for_it_exactly_and_leaves_it_untouched(tiny):
     """Self-speculation: draft_model 'self' drafts with a quantized copy of the target. Greedy output is the
-    target's own, inside a preempting batch; the int4 copy agrees with the target most of the time (95% of
-    proposals on tiny, a few rejected); and the target keeps its float weights: the copy shares the ones it
-    did not quantize (the embedding) and holds its own quantized matrices."""
+    target's own, inside a preempting batch; the int4 copy with an int8 head agrees with the target most of the
+    time (most proposals on tiny, a few rejected); and the target keeps its float weights: the copy shares the ones it
+    did not quantize (the embedding) and holds its own quantized matrices. The draft takes the K/V of the
+    tokens the target has computed from the target's pool: no forward of the draft computes more than the
+    two tokens a verification can add (the last proposal and the bonus token)."""
     prompts = workload(tiny)
     params = [SamplingParams(max_tokens=24 + 4 * i, **GREEDY) for i in range(len(prompts))]
     reference = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
     llm = LLM("tiny", speculative=SELF_INT4, block_size=4, num_kv_blocks=48)
+    runner, draft_tokens = llm.engine.speculator.proposer.runner, []
+    execute = runner.execute
+    runner.execute = lambda batch: draft_tokens.extend(item.num_tokens for item in batch) or execute(batch)
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
     assert llm.engine.num_preemptions > 0, "the small pool was meant to force preemption"
     stats, proposer = llm.engine.speculator.stats, llm.engine.speculator.proposer
     assert stats.proposed > stats.accepted > 0.8 * stats.proposed, (stats.accepted, stats.proposed)
+    assert max(draft_tokens) <= 2, "the self draft computed a prompt again instead of taking the target's K/V"
     assert not proposer.shadows and proposer.cache.stats([]).used_blocks == 0, "the draft's cache leaked"
     target, draft = llm.engine.model, proposer.model
     assert getattr(target, "quant_config", None) is None and draft.quant_config == SELF_INT4.draft_quantization
     assert not isinstance(target.model.layers[0].mlp.down_proj, QuantizedLinear)
     assert isinstance(draft.model.layers[0].mlp.down_proj, QuantizedLinear)
+    assert draft.lm_head.scheme == "int8" and not isinstance(target.lm_head, QuantizedLinear)
     assert draft.model.embed_tokens.weight.data_ptr() == target.model.embed_tokens.weight.data_ptr()
 
 
@@ -108,8 +116,15 @@ def test_a_self_draft_is_refused_without_a_quantization_or_over_a_quantized_targ
         SpeculativeConfig("draft", draft_model="self", draft_quantization="int8")
     with pytest.raises(ValueError, match="draft_quantization quantizes a draft model: it needs method 'draft'"):
         SpeculativeConfig("ngram", draft_quantization=QuantConfig("int8"))
+    with pytest.raises(ValueError, match="draft_head_quantization quantizes a draft model: it needs method 'draft'"):
+        SpeculativeConfig("heads", draft_head_quantization=QuantConfig("int8"))
+    with pytest.raises(ValueError, match=r"draft_quantization int8\+head quantizes the LM head already"):
+        SpeculativeConfig("draft", draft_model="self", draft_quantization=QuantConfig("int8", projections=PROJECTIONS),
+                          draft_head_quantization=QuantConfig("int8"))
     with pytest.raises(ValueError, match=r"the target is quantized \(int4"):
         LLM("tiny", speculative=SELF_INT4, quantization=QuantConfig("int4"))
+    with pytest.raises(ValueError, match="it runs with tensor_parallel_size=1 only, got 2"):
+        EngineConfig("tiny", speculative=SELF_INT4, tensor_parallel_size=2)
 
 
 def test_mlp_proposals_are_drawn_from_its_vocabulary_with_the_distributions_it_reports(tiny, mlp_file):

@@ -95,7 +95,7 @@ class LLMEngine:
         draft model gets a pool as large as the target's, and runs on the engine's own ModelRunner."""
         spec, slots = self.config.speculative, (self.cache.num_blocks or 4096) * self.config.block_size
         target = ProposerTarget(self.model, self.model_dir, self.tokenizer, self.device, self.dtype, slots,
-                                functools.partial(ModelRunner, device=self.device))
+                                functools.partial(ModelRunner, device=self.device), self.cache)
         proposer = make_proposer(spec, target, self.config.components)
         self.scheduler.on_release.append(proposer.release)
         return Speculator(spec, proposer, self.max_model_len, self.config.components)

@@ -54,10 +54,24 @@ def quantize_model(model: nn.Module, config: QuantConfig, ops: QuantOps | None =
             if replacement is not None:
                 setattr(owner, name, replacement)
     if "lm_head" in config.projections:
-        # A tied head shares the embedding's matrix: the quantized head gets its own copy, and the
-        # embedding (a lookup, not a matmul) stays in full precision.
-        model.lm_head = _quantized(model.lm_head, [("lm_head", model.lm_head.out_features)], config, ops, empty)
+        quantize_lm_head(model, config, ops, empty)
     model.quant_config = config
+    return model
+
+
+def quantize_lm_head(model: nn.Module, config: QuantConfig, ops: QuantOps | None = None,
+                     empty: bool = False) -> nn.Module:
+    """Replace the LM head alone with a QuantizedLinear in config's scheme (in place); -> model. quantize_model calls
+    it when config names lm_head; called after it, it gives a model's head another scheme than its layers (a
+    self draft's int8 head beside int4 layers). A tied head shares the embedding's matrix: the quantized head gets
+    its own codes, and the embedding (a lookup, not a matmul) stays in full precision."""
+    if isinstance(model.lm_head, QuantizedLinear):
+        raise ValueError("this model's LM head is already quantized")
+    head = model.lm_head
+    try:
+        model.lm_head = _one(head.weight, head.bias, config, ops, empty)
+    except ValueError as e:
+        raise ValueError(f"cannot quantize lm_head ({head.in_features} inputs): {e}") from None
     return model
 
 

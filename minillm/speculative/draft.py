@@ -1,10 +1,12 @@
 """The draft-model proposer: a smaller model with the target's tokenizer guesses k tokens, one
 forward per token, all speculating sequences batched together.
 
-The draft may also be the target itself, quantized (draft_model "self" with a draft_quantization):
-self-speculation. An int8 copy streams a quarter of the bytes per token and agrees with the
-full-precision model's greedy choice most of the time, so on a memory-bound machine it guesses
-cheaply and well; it shares the target's embedding and norms, and only its quantized matrices are new.
+The draft may also be the target itself, quantized (draft_model "self" with a draft_quantization, and
+a draft_head_quantization for its LM head apart): self-speculation. An int8 or int4 copy streams a
+quarter or less of the bytes per token and agrees with the full-precision model's greedy choice most
+of the time, so on a memory-bound machine it guesses cheaply and well; it shares the target's
+embedding and norms, and only its quantized matrices are new. It also takes the K/V of the tokens the
+target has computed from the target's pool, so that it never computes a prompt.
 
 The draft keeps its own paged KV cache, in step with the target's: for each sequence a shadow
 Sequence holds the tokens the draft has seen and how many it has computed. Before proposing, the
@@ -19,7 +21,7 @@ from minillm.layers.linear import streamed
 from minillm.models.huge_pages import to_huge_pages
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
-from minillm.quant.apply import copy_sharing_weights, quantize_model
+from minillm.quant.apply import copy_sharing_weights, quantize_lm_head, quantize_model
 from minillm.quant.config import QuantConfig
 from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
@@ -30,7 +32,8 @@ DRAFT_BLOCK_SIZE = 16
 
 
 class DraftProposer:
-    def __init__(self, draft_model: str, target: ProposerTarget, quantization: QuantConfig | None = None) -> None:
+    def __init__(self, draft_model: str, target: ProposerTarget, quantization: QuantConfig | None = None,
+                 head_quantization: QuantConfig | None = None) -> None:
         if draft_model == SELF_DRAFT:  # self-speculation: the target's weights, quantized (EngineConfig checks)
             model = copy_sharing_weights(target.model)
         else:
@@ -38,14 +41,23 @@ class DraftProposer:
             model = load_model(path, target.dtype, target.device)
             check_same_vocabulary(Tokenizer(path), target.tokenizer, model.config.vocab_size,
                                   target.model.config.vocab_size, draft_model)
-        if quantization is not None:
-            model = quantize_model(model, quantization)
+        if quantization is not None or head_quantization is not None:
+            if quantization is not None:
+                model = quantize_model(model, quantization)
+            if head_quantization is not None:
+                model = quantize_lm_head(model, head_quantization)
             if target.device.type == "cpu" and streamed(model):
                 to_huge_pages(model)  # its new codes, as the engine's own quantized ones: 4 KiB pages cost 45% more
         self.model = model
         self.cache = PagedCacheManager(self.model.config, target.kv_slots // DRAFT_BLOCK_SIZE + 1, DRAFT_BLOCK_SIZE,
                                        target.dtype, target.device, enable_prefix_caching=False)
         self.runner = target.make_runner(self.model, self.cache)
+        # A self draft has the target's layers and shapes: it takes the K/V of the tokens the target has computed
+        # from the target's paged pool instead of computing them again (the prompt's prefill, which would land in
+        # the time per output token). The target's K/V are its full-precision ones; the draft's guesses are still
+        # only guesses, verified exactly.
+        self.target_cache = target.cache if draft_model == SELF_DRAFT and isinstance(target.cache,
+                                                                                    PagedCacheManager) else None
         self.shadows: dict[int, tuple[Sequence, int]] = {}  # id(seq) -> (shadow, tokens before its proposals)
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> None:
@@ -93,6 +105,8 @@ class DraftProposer:
             shadow = Sequence(seq.request_id, None, seq.token_ids, seq.params, seq.generator, None, (), seq.index)
             if self.cache.allocate(shadow) is None:
                 return None
+            if self.target_cache is not None:
+                self._copy_target_kv(seq, shadow)
         else:
             keep, limit = base, min(len(shadow.token_ids), len(seq.token_ids))
             while keep < limit and shadow.token_ids[keep] == seq.token_ids[keep]:
@@ -103,6 +117,20 @@ class DraftProposer:
                 self.cache.trim(shadow)
         self.shadows[id(seq)] = (shadow, len(seq.token_ids))
         return shadow
+
+    def _copy_target_kv(self, seq: Sequence, shadow: Sequence) -> None:
+        """The K/V of the tokens the target has computed for seq, from the target's pool into the shadow's
+        blocks (slot by slot: the two pools may have other block sizes); the shadow has computed them."""
+        n = seq.num_computed_tokens
+        t = torch.arange(n)
+        slots = []
+        for cache, s in ((self.target_cache, seq), (self.cache, shadow)):
+            table, bs = torch.tensor(cache.block_table(s)), cache.block_size
+            slots.append((table[t // bs] * bs + t % bs).to(cache.pool.k.device))
+        source, sink = self.target_cache.pool, self.cache.pool
+        sink.k[:, slots[1]] = source.k[:, slots[0]]  # [layers, n, kv_heads, head_dim]
+        sink.v[:, slots[1]] = source.v[:, slots[0]]
+        shadow.num_computed_tokens = n
 
 
 def check_same_vocabulary(draft: Tokenizer, target: Tokenizer, draft_vocab: int, target_vocab: int,

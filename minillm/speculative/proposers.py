@@ -34,7 +34,7 @@ def make_proposer(config: SpeculativeConfig, target: ProposerTarget, components:
     if config.method == "ngram":
         return NgramProposer(config.ngram, components.propose_ngram or propose_ngram)
     if config.method == "draft":
-        return DraftProposer(config.draft_model, target, config.draft_quantization)
+        return DraftProposer(config.draft_model, target, config.draft_quantization, config.draft_head_quantization)
     if config.method == "mlp":
         return MLPProposer(config.speculator, target)
     return HeadsProposer(config.heads, target, config.k)

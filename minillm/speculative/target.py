@@ -31,3 +31,4 @@ class ProposerTarget:
     dtype: torch.dtype
     kv_slots: int                     # tokens the target's KV pool holds (a draft holds as many)
     make_runner: Callable[[torch.nn.Module, CacheManager], Runner]  # runs a model over its own cache
+    cache: CacheManager | None = None  # the target's KV cache, read-only (a self draft starts from its K/V)
