@@ -777,6 +777,48 @@ if real_installed:
 # where verifying a few rows costs about one decode step, the same tokens per forward would be
 # nearly all speedup.
 #
+# ### A proposer that models the text: the model's own weights, quantized
+#
+# Prompt lookup pays only where the answer copies its prompt; for an ordinary chat answer, a proposer
+# has to predict the text. The cheapest model that agrees with SmolLM2 is SmolLM2 itself with fewer
+# bits: its layers in int4 (a scale and a minimum per 32 weights, the shape of the GGUF file's own
+# Q4_1 blocks) and its LM head in int8. Each of its forwards reads about a fifth of the bytes of a
+# float32 one. It is a draft like any other (`method="draft"`, `draft_model="self"`), with one
+# shortcut: it has the target's layers and shapes, so the engine hands it the target's K/V of every
+# token the target has computed, and it never computes a prompt.
+#
+# Predict before you run it: α should be near 1 (the same model, rounded), so tokens per forward
+# near k + 1. The speedup is then decided by cost alone: k draft forwards (each a fraction of a
+# step, but not the fifth the bytes suggest: the norms, the attention and the engine's own work
+# cost what they cost the target) plus one verifying forward of k + 1 rows (`c_k`, as above).
+# Here `c_k` is a whole round's cost, the draft's forwards included, against one plain step.
+
+# %%
+from minillm import QuantConfig
+
+if real_installed:
+    questions = ["Explain in a few sentences why the sky is blue.", "Give three tips for writing a clear email."]
+    chat = [real_llm.chat_template.render([{"role": "user", "content": q}]) for q in questions]
+    self_draft = SpeculativeConfig("draft", k=4, draft_model="self",
+                                   draft_quantization=QuantConfig("int4", group_size=32, int4_range="min-max"),
+                                   draft_head_quantization=QuantConfig("int8"))
+    chat_plain = run(None, chat, real_greedy, repeats=1, model=REAL, num_kv_blocks=64)
+    chat_self = run(self_draft, chat, real_greedy, repeats=1, model=REAL, num_kv_blocks=64)
+    s, cost = chat_self["stats"], chat_self["step"] / chat_plain["step"]
+    print("greedy outputs identical to no speculation:", chat_self["outputs"] == chat_plain["outputs"])
+    print(f"self draft, k = 4, chat: α {s.acceptance_rate:.3f}, tok/fwd {s.tokens_per_forward:.2f} (theory "
+          f"{expected_tokens_per_forward(s.acceptance_rate, 4):.2f}), c_k {cost:.2f}, predicted "
+          f"{s.tokens_per_forward / cost:.2f}x, measured {chat_self['tok/s'] / chat_plain['tok/s']:.2f}x "
+          f"(prefill included)")
+
+# %% [markdown]
+# On one thread of a 2-core Intel Xeon, `python -m minillm.bench spec --model smollm2-135m-instruct`
+# put this draft at α 0.98 and 1.27x on chat prompts at k = 4 (1.33x at k = 6), where prompt lookup
+# gets 0.9x and the bundled MLP speculator (α 0.16) loses. Your figure moves with your machine and
+# its load; α and tokens per forward do not. Two experiments: `k=6` (more tokens per round; does
+# `c_k` grow by less?), and `draft_head_quantization=None`, a float32 head: α rises to 1.00 and
+# the speedup falls, because each draft forward now streams 113 MB more. Which moved, α or `c_k`?
+#
 # ## How production engines do it
 #
 # * **vLLM** takes a `speculative_config`: a `method` (a separate draft model, `ngram` prompt lookup

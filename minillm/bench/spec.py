@@ -68,8 +68,9 @@ FULL = Settings(prompts=8, new_tokens=128, repeats=3, ks=(1, 2, 4, 8), sampled_k
 QUICK = Settings(prompts=3, new_tokens=40, repeats=1, ks=(1, 4), sampled_k=4, batch=8, batch_ks=(4,))
 QUICK_BIG = Settings(prompts=2, new_tokens=24, repeats=1, ks=(1, 4), sampled_k=4, batch=4, batch_ks=(4,),
                      code_tokens=128)
-# a real model's full run: every decode step streams all its weights, so fewer prompts, ks and tokens
-FULL_BIG = Settings(prompts=4, new_tokens=48, repeats=2, ks=(1, 2, 4), sampled_k=2, batch=4, batch_ks=(2,))
+# a real model's full run: every decode step streams all its weights, so fewer prompts, ks and tokens; k = 6 for a
+# draft that agrees nearly always (the self draft), where the theory line keeps rising past 4
+FULL_BIG = Settings(prompts=4, new_tokens=48, repeats=2, ks=(1, 4, 6), sampled_k=4, batch=4, batch_ks=(4,))
 
 
 def draft_misfit(draft: str, target: Tokenizer, target_vocab: int) -> str | None:
@@ -100,8 +101,8 @@ def proposers(model: str) -> tuple[list[tuple[str, dict]], list[str]]:
         else:
             found.append((f"draft {draft}", {"method": "draft", "draft_model": draft}))
     if not any(label.startswith("draft") for label, _ in found):
-        notes.append(f"no bundled draft shares {model}'s tokenizer, so no draft runs here; the proposers that fit "
-                     f"it: {', '.join(label for label, _ in found)}")
+        notes.append(f"no bundled draft shares {model}'s tokenizer, so no other model drafts here; the proposers "
+                     f"that fit it: {', '.join(label for label, _ in found)}")
     if is_big(path):
         found.append(SELF_DRAFT)
     if (path / HEADS_FILE).is_file():
