@@ -12,6 +12,7 @@ from minillm.models.registry import PACKAGED_MODELS, resolve_model_path
 from minillm.quant.eval import Reference, heldout_windows
 from minillm_visualizer.quantization.run import REAL_WINDOW_TOKENS, REAL_WINDOWS
 from minillm_visualizer.serving.run import server
+from minillm_visualizer.speculative.run import SELF_DRAFT
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.timeout(300)]
 if not real_model_installed():
@@ -45,9 +46,9 @@ def test_the_speculative_page_runs_prompt_lookup_on_the_real_model_and_keeps_its
     at = page("speculative/speculative.py", {"k_spec_model": REAL_MODEL})
     assert at.number_input(key="k_spec_max_tokens").value == 24, "a real model starts on shorter outputs"
     assert at.multiselect(key="k_spec_ks").value == [1, 2, 4]
-    assert at.radio(key="k_spec_method").options == ["prompt lookup (n-gram)"]
+    assert at.radio(key="k_spec_method").options == ["prompt lookup (n-gram)", "draft model"]
+    assert at.selectbox(key="k_spec_draft").options == [SELF_DRAFT], "no other model shares its tokenizer"
     notes = " ".join(i.value for i in at.info)
-    assert "**draft model** is not offered" in notes and "shares smollm2-135m-instruct's tokenizer" in notes
     assert "**prediction heads (MTP)** is not offered" in notes
     assert any("is a real model: every forward reads its" in c.value for c in at.caption)
 
@@ -69,12 +70,12 @@ def test_the_speculative_page_runs_prompt_lookup_on_the_real_model_and_keeps_its
 
     press(at, "spec_b_compare")
     table = next(df.value for df in at.dataframe if df.value.columns[0] == "proposer").set_index("proposer")
-    assert list(table.index) == ["none (no speculation)", "prompt lookup (n-gram)", "draft model",
-                                 "prediction heads (MTP)"]
+    own = f"draft model ({SELF_DRAFT})"
+    assert list(table.index) == ["none (no speculation)", "prompt lookup (n-gram)", own, "prediction heads (MTP)"]
     assert table.loc["none (no speculation)", "speedup"] == 1.0
     assert table.loc["prompt lookup (n-gram)", "tokens per forward"] > 1, "the edit repeats its prompt's body"
-    assert table.loc[["draft model", "prediction heads (MTP)"], "tokens/s"].isna().all(), "they cannot run"
-    assert any(i.value.startswith("draft model: No other model here shares") for i in at.info)
+    assert table.loc[own, "acceptance rate"] > 0.9 and table.loc[own, "tokens per forward"] > 3, "its weights, rounded"
+    assert math.isnan(table.loc["prediction heads (MTP)", "tokens/s"]), "no heads are trained for it"
 
 
 def test_the_quantization_page_measures_the_real_model_on_a_short_held_out_text(real):
@@ -129,7 +130,8 @@ def test_choosing_the_real_model_resizes_the_load_and_drops_what_it_cannot_run()
     assert offered[0] == "tiny" and REAL_MODEL in offered
     at.radio(key="k_spec_method").set_value("draft").run()
     at.selectbox(key="k_spec_model").set_value(REAL_MODEL).run()
-    assert not at.exception and at.radio(key="k_spec_method").value == "ngram", "no draft shares its tokenizer"
+    assert not at.exception and at.radio(key="k_spec_method").value == "draft"
+    assert at.selectbox(key="k_spec_draft").value == SELF_DRAFT, "no other model shares its tokenizer: its own weights"
     assert at.number_input(key="k_spec_max_tokens").value == 24 and at.multiselect(key="k_spec_ks").value == [1, 2, 4]
     assert at.multiselect(key="k_spec_prompts").value == ["fibonacci", "edit: rename a function"]
     at.selectbox(key="k_spec_model").set_value("tiny").run()

@@ -105,8 +105,8 @@ def test_missing_heads_are_not_offered_and_the_page_says_how_to_train_them(spec,
         engine_config("tiny", "heads", 4, None, 1)
 
 
-def test_only_models_with_the_targets_tokenizer_are_offered_as_drafts(spec):
-    assert spec.selectbox(key="k_spec_draft").options == ["pico", "pico-distilled"]
+def test_only_models_with_the_targets_tokenizer_and_its_own_weights_are_offered_as_drafts(spec):
+    assert spec.selectbox(key="k_spec_draft").options == ["pico", "pico-distilled", spec_run.SELF_DRAFT]
     assert spec_run.drafts_for("pico", ["tiny", "pico", "pico-distilled"]) == ["tiny", "pico-distilled"]
 
 
@@ -119,12 +119,14 @@ def test_the_proposers_are_compared_on_the_same_prompts(spec, monkeypatch, tmp_p
     press(spec, "spec_b_compare")
     table = next(df.value for df in spec.dataframe if df.value.columns[0] == "proposer").set_index("proposer")
     assert list(table.index) == ["none (no speculation)", "prompt lookup (n-gram)", "draft model (pico)",
-                                 "draft model (pico-distilled)", "prediction heads (MTP)"]
+                                 "draft model (pico-distilled)", f"draft model ({spec_run.SELF_DRAFT})",
+                                 "prediction heads (MTP)"]
     assert table.loc["none (no speculation)", "speedup"] == 1.0
-    assert (table["tokens per forward"].iloc[1:4] > 1).all(), "prompt lookup and the drafts save target forwards"
+    assert (table["tokens per forward"].iloc[1:5] > 1).all(), "prompt lookup and the drafts save target forwards"
+    assert table.loc[f"draft model ({spec_run.SELF_DRAFT})", "acceptance rate"] > 0.8, "the model, rounded"
     assert table.loc["prediction heads (MTP)", "tokens per forward"] >= 1
     bars = figures(spec)["Tokens/s on the same prompts"]["data"][0]
-    assert len(bars["x"]) == 5 and all(y > 0 for y in bars["y"])
+    assert len(bars["x"]) == 6 and all(y > 0 for y in bars["y"])
 
 
 @pytest.mark.parametrize("notebook", ["solutions", "stubs"])

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minillm import EngineConfig, SamplingParams
+from minillm import EngineConfig, QuantConfig, SamplingParams
 from minillm.config import Components, SpeculativeConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.config import ModelConfig
@@ -42,6 +42,12 @@ PROMPTS = {
                                 "def word_counts(text):\n"),
 }
 PROPOSERS = {"ngram": "prompt lookup (n-gram)", "draft": "draft model", "heads": "prediction heads (MTP)"}
+# The target's own weights as its draft (self-speculation, speculative/draft.py): int4 layers with a free minimum
+# per 32 weights and an int8 LM head, as `bench spec` runs it on a real model
+SELF_DRAFT = "self: its own weights in int4, int8 head"
+SELF_DRAFT_FIELDS = {"draft_model": "self", "draft_quantization": QuantConfig("int4", group_size=32,
+                                                                              int4_range="min-max"),
+                     "draft_head_quantization": QuantConfig("int8")}
 SWEEP_KS = [1, 2, 3, 4, 6, 8]
 TRAIN_HEADS = "python -m minillm train heads"
 BLOCK_SIZE = 16
@@ -111,6 +117,16 @@ def drafts_for(target: str, models: list[str]) -> list[str]:
     return out
 
 
+def draft_choices(target: str, models: list[str]) -> list[str]:
+    """The drafts the page offers for `target`: the other models with its tokenizer, then its own weights quantized."""
+    return [*drafts_for(target, models), SELF_DRAFT]
+
+
+def draft_fields(draft: str | None) -> dict:
+    """SpeculativeConfig's fields for a draft choice."""
+    return dict(SELF_DRAFT_FIELDS) if draft == SELF_DRAFT else {"draft_model": draft}
+
+
 def proposer_problem(method: str, model: str, draft: str | None) -> str | None:
     """Why `method` cannot propose for `model` on this machine, in words; None if it can."""
     if method == "heads" and not heads_path(model).is_file():
@@ -145,7 +161,7 @@ def engine_config(model: str, method: str | None, k: int, draft: str | None, num
         problem = proposer_problem(method, model, draft)
         if problem:
             raise ValueError(problem)
-        where = {"draft": {"draft_model": draft}, "heads": {"heads": str(heads_path(model))}}.get(method, {})
+        where = {"draft": draft_fields(draft), "heads": {"heads": str(heads_path(model))}}.get(method, {})
         spec = SpeculativeConfig(method, k=k, **where)
     context = ModelConfig.from_file(resolve_model_path(model) / "config.json").max_position_embeddings
     tokens = min(context, tokens_per_prompt or context)

@@ -21,7 +21,7 @@ from minillm_visualizer.speculative.run import (
     SpecRun,
     chosen_prompts,
     compare,
-    drafts_for,
+    draft_choices,
     engine_config,
     label,
     pooled_alpha,
@@ -52,7 +52,7 @@ knob_defaults("spec", DEFAULTS, REAL, models)
 c = st.columns([1, 2.2, 1, 1, 1.3, 1])
 model = c[0].selectbox("Target model", models, key="k_spec_model", on_change=resize("spec", DEFAULTS, REAL),
                        help="A real model starts on fewer prompts and shorter outputs.")
-drafts = drafts_for(model, models)
+drafts = draft_choices(model, models)
 if st.session_state.get("k_spec_draft") not in drafts:
     st.session_state["k_spec_draft"] = "pico" if "pico" in drafts else (drafts[0] if drafts else None)
 # Only the proposers that can run for this model are offered; the others are named, with the reason.
@@ -62,7 +62,9 @@ if st.session_state.get("k_spec_method") not in offered:
     st.session_state["k_spec_method"] = offered[0]
 method = c[1].radio("Proposer", offered, format_func=PROPOSERS.get, key="k_spec_method", horizontal=True)
 draft = c[2].selectbox("Draft model", drafts, key="k_spec_draft", disabled=method != "draft",
-                       help="A smaller model with the target's tokenizer, with its own paged KV cache.")
+                       help="A smaller model with the target's tokenizer, with its own paged KV cache; or the "
+                            "target's own weights quantized (self: int4 layers, an int8 LM head), which reads a "
+                            "fraction of the bytes per forward and takes the target's K/V of the prompt.")
 k = int(c[3].number_input("k (proposals per step)", 0, 16, key="k_spec_k"))
 temperature = float(c[4].slider("Temperature", 0.0, 1.5, step=0.1, key="k_spec_temperature",
                                 help="0 is greedy: a proposal is kept when it is the target's own argmax. Above 0 "
@@ -206,7 +208,8 @@ if "spec_sweep" in st.session_state:
                            key="spec_dl_sweep", on_click="ignore")
 
 st.subheader("The proposers side by side")
-st.caption("Every proposer, and as drafts every model here that shares the target's tokenizer, on the same prompts at "
+st.caption("Every proposer, and as drafts every model here that shares the target's tokenizer and the target's own "
+           "weights quantized, on the same prompts at "
            "the same k, beside the engine without speculation. Tokens/s is wall time on this machine, one run each: "
            "a draft model's own forwards and the verification of rejected guesses cost time, so more tokens per "
            "forward is not always more tokens per second.")
@@ -215,7 +218,7 @@ if st.button("Compare the proposers", key="spec_b_compare", icon=":material/comp
     try:
         prompts = chosen_prompts(names, own)
         with st.spinner("Running each proposer on the same prompts..."):
-            variants = [("ngram", None), *[("draft", d) for d in drafts or [None]], ("heads", None)]
+            variants = [("ngram", None), *[("draft", d) for d in drafts], ("heads", None)]
             rows = compare(build_engine, model, variants, k, prompts, max_tokens, temperature)
         st.session_state["spec_compare"] = (rows, settings_note("Target"))
         st.session_state.pop("spec_compare_error", None)
