@@ -151,7 +151,7 @@ class EngineConfig:
                             f"got {type(self.quantization).__name__}")
         spec = self.speculative
         if spec is not None and spec.method == "draft" and spec.draft_model == SELF_DRAFT:
-            if self.quantization:
+            if self.quantization is not None:
                 raise ValueError(f"draft_model 'self' quantizes the target's full-precision weights, but the target "
                                  f"is quantized ({self.quantization.label()}): leave quantization None, or draft "
                                  f"with another model")

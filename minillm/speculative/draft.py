@@ -125,7 +125,7 @@ class DraftProposer:
         t = torch.arange(n)
         slots = []
         for cache, s in ((self.target_cache, seq), (self.cache, shadow)):
-            table, bs = torch.tensor(cache.block_table(s)), cache.block_size
+            table, bs = torch.tensor(cache.block_table(s), dtype=torch.long), cache.block_size
             slots.append((table[t // bs] * bs + t % bs).to(cache.pool.k.device))
         source, sink = self.target_cache.pool, self.cache.pool
         sink.k[:, slots[1]] = source.k[:, slots[0]]  # [layers, n, kv_heads, head_dim]
