@@ -140,3 +140,34 @@ def test_garbage_in_unwritten_slots_never_reaches_attention():
     assert not out.isnan().any()
     for i, (k, v) in enumerate(zip(keys, values)):
         torch.testing.assert_close(out[i], causal_attention(q[i:i + 1], k, v)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_copy_tokens_moves_each_token_k_v_between_pools_of_other_block_sizes():
+    """copy_tokens (a self draft's start from its target's K/V): token t of the source sequence, read where the
+    source's block table puts it, lands where the destination's table puts token t, in every layer; the tail of
+    the destination's last block and every other block stay as they were."""
+    from minillm.cache.paged import PagedCacheManager
+    from minillm.models.config import ModelConfig
+    from minillm.state import Sequence
+    cfg = ModelConfig("LlamaForCausalLM", 64, 32, 64, 3, 6, 2, 8, 128)
+    source = PagedCacheManager(cfg, 16, 4, torch.float32, torch.device("cpu"), False)
+    sink = PagedCacheManager(cfg, 8, 16, torch.float32, torch.device("cpu"), False)
+    gen = torch.Generator().manual_seed(0)
+    source.pool.k.copy_(torch.randn(source.pool.k.shape, generator=gen))
+    source.pool.v.copy_(torch.randn(source.pool.v.shape, generator=gen))
+    tokens = list(range(21))  # 6 blocks of 4 there (the last partial), 2 of 16 here
+    first = Sequence("a", None, tokens[:5], SamplingParams(), torch.Generator(), None, ())
+    assert source.allocate(first) == 0  # blocks 0-1, so that the next sequence's table starts elsewhere
+    seq, shadow = (Sequence(str(i), None, tokens, SamplingParams(), torch.Generator(), None, ()) for i in range(2))
+    assert source.allocate(seq) == 0 and sink.allocate(shadow) == 0
+    sink.pool.k.fill_(7.0)
+    sink.pool.v.fill_(7.0)
+    n = 19
+    sink.copy_tokens(source, seq, shadow, n)
+    for t in range(n):
+        here, there = shadow.kv.blocks[t // 16] * 16 + t % 16, seq.kv.blocks[t // 4] * 4 + t % 4
+        assert torch.equal(sink.pool.k[:, here], source.pool.k[:, there])
+        assert torch.equal(sink.pool.v[:, here], source.pool.v[:, there])
+    written = torch.zeros(sink.pool.k.shape[1], dtype=torch.bool)
+    written[[shadow.kv.blocks[t // 16] * 16 + t % 16 for t in range(n)]] = True
+    assert (sink.pool.k[:, ~written] == 7.0).all() and (sink.pool.v[:, ~written] == 7.0).all()

@@ -28,8 +28,7 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.spec_workloads import chat_prompts, code_prompts, copied, edit_prompts, heldout_sources
 from minillm.config import SpeculativeConfig
 from minillm.models.registry import bundled_models, resolve_model_path
-from minillm.quant.config import QuantConfig
-from minillm.speculative.draft import check_same_vocabulary
+from minillm.speculative.draft import check_same_vocabulary, quantized_self_draft
 from minillm.speculative.heads import HEADS_FILE
 from minillm.speculative.mlp_speculator import find_speculator
 from minillm.speculative.speculator import SpecStats
@@ -40,13 +39,9 @@ WORKLOADS = ("code", "edit", "chat")
 # issue 12: the best proposer on edits; heads or distilled draft on code. Issue 32: a model-based proposer
 # on chat, on the real model
 TARGETS = {"edit": 1.5, "code": 1.2, "chat": 1.3}
-# Self-speculation on a big model: its own weights as int4 with a free minimum per 32 (Q4_1's shape) and an int8
-# LM head, drafting for the float32 model (a weight-streaming model's quantized forward costs a fraction of its
-# float32 one; an int4 head would cost less again, but change the draft's choice more often)
-SELF_DRAFT = ("draft self-int4-g32-minmax, int8 head",
-              {"method": "draft", "draft_model": "self",
-               "draft_quantization": QuantConfig("int4", group_size=32, int4_range="min-max"),
-               "draft_head_quantization": QuantConfig("int8")})
+# Self-speculation on a big model: its own weights quantized, drafting for the float32 model (a weight-streaming
+# model's quantized forward costs a fraction of its float32 one)
+SELF_DRAFT = ("draft self-int4-g32-minmax, int8 head", {"method": "draft", **quantized_self_draft()})
 MODEL_BASED = ("heads", "draft pico-distilled", SELF_DRAFT[0], "mlp")  # the proposers the code and chat targets are for
 COUNTS = ("proposed", "reached", "accepted", "verifications", "emitted")
 

@@ -167,6 +167,18 @@ class PagedCacheManager:
     def block_table(self, seq: Sequence) -> list[int]:
         return list(seq.kv.blocks) if isinstance(seq.kv, BlockTable) else []
 
+    def token_slots(self, seq: Sequence, num_tokens: int) -> torch.Tensor:
+        """The pool slots of seq's first num_tokens tokens: [num_tokens], long, on the pool's device."""
+        t, table = torch.arange(num_tokens), torch.tensor(self.block_table(seq), dtype=torch.long)
+        return (table[t // self.block_size] * self.block_size + t % self.block_size).to(self.device)
+
+    def copy_tokens(self, source: "PagedCacheManager", source_seq: Sequence, seq: Sequence, num_tokens: int) -> None:
+        """The K/V of source_seq's first num_tokens tokens in `source` (a pool of a model with the same layers and
+        shapes; its block size may differ) into seq's slots here, which seq's blocks must already hold."""
+        into, out_of = self.token_slots(seq, num_tokens), source.token_slots(source_seq, num_tokens)
+        self.pool.k[:, into] = source.pool.k[:, out_of]  # [layers, num_tokens, kv_heads, head_dim]
+        self.pool.v[:, into] = source.pool.v[:, out_of]
+
     def context(self, batch: list[ScheduledSeq]) -> AttentionContext:
         """The step's slot mapping and attention groups, built in Python and moved to the device
         in a few tensors (per-token tensor ops here would cost more than the decode itself).

@@ -31,6 +31,15 @@ from minillm.tokenizer import Tokenizer
 DRAFT_BLOCK_SIZE = 16
 
 
+def quantized_self_draft() -> dict:
+    """The fields of SpeculativeConfig("draft", ...) for the self draft that measured best on SmolLM2 (bench spec):
+    int4 layers with a free minimum per 32 weights (the shape of a GGUF file's Q4_1 blocks) and an int8 LM head (an
+    int4 head would cost less again, but change the draft's choice more often)."""
+    return {"draft_model": SELF_DRAFT,
+            "draft_quantization": QuantConfig("int4", group_size=32, int4_range="min-max"),
+            "draft_head_quantization": QuantConfig("int8")}
+
+
 class DraftProposer:
     def __init__(self, draft_model: str, target: ProposerTarget, quantization: QuantConfig | None = None,
                  head_quantization: QuantConfig | None = None) -> None:
@@ -41,13 +50,12 @@ class DraftProposer:
             model = load_model(path, target.dtype, target.device)
             check_same_vocabulary(Tokenizer(path), target.tokenizer, model.config.vocab_size,
                                   target.model.config.vocab_size, draft_model)
-        if quantization is not None or head_quantization is not None:
-            if quantization is not None:
-                model = quantize_model(model, quantization)
-            if head_quantization is not None:
-                model = quantize_lm_head(model, head_quantization)
-            if target.device.type == "cpu" and streamed(model):
-                to_huge_pages(model)  # its new codes, as the engine's own quantized ones: 4 KiB pages cost 45% more
+        if quantization is not None:
+            model = quantize_model(model, quantization)
+        if head_quantization is not None:
+            model = quantize_lm_head(model, head_quantization)
+        if (quantization or head_quantization) and target.device.type == "cpu" and streamed(model):
+            to_huge_pages(model)  # its new codes, as the engine's own quantized ones: 4 KiB pages cost 45% more
         self.model = model
         self.cache = PagedCacheManager(self.model.config, target.kv_slots // DRAFT_BLOCK_SIZE + 1, DRAFT_BLOCK_SIZE,
                                        target.dtype, target.device, enable_prefix_caching=False)
@@ -105,8 +113,9 @@ class DraftProposer:
             shadow = Sequence(seq.request_id, None, seq.token_ids, seq.params, seq.generator, None, (), seq.index)
             if self.cache.allocate(shadow) is None:
                 return None
-            if self.target_cache is not None:
-                self._copy_target_kv(seq, shadow)
+            if self.target_cache is not None:  # the target's K/V of what it has computed: the shadow has them too
+                self.cache.copy_tokens(self.target_cache, seq, shadow, seq.num_computed_tokens)
+                shadow.num_computed_tokens = seq.num_computed_tokens
         else:
             keep, limit = base, min(len(shadow.token_ids), len(seq.token_ids))
             while keep < limit and shadow.token_ids[keep] == seq.token_ids[keep]:
@@ -117,20 +126,6 @@ class DraftProposer:
                 self.cache.trim(shadow)
         self.shadows[id(seq)] = (shadow, len(seq.token_ids))
         return shadow
-
-    def _copy_target_kv(self, seq: Sequence, shadow: Sequence) -> None:
-        """The K/V of the tokens the target has computed for seq, from the target's pool into the shadow's
-        blocks (slot by slot: the two pools may have other block sizes); the shadow has computed them."""
-        n = seq.num_computed_tokens
-        t = torch.arange(n)
-        slots = []
-        for cache, s in ((self.target_cache, seq), (self.cache, shadow)):
-            table, bs = torch.tensor(cache.block_table(s), dtype=torch.long), cache.block_size
-            slots.append((table[t // bs] * bs + t % bs).to(cache.pool.k.device))
-        source, sink = self.target_cache.pool, self.cache.pool
-        sink.k[:, slots[1]] = source.k[:, slots[0]]  # [layers, n, kv_heads, head_dim]
-        sink.v[:, slots[1]] = source.v[:, slots[0]]
-        shadow.num_computed_tokens = n
 
 
 def check_same_vocabulary(draft: Tokenizer, target: Tokenizer, draft_vocab: int, target_vocab: int,

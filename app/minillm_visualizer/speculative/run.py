@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minillm import EngineConfig, QuantConfig, SamplingParams
+from minillm import EngineConfig, SamplingParams
 from minillm.config import Components, SpeculativeConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.config import ModelConfig
 from minillm.models.registry import resolve_model_path
-from minillm.speculative.draft import check_same_vocabulary
+from minillm.speculative.draft import check_same_vocabulary, quantized_self_draft
 from minillm.speculative.heads import HEADS_FILE
 from minillm.speculative.speculator import SpecStats
 from minillm.speculative.theory import expected_tokens_per_forward
@@ -42,12 +42,7 @@ PROMPTS = {
                                 "def word_counts(text):\n"),
 }
 PROPOSERS = {"ngram": "prompt lookup (n-gram)", "draft": "draft model", "heads": "prediction heads (MTP)"}
-# The target's own weights as its draft (self-speculation, speculative/draft.py): int4 layers with a free minimum
-# per 32 weights and an int8 LM head, as `bench spec` runs it on a real model
-SELF_DRAFT = "self: its own weights in int4, int8 head"
-SELF_DRAFT_FIELDS = {"draft_model": "self", "draft_quantization": QuantConfig("int4", group_size=32,
-                                                                              int4_range="min-max"),
-                     "draft_head_quantization": QuantConfig("int8")}
+SELF_DRAFT = "self: its own weights in int4, int8 head"  # the target's own weights as its draft (speculative/draft.py)
 SWEEP_KS = [1, 2, 3, 4, 6, 8]
 TRAIN_HEADS = "python -m minillm train heads"
 BLOCK_SIZE = 16
@@ -124,7 +119,7 @@ def draft_choices(target: str, models: list[str]) -> list[str]:
 
 def draft_fields(draft: str | None) -> dict:
     """SpeculativeConfig's fields for a draft choice."""
-    return dict(SELF_DRAFT_FIELDS) if draft == SELF_DRAFT else {"draft_model": draft}
+    return quantized_self_draft() if draft == SELF_DRAFT else {"draft_model": draft}
 
 
 def proposer_problem(method: str, model: str, draft: str | None) -> str | None:
