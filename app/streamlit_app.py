@@ -5,6 +5,11 @@ of it from the same run, and the Chat page holds a conversation with it. Each pa
 minillm_visualizer/ (the page's script, its runs and charts), imported from this script's folder, which Streamlit
 puts on sys.path.
 """
+# Every run imports pandas in full before a page starts: Streamlit runs a page in a new thread as soon as the user
+# leaves the last one, whose thread may still be importing pandas (a page's first chart or table pulls it in), and
+# plotly reads pandas from sys.modules without waiting for that import to finish. A CI run's Kernels page died of
+# "partially initialized module 'pandas' has no attribute 'Series'" so; an import statement waits for the module.
+import pandas  # noqa: F401
 import streamlit as st
 
 from minillm_visualizer.shared.controls import keep_knobs, knobs

@@ -52,6 +52,10 @@ def server(tmp_path):
     with serve(cmd, f"http://127.0.0.1:{port}", "/_stcore/health", tmp_path / "streamlit.log",
                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_within=60, ready=lambda body: body == b"ok") as url:
         yield url
+    # A page that raised shows the browser only its first lines; pytest prints this should the test fail.
+    text = (tmp_path / "streamlit.log").read_text(errors="replace")
+    if "Traceback" in text:
+        print("the app's log:\n" + re.sub(r"\x1b\[[0-9;]*m", "", text)[-6000:])
 
 
 def off_the_machine(urls: list[str]) -> list[str]:
