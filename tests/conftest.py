@@ -87,6 +87,18 @@ def _memory_back_after_a_heavy_test(request):
 
 
 @pytest.fixture(scope="session")
+def real_model_cache(tmp_path_factory):
+    """A MINILLM_CACHE that every module and xdist worker of this run shares: the real model's GGUF file is converted
+    once a run (about 5 s), not once a module (a conversion is written under a temporary name and renamed, so two
+    at once are safe); the processes a test starts find it through the environment. (test_gguf_smollm2 converts
+    into a cache of its own: the conversion is what it tests.)"""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-model-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def hf_llama(tmp_path_factory):
     """(directory, transformers model): Llama with GQA (4 heads, 2 kv heads), untied embeddings."""
     path = tmp_path_factory.mktemp("llama")

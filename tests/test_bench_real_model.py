@@ -3,9 +3,10 @@ process, on the smaller quick workload a big model gets, and writes figures that
 No timing is asserted beyond "positive"; greedy outputs must be identical where a benchmark checks them.
 Skipped when the model's package is not installed.
 
-The spec, quant and cluster benchmarks run here on a workload smaller still (`smaller`): every part of them runs,
-on fewer prompts, tokens and requests. Their quick run on SmolLM2 is what the README records, and took 85-120 s
-each on a 2-core machine, a fifth of the suite's time on one worker; these tests check code paths, not figures."""
+The spec, quant, throughput and cluster benchmarks run here on a workload smaller still (`smaller`): every part of
+them runs, on fewer prompts, tokens and requests. Their quick run on SmolLM2 is what the README records, and took
+85-120 s each on a 2-core machine, a fifth of the suite's time on one worker; these tests check code paths, not
+figures."""
 import dataclasses
 import json
 import math
@@ -25,14 +26,14 @@ if registry.packaged_gguf(NAME) is None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    """The model converted once for this module into a cache of its own, which the processes the
+def cache(real_model_cache):
+    """The model from the run's shared conversion cache, which the processes the
     benchmarks start (servers, replicas, workers) find through the environment too; one torch thread,
     as `--threads 1` gives (on a busy 2-core machine, two threads spin-wait for each other)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MINILLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("MINILLM_CACHE", str(real_model_cache))
         registry.resolve_model_path(NAME)
         yield
     torch.set_num_threads(threads)
@@ -111,7 +112,8 @@ def test_spec_runs_prompt_lookup_the_bundled_speculator_and_a_self_draft_and_say
             assert 0 <= r["alpha"] <= 1 and 1 <= r["tokens_per_forward"] <= r["k"] + 1 and r["tokens_per_s"] > 0
 
 
-def test_throughput_policies_agree_on_the_tokens(tmp_path):
+def test_throughput_policies_agree_on_the_tokens(tmp_path, monkeypatch):
+    smaller(monkeypatch, "throughput", requests=6, batch_sizes=(3,), max_output=24)
     figures, _ = quick_run("throughput", tmp_path)
     assert figures["smaller_quick_workload"] and figures["outputs_identical_across_policies"]
     assert all(v > 0 for v in figures["tokens_per_s"].values())

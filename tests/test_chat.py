@@ -27,12 +27,12 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory) -> LLM:
-    """The real model, converted once for this module into a cache of its own."""
+def real(real_model_cache) -> LLM:
+    """The real model, from the run's shared conversion cache."""
     if GGUF_FILE is None:
         pytest.skip(f"the real model is not installed: {registry.PACKAGED_MODELS[NAME].install_command()}")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MINILLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("MINILLM_CACHE", str(real_model_cache))
         return LLM(NAME)
 
 

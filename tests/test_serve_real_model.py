@@ -23,10 +23,10 @@ CAPITAL = {"type": "object", "additionalProperties": False, "required": ["city",
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A server on the real model, converted once for this module into a cache of its own."""
+def server(real_model_cache):
+    """A server on the real model, from the run's shared conversion cache."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MINILLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("MINILLM_CACHE", str(real_model_cache))
         llm = AsyncLLM(NAME)
     with serve_in_thread(llm) as handle:
         yield handle

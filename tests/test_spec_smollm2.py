@@ -21,10 +21,10 @@ GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """The plain engine and the prompts' greedy tokens, in a cache of this module's own."""
+def plain(real_model_cache):
+    """The plain engine and the prompts' greedy tokens, from the run's shared conversion cache."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MINILLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("MINILLM_CACHE", str(real_model_cache))
         llm = LLM(NAME, enable_prefix_caching=False)
         prompts = [llm.tokenizer.encode(llm.chat_template.render([{"role": "user", "content": q}]))
                    for q in QUESTIONS] + [llm.tokenizer.encode(CODE)]

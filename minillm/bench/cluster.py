@@ -67,7 +67,8 @@ def validate(engine: LLMEngine | None, model: str, knobs: dict, profile: StepPro
     """Real runs against simulated ones at a light and a heavy load on one replica, and the heavy load on
     each of two replicas in processes of their own behind round robin (rates from `profile`). This
     machine's speed drifts from minute to minute, so a full run repeats each real run, each right after a
-    calibration of its own that its simulation uses; the error is the median simulated figure's against
+    calibration of its own that its simulation uses (the first in-process run's is `profile`, which run()
+    measured on `engine` just before); the error is the median simulated figure's against
     the median real one, beside the real runs' own spread. Each simulated figure is itself the median of
     a few seeded simulations (`predict`): a measured profile draws each step's time from the spread the
     calibration measured, at a pace that persists from step to step as the measured one did. Two checks
@@ -82,13 +83,14 @@ def validate(engine: LLMEngine | None, model: str, knobs: dict, profile: StepPro
         return []
     alone = alone_seconds(profile)
     rows = []
+    fresh = profile if engine is not None else None
     for seed, (name, utilisation, replicas) in enumerate(loads, start=10 + LOADS.index(loads[0])):
         requests = workload(requests_each * replicas, replicas * utilisation / alone, seed=seed)
         fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
         for _ in range(REPEATS[quick]):
             if replicas == 1:
-                calibrated = measure_profile(engine, requests=calibration_requests)
+                calibrated, fresh = fresh or measure_profile(engine, requests=calibration_requests), None
                 real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
             else:
                 calibration, (steps, woke), knobs, real = replay_fleet(model, requests, replicas, calibration_requests)
