@@ -110,18 +110,27 @@ def test_engines_can_share_loaded_weights_and_observers_can_leave(hf_llama):
     assert len(seen) == 1
 
 
-def test_garbage_in_unwritten_slots_never_reaches_attention():
+@pytest.mark.parametrize("cpu_decode", [True, False], ids=["in place (C++)", "gathered (SDPA over padded blocks)"])
+def test_garbage_in_unwritten_slots_never_reaches_attention(cpu_decode, monkeypatch):
     """Decode gathers whole blocks, the unwritten tail of each sequence's last block included, and
-    pads shorter rows: those slots are masked, and whatever a block held before (NaN, say, from a
-    request that overflowed) must not reach the next sequence that is given it."""
+    pads shorter rows with the pad block: those slots are masked, and whatever the memory held before
+    (NaN, say, from a request that overflowed, or an allocation's old bytes: the pool is not zeroed
+    whole) must not reach a sequence. Here every slot of the pool starts as NaN, the pad block's too."""
     from minillm.cache.paged import PagedCacheManager
     from minillm.layers.attention import causal_attention
     from minillm.models.config import ModelConfig
     from minillm.state import Phase, ScheduledSeq, Sequence
     cfg = ModelConfig("LlamaForCausalLM", 64, 32, 64, 1, 6, 2, 8, 128)
-    cache = PagedCacheManager(cfg, 16, 4, torch.float32, torch.device("cpu"), False)
-    cache.pool.k[:, :16 * 4].fill_(float("nan"))  # every block a previous owner left full of NaN
-    cache.pool.v[:, :16 * 4].fill_(float("nan"))
+    allocate = torch.empty
+
+    def old_bytes(*size, **kwargs):  # memory a previous owner left full of NaN
+        memory = allocate(*size, **kwargs)
+        return memory.fill_(float("nan")) if memory.is_floating_point() else memory
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "empty", old_bytes)
+        cache = PagedCacheManager(cfg, 16, 4, torch.float32, torch.device("cpu"), False, cpu_decode=cpu_decode)
+    assert cache.pool.k[:, :16 * 4].isnan().all(), "the pool's blocks start as garbage here"
     gen = torch.Generator().manual_seed(0)
     lengths, seqs = [6, 11, 3], []
     for i, n in enumerate(lengths):  # contexts that end mid-block: 2, 3 and 1 blocks of 4
