@@ -114,6 +114,13 @@ def chromium() -> str:
     return path
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """The temporary folder every pytest-xdist worker of this test run shares (a worker's own is <run>/popen-gwN),
+    or the run's own without xdist: for what the workers make once a run and share (a lock, a converted model)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def free_port() -> int:
     """A TCP port on the loopback interface that nothing listens on now."""
     import socket

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from minillm.testing import give_memory_back, make_hf_model
+from minillm.testing import give_memory_back, make_hf_model, run_folder
 
 os.environ["TQDM_DISABLE"] = "1"  # no progress bars in test logs (LLM.generate shows one by default)
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -35,7 +35,7 @@ def _real_model_held(tmp_path_factory):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    with open(tmp_path_factory.getbasetemp().parent / "real-model.lock", "w") as lock:
+    with open(run_folder(tmp_path_factory) / "real-model.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # waits only while the other worker holds it
         try:
             yield
@@ -92,8 +92,7 @@ def real_model_cache(tmp_path_factory):
     once a run (about 5 s), not once a module (a conversion is written under a temporary name and renamed, so two
     at once are safe); the processes a test starts find it through the environment. (test_gguf_smollm2 converts
     into a cache of its own: the conversion is what it tests.)"""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-model-cache"
+    folder = run_folder(tmp_path_factory) / "real-model-cache"
     folder.mkdir(exist_ok=True)
     return folder
 

@@ -83,14 +83,17 @@ def validate(engine: LLMEngine | None, model: str, knobs: dict, profile: StepPro
         return []
     alone = alone_seconds(profile)
     rows = []
-    fresh = profile if engine is not None else None
+    calibrated_just_before = engine is not None  # run() measured `profile` on this engine right before this call
     for seed, (name, utilisation, replicas) in enumerate(loads, start=10 + LOADS.index(loads[0])):
         requests = workload(requests_each * replicas, replicas * utilisation / alone, seed=seed)
         fleet = {"replicas": replicas, "router": "round_robin"}
         reals, sims, own_sims, step_errors = [], [], [], []
         for _ in range(REPEATS[quick]):
             if replicas == 1:
-                calibrated, fresh = fresh or measure_profile(engine, requests=calibration_requests), None
+                if calibrated_just_before:
+                    calibrated, calibrated_just_before = profile, False
+                else:
+                    calibrated = measure_profile(engine, requests=calibration_requests)
                 real, steps, woke = recorded_steps(engine, partial(replay, engine, requests))
             else:
                 calibration, (steps, woke), knobs, real = replay_fleet(model, requests, replicas, calibration_requests)

@@ -5,7 +5,6 @@ second time (whichever test asks first runs it). (A plain module, not a conftest
 their conftest by name, and a second conftest.py loaded after theirs would shadow it.)
 """
 import fcntl
-import os
 import subprocess
 import sys
 import time
@@ -28,9 +27,8 @@ class ExecutedNotebooks:
     (the one all pytest-xdist workers share: a notebook runs once however many tests and workers ask)."""
 
     def __init__(self, tmp_path_factory):
-        base = tmp_path_factory.getbasetemp()
-        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # workers: <session>/popen-gwN
-        self.folder = shared / "executed-notebooks"
+        from minillm.testing import run_folder  # here: the runner process (this file as a script) needs no torch
+        self.folder = run_folder(tmp_path_factory) / "executed-notebooks"
         self.folder.mkdir(exist_ok=True)
 
     def run(self, stem: str, timeout: float) -> tuple[nbformat.NotebookNode, float]:
