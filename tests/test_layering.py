@@ -68,6 +68,17 @@ def test_importing_the_engine_loads_no_training_evaluation_or_model_card_code():
     assert run.stdout.strip() == "[]", f"importing the engine loaded {run.stdout.strip()}"
 
 
+@pytest.mark.subprocess
+def test_loading_a_model_imports_no_compiler():
+    """A model is built on the meta device; an operator run on a meta tensor there (an initial weight drawn, a
+    rotary table, Module.to_empty) would import torch._dynamo and sympy: 1.5-2 s in every process that loads one."""
+    code = ("import sys; from minillm import LLM; LLM('tiny'); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy') if m in sys.modules))")
+    run = run_python("-c", code)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", f"loading a model imported {run.stdout.strip()}"
+
+
 def runtime_imports(path: Path) -> set[str]:
     """The minillm modules a file imports at run time (imports under `if TYPE_CHECKING:` excluded)."""
     tree = ast.parse(path.read_text())

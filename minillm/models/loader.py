@@ -50,10 +50,18 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
 def build_empty(cfg: ModelConfig, device: torch.device) -> torch.nn.Module:
     """The model of cfg on device, its weights uninitialized: built on the meta device, so that no layer draws
     the random initial weights the checkpoint replaces next (on SmolLM2, 0.9 s of a 1.9 s load), then given
-    memory. The loaders fill every parameter or refuse the checkpoint; the rotary tables are computed again."""
+    memory. The loaders fill every parameter or refuse the checkpoint; the rotary tables are computed again.
+    No operator runs on a meta tensor, here or in the layers' constructors: torch runs those through its
+    Python references, whose first call imports torch._dynamo and sympy (1,400 modules, 1.5-2 s in every
+    process that loads a model). Hence torch.empty for each tensor, not Module.to_empty (empty_like)."""
     with torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg)
-    model.to_empty(device=device)
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            setattr(module, name, torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device),
+                                                     requires_grad=param.requires_grad))
+        for name, buffer in module.named_buffers(recurse=False):
+            setattr(module, name, torch.empty(buffer.shape, dtype=buffer.dtype, device=device))
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     for module in model.modules():
