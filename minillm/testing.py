@@ -3,6 +3,7 @@
 `transformers` is the reference no one here wrote: a model it builds and saves must load in
 minillm and give its logits and its greedy tokens. Needs the `dev` extra (transformers).
 """
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -101,6 +102,35 @@ def make_hf_model(out: Path, kind: str = "llama", seed: int = 0, vocab_size: int
 # -- a real browser and local servers, for end-to-end tests of the app and the notebooks ----------
 # Debian's chromium, never a test tool's own download; no background networking: the machine may be offline.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """Inside it, transformers reads each GGUF file once: its loader parses a file twice per model or tokenizer
+    (SmolLM2's: ~3 s each, the 49,152-token vocabulary's arrays field by field) and builds gguf's tensor-name map
+    again for every tensor (397 times). Both are pure functions of their arguments, kept for the context's
+    length; the weights transformers converts and the reference they give are unchanged."""
+    import gguf
+
+    readers, maps = {}, {}
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def read_once(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    def map_once(arch, n_blocks):
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = name_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, map_once
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def chromium() -> str:

@@ -10,6 +10,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.chat_template import DEFAULT_TEMPLATE
 from minillm.models import registry
+from minillm.testing import gguf_parsed_once
 
 pytestmark = pytest.mark.real_model  # its module fixture holds the real model
 
@@ -42,7 +43,8 @@ def hf_tokenizer():
     if GGUF_FILE is None:
         pytest.skip(f"the real model is not installed: {registry.PACKAGED_MODELS[NAME].install_command()}")
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(GGUF_FILE.parent, gguf_file=GGUF_FILE.name)
+    with gguf_parsed_once():
+        return AutoTokenizer.from_pretrained(GGUF_FILE.parent, gguf_file=GGUF_FILE.name)
 
 
 @pytest.fixture(scope="module")

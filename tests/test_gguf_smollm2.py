@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from minillm.models import registry
+from minillm.testing import gguf_parsed_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]  # loaded twice (minillm and transformers)
 
@@ -46,14 +47,17 @@ def real(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_model():
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(GGUF_FILE.parent, gguf_file=GGUF_FILE.name, dtype=torch.float32).eval()
+    with gguf_parsed_once():
+        return AutoModelForCausalLM.from_pretrained(GGUF_FILE.parent, gguf_file=GGUF_FILE.name,
+                                                    dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
 def tok():
     """transformers' tokenizer built from the same GGUF file (its own converter, not minillm's)."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(GGUF_FILE.parent, gguf_file=GGUF_FILE.name)
+    with gguf_parsed_once():
+        return AutoTokenizer.from_pretrained(GGUF_FILE.parent, gguf_file=GGUF_FILE.name)
 
 
 def chat_ids(tok, messages) -> list[int]:
