@@ -375,7 +375,7 @@ def load_test(rate: float, max_concurrency: int | None = None) -> dict:
             "failed": len(result.records) - len(done)}
 
 
-curve = [load_test(rate) for rate in (1.0, 4.0, 16.0, math.inf)]
+curve = [load_test(rate) for rate in (4.0, 16.0, 64.0, math.inf)]
 print(f"{'rate req/s':>10} {'tokens/s':>9} {'TTFT p50 ms':>12} {'TTFT p90 ms':>12} {'TPOT p50 ms':>12} failed")
 for row in curve:
     print(f"{row['rate']:>10} {row['throughput']:9.1f} {row['ttft_p50'] * 1e3:12.0f} {row['ttft_p90'] * 1e3:12.0f} "
