@@ -6,6 +6,7 @@ minillm and give its logits and its greedy tokens. Needs the `dev` extra (transf
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import time
@@ -112,21 +113,13 @@ def gguf_parsed_once():
     length; the weights transformers converts and the reference they give are unchanged."""
     import gguf
 
-    readers, maps = {}, {}
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    read = functools.cache(reader)
 
-    def read_once(path, mode="r"):
-        key = (str(Path(path).resolve()), mode)
-        if key not in readers:
-            readers[key] = reader(path, mode)
-        return readers[key]
+    def read_once(path, mode="r"):  # by absolute path, whichever way the caller spells it
+        return read(str(Path(path).resolve()), mode)
 
-    def map_once(arch, n_blocks):
-        if (arch, n_blocks) not in maps:
-            maps[arch, n_blocks] = name_map(arch, n_blocks)
-        return maps[arch, n_blocks]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, map_once
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.cache(name_map)
     try:
         yield
     finally:

@@ -35,8 +35,8 @@ class RotaryEmbedding(nn.Module):
     def _tables_for(self, positions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """cos, sin and sin with its first half negated: [positions, d] each, float32."""
         d = 2 * self.half
-        if torch.empty(0).is_meta:  # a loader's build (it computes them again once they have memory): arange on
-            return tuple(torch.empty(positions, d) for _ in range(3))  # the meta device imports torch._dynamo
+        if torch.get_default_device().type == "meta":  # a loader's build, which computes them again once they have
+            return tuple(torch.empty(positions, d) for _ in range(3))  # memory (arange on meta imports torch._dynamo)
         inv_freq = self.theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
         angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)  # [positions, d/2]
         cos, sin = angles.cos(), angles.sin()
