@@ -144,8 +144,18 @@ def test_an_empty_json_schema_constrains_to_any_json_value(server):
     json.loads(bound["text"])
 
 
+async def reached(condition, timeout: float = 10.0) -> None:
+    """Wait, without blocking the loop, until the server is in the state a test needs (no fixed sleep:
+    under a loaded CI machine a request can take longer than any guess to arrive)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the server never reached the state the test waits for"
+        await asyncio.sleep(0.01)
+
+
 def test_admission_counts_the_sequences_a_request_brings():
-    with serve_in_thread(slowed(AsyncLLM("tiny", max_num_seqs=2), 0.02), max_waiting=4) as server:
+    llm = slowed(AsyncLLM("tiny", max_num_seqs=2), 0.02)
+    with serve_in_thread(llm, max_waiting=4) as server:
         body = {"model": "tiny", "max_tokens": 30, "ignore_eos": True}
         many = httpx.post(server.base_url + "/v1/completions", json={**body, "prompt": ["a"] * 200, "n": 4})
         assert many.status_code == 400 and "brings 800 sequences" in many.text
@@ -154,10 +164,10 @@ def test_admission_counts_the_sequences_a_request_brings():
         async def main():
             running = asyncio.ensure_future(client.completions.create(model="tiny", prompt="a", max_tokens=60,
                                                                       extra_body={"ignore_eos": True}))
-            await asyncio.sleep(0.3)  # it runs, so a request of n = 2 cannot join it (max_num_seqs 2)
+            await reached(lambda: llm.num_running == 1)  # it runs (60 steps of >= 20 ms): max_num_seqs 2
             queued = asyncio.ensure_future(client.completions.create(model="tiny", prompt=["b", "c"], n=2,
                                                                      max_tokens=2))
-            await asyncio.sleep(0.3)  # its four sequences wait: the queue is full
+            await reached(lambda: llm.num_waiting_seqs == 4)  # its four sequences wait: the queue is full
             with pytest.raises(openai.RateLimitError, match="4 sequences are waiting"):
                 await client.completions.create(model="tiny", prompt="d", max_tokens=2)
             return await asyncio.gather(running, queued)

@@ -4,6 +4,7 @@ import time
 import pytest
 from conftest import errors, figures, run_to_end
 
+from minillm.testing import wait_until
 from minillm_visualizer.shared.controls import REFRESH_S
 
 
@@ -61,8 +62,9 @@ def test_pause_step_and_resume(app):
     time.sleep(0.3)
     assert len(run.records) == paused_at
     app.button(key="b_step").click().run()
+    assert wait_until(lambda: len(run.records) > paused_at, timeout=10)
     time.sleep(0.3)
-    assert len(run.records) == paused_at + 1
+    assert len(run.records) == paused_at + 1, "Step runs one step, and the run stays paused after it"
     app.button(key="b_resume").click().run()
     assert run.wait(60) and run.status == "finished"
 
