@@ -2,11 +2,13 @@
 pairs of 8, and bytes are widened with AVX2's instructions) and plain x86-64 (the portable loops). The kernels
 are built with `-march=native`, so a run on an AVX-512 machine never reaches those paths; here each library is
 built again with other flags, put in place of the native one, and held to the same references as in
-test_quant_fused, test_cpu_ops, test_linear and test_paged_decode_cpu, whose test bodies run again unchanged."""
+test_quant_fused, test_cpu_ops, test_linear, test_paged_decode_cpu and test_cpu_decode, whose test bodies run again
+unchanged."""
 import platform
 from pathlib import Path
 
 import pytest
+import test_cpu_decode
 import test_cpu_ops
 import test_linear
 import test_paged_decode_cpu
@@ -15,6 +17,7 @@ import torch
 
 from minillm.kernels import paged_decode_cpu
 from minillm.layers import cpu_ops
+from minillm.models import cpu_decode
 from minillm.quant import fused
 
 # instruction set -> the flags after g++'s -march=native, and the CPU flags it needs to run
@@ -87,3 +90,10 @@ def test_paged_decode_attention_equals_the_reference(built_for):
     test_paged_decode_cpu.test_lengths_at_the_edges_of_a_block()
     for gain in (50.0, 3.0):
         test_paged_decode_cpu.test_large_scores_neither_overflow_nor_lose_their_small_terms(gain)
+
+
+def test_a_decode_step_of_cpp_layers_equals_the_layers_own_path(built_for, monkeypatch, restore_threads):
+    calls = []
+    run = cpu_decode.CpuDecode.run
+    monkeypatch.setattr(cpu_decode.CpuDecode, "run", lambda self, i, h, x: calls.append(i) or run(self, i, h, x))
+    test_cpu_decode.test_the_cpp_layers_equal_the_layers_own_path_to_the_bit("tiny", 4, 1, None, calls)

@@ -32,7 +32,8 @@ def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtyp
                                 config.components, config.attention_backend,
                                 None if config.compile_decode else PagedCacheManager.DECODE_GROUP,
                                 # tensor-parallel ranks rebuild the gather path's context from what rank 0 sends
-                                cpu_decode=config.cpu_decode_kernel and config.tensor_parallel_size == 1)
+                                cpu_decode=config.cpu_decode_kernel and config.tensor_parallel_size == 1,
+                                cpu_layers=config.cpu_decode_layers)
     if config.kv_offload is not None:
         manager.attach_offload(config.kv_offload, config.kv_offload_blocks, config.kv_offload_dir)
     return manager

@@ -30,15 +30,21 @@ class PagedContext(AttentionContext):
     Prefill chunks are attended one by one: (first row, rows, blocks, context length).
     decode: on a CPU in float32, every decode row for the C++ kernel instead of the groups (kernels/
     paged_decode_cpu.py), which reads each row's blocks in place to its own length: (block tables
-    [B, max_blocks], context lengths [B], rows [B]), int32.
+    [B, max_blocks], context lengths [B], rows [B]), int32. cpu_layers: whether a step of decode rows
+    only may run each decoder layer as one C++ call (models/cpu_decode.py).
     """
 
     def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, decode_groups: list[tuple],
                  prefills: list[tuple[int, int, torch.Tensor, int]],
-                 decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+                 decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 cpu_layers: bool = False) -> None:
         self.pool, self.slot_mapping = pool, slot_mapping
         self.decode_groups, self.prefills, self.decode = decode_groups, prefills, decode
         self.decode_only = not prefills and len(decode_groups) == 1 and isinstance(decode_groups[0][0], slice)
+        self.cpu_layers = cpu_layers and decode is not None and not prefills
+
+    def cpu_decode_rows(self):
+        return (self.slot_mapping, *self.decode, self.pool) if self.cpu_layers else None
 
     def attend(self, layer_idx, q, k, v):
         pool = self.pool
@@ -90,10 +96,12 @@ class PagedCacheManager:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, enable_prefix_caching: bool, components: Components | None = None,
                  attention_backend: str = "torch", decode_group: int | None = DECODE_GROUP,
-                 cpu_decode: bool = True) -> None:
+                 cpu_decode: bool = True, cpu_layers: bool = True) -> None:
         """decode_group: decode rows per padded attention batch; None: every decode row of a step in one.
         cpu_decode: on a CPU in float32 with the torch backend, decode rows read the pool in place through
-        the C++ kernel (kernels/paged_decode_cpu.py) where it builds; False: they gather their blocks."""
+        the C++ kernel (kernels/paged_decode_cpu.py) where it builds; False: they gather their blocks.
+        cpu_layers: with that kernel, a step of decode rows only runs each decoder layer as one C++ call
+        (models/cpu_decode.py) where the model allows it."""
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, components)
         self.triton_context = None
         if attention_backend == "triton":  # imported only when asked for: it imports triton
@@ -102,6 +110,7 @@ class PagedCacheManager:
         self.pool = PagedKVPool(cfg, num_blocks, block_size, dtype, device)
         self.cpu_decode = (cpu_decode and attention_backend == "torch" and decode_group is not None
                            and paged_decode_cpu.applies(device, dtype))
+        self.cpu_layers = self.cpu_decode and cpu_layers
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
         self.decode_group = decode_group
@@ -205,7 +214,7 @@ class PagedCacheManager:
             as_int32 = partial(torch.tensor, dtype=torch.int32)
             decode = (as_int32([t + [self.pool.pad_block] * (width - len(t)) for t in tables]), as_int32(lens),
                       as_int32(rows))
-            return PagedContext(self.pool, slot_mapping, [], prefills, decode)
+            return PagedContext(self.pool, slot_mapping, [], prefills, decode, self.cpu_layers)
         return PagedContext(self.pool, slot_mapping, self._group(decodes), prefills)
 
     def _group(self, decodes: list[tuple[int, list[int], int]]) -> list[tuple]:

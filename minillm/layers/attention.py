@@ -24,6 +24,12 @@ class AttentionContext:
         """q: [num_tokens, heads, d]; k, v: [num_tokens, kv_heads, d] -> [num_tokens, heads, d]."""
         raise NotImplementedError
 
+    def cpu_decode_rows(self) -> tuple | None:
+        """Where every row of the step is one decode token attended by the paged pool's C++ kernel and the engine
+        runs its decoder layers as one C++ call each (models/cpu_decode.py): (slot_mapping int64 [rows], block
+        tables int32 [rows, width], context lengths int32 [rows], rows int32 [rows], the pool). Else None."""
+        return None
+
 
 class PackedRows(AttentionContext):
     """Training batches are [batch, seq_len] rows of equal length, flattened for the model."""

@@ -30,7 +30,9 @@ def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
                      "rms_norm_f32": [ptr, i64, ptr, ptr, i64, i64, f32, n],
                      "add_rms_norm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, f32, n],
                      "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, n],
-                     "silu_mul_f32": [ptr, i64, ptr, i64, i64, n]}, flags)
+                     "silu_mul_f32": [ptr, i64, ptr, i64, i64, n],
+                     # a whole decoder layer of a decode step (models/cpu_decode.py)
+                     "decoder_layer_f32": [ptr, ptr, ptr, ptr, ptr, ptr, n, ptr]}, flags)
 
 
 def applies(x: torch.Tensor) -> bool:

@@ -22,6 +22,7 @@ from minillm.layers.mlp import SwiGLUMLP
 from minillm.layers.rmsnorm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
 from minillm.models.config import ModelConfig
+from minillm.models.cpu_decode import cpu_decode
 
 
 class DecoderLayer(nn.Module):
@@ -59,8 +60,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext | None) -> torch.Tensor:
         h, x = self.embed_tokens(input_ids), None  # [num_tokens, hidden]
-        for layer in self.layers:
-            h, x = layer(positions, h, x, ctx)
+        step = cpu_decode(self.layers, positions, h, ctx)  # a CPU decode step: a C++ call a layer (cpu_decode.py)
+        for i, layer in enumerate(self.layers):
+            h, x = layer(positions, h, x, ctx) if step is None else step.run(i, h, x)
         return self.norm(h, x)[0]
 
 
