@@ -45,8 +45,10 @@ def hidden_per_step(engine: LLMEngine, prompts: list[list[int]], lengths: list[i
 
 
 def engines(model: str, **overrides) -> tuple[LLMEngine, LLMEngine]:
-    """(C++ layers, the layers' own path) on the same weights; no prefix cache, so both compute every prompt alike."""
+    """(C++ layers, the layers' own path) on the same weights (quantized once, by the first); no prefix cache, so
+    both compute every prompt alike."""
     fused = LLMEngine(EngineConfig(model=model, enable_prefix_caching=False, **overrides))
+    overrides.pop("quantization", None)
     plain = LLMEngine(EngineConfig(model=model, enable_prefix_caching=False, cpu_decode_layers=False, **overrides),
                       model=fused.model)
     return fused, plain
@@ -91,15 +93,60 @@ def test_a_replaced_weight_is_read_from_its_new_tensor(fused_calls):
     assert fused_calls and all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
-@pytest.mark.parametrize("case", ["one quantized layer", "bfloat16", "no C++ attention kernel", "a prefill"])
+@pytest.mark.parametrize("quantization", [QuantConfig("int8"), QuantConfig("int4", group_size=32),
+                                          QuantConfig("int4", group_size=32, int4_range="min-max"),
+                                          QuantConfig("int4", layers=(0,), projections=("o_proj", "down_proj"))],
+                         ids=["int8", "int4-g32", "int4-g32-minmax", "int4-partial"])
+def test_quantized_layers_run_their_own_kernels_inside_the_cpp_layer(quantization, fused_calls):
+    """A quantized product is computed inside the C++ layer by the kernel the quantized layer itself calls
+    (quant/fused_matvec.cpp): the same hidden states to the bit, for whole and partial quantization."""
+    fused, plain = engines("tiny", quantization=quantization)
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in (3, 17, 40)]
+    ours = hidden_per_step(fused, prompts, [9, 14, 5])
+    calls = len(fused_calls)
+    theirs = hidden_per_step(plain, prompts, [9, 14, 5])
+    assert calls and len(fused_calls) == calls
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_a_short_chunk_runs_as_decode_rows_of_one_sequence(fused_calls):
+    """A chunk of a few tokens (speculative verification, a short prompt) attends as one decode row per token, each
+    to its own position, so it takes the C++ layer too; its tokens equal the gather path's (SDPA, causal)."""
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    fused = LLM("tiny", enable_prefix_caching=False)
+    assert fused.generate([[5, 6, 7]], params, use_tqdm=False)[0].token_ids
+    assert fused_calls == list(range(fused.model.config.num_hidden_layers))
+    gather = LLM("tiny", enable_prefix_caching=False, cpu_decode_kernel=False)
+    gen = torch.Generator().manual_seed(11)
+    for n in (2, 4, 9, 16):
+        ids = torch.randint(1, 300, (n,), generator=gen).tolist()
+        torch.testing.assert_close(fused.engine.runner.forward(torch.tensor(ids), torch.arange(n), None),
+                                   gather.engine.runner.forward(torch.tensor(ids), torch.arange(n), None))
+        long = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        assert (fused.generate([ids], long, use_tqdm=False)[0].token_ids
+                == gather.generate([ids], long, use_tqdm=False)[0].token_ids)
+
+
+@pytest.mark.parametrize("case", ["fp8", "bfloat16", "no C++ attention kernel", "a long prefill"])
 def test_the_layers_own_path_runs_where_the_cpp_layer_cannot(case, fused_calls):
-    overrides = {"one quantized layer": dict(quantization=QuantConfig("int8", layers=(1,))),
-                 "bfloat16": dict(dtype="bfloat16"), "no C++ attention kernel": dict(cpu_decode_kernel=False),
-                 "a prefill": {}}[case]
+    overrides = {"fp8": dict(quantization=QuantConfig("fp8")), "bfloat16": dict(dtype="bfloat16"),
+                 "no C++ attention kernel": dict(cpu_decode_kernel=False), "a long prefill": {}}[case]
     llm = LLM("tiny", **overrides)
-    params = SamplingParams(max_tokens=1 if case == "a prefill" else 8, temperature=0, ignore_eos=True)
-    assert llm.generate(["def fib(n):"], params, use_tqdm=False)[0].token_ids
+    params = SamplingParams(max_tokens=1 if case == "a long prefill" else 8, temperature=0, ignore_eos=True)
+    assert llm.generate([list(range(5, 30))], params, use_tqdm=False)[0].token_ids
     assert fused_calls == []
+
+
+def test_a_weight_moved_in_place_is_read_where_it_is_now(fused_calls):
+    """`.data =` keeps the Parameter and moves its memory (models/huge_pages.py does it): the kept struct must
+    follow, not read the old address."""
+    fused, plain = engines("tiny")
+    prompts, lengths = [[5, 6, 7]], [6]
+    hidden_per_step(fused, prompts, lengths)
+    down = fused.model.model.layers[0].mlp.down_proj.weight
+    down.data = down.data * 1.5
+    assert torch.equal(*(torch.stack(hidden_per_step(e, prompts, lengths)) for e in (fused, plain)))
 
 
 def test_the_switch_is_checked():

@@ -92,6 +92,10 @@ class PagedCacheManager:
     """Glues sequences to the BlockManager (who holds which block) and the pool (the tensors)."""
     kind = CacheKind.PAGED
     DECODE_GROUP = 8  # sequences per padded decode batch: fewer matmuls vs less padding
+    # With the C++ decode kernel, a chunk of at most this many tokens (speculative verification, a short prompt or
+    # turn) is attended as that many decode rows, each to its own position, where the K/V lie: no gather of the
+    # context, and a step of such rows may run each layer as one C++ call (models/cpu_decode.py).
+    SHORT_CHUNK = 16
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, enable_prefix_caching: bool, components: Components | None = None,
@@ -201,6 +205,8 @@ class PagedCacheManager:
             blocks = table[:cdiv(end, bs)]
             if n == 1:
                 decodes.append((row, blocks, end))
+            elif self.cpu_decode and n <= self.SHORT_CHUNK:  # token j sees the context up to itself: a decode row
+                decodes += [(row + j, blocks, start + j + 1) for j in range(n)]
             else:
                 prefills.append((row, n, blocks, end))
             row += n

@@ -198,12 +198,36 @@ void silu_mul_f32(const float* gate_up, int64_t ld, float* out, int64_t rows, in
     }
 }
 
-// A whole decoder layer for a decode step (models/cpu_decode.py): every row is one new token of its own sequence, its
-// K/V stored in the paged pool and attended there. The same operators as the layer's one-by-one calls, in the same
-// order, so the result is the same to the bit; what goes is the ~10 Python calls a layer between them (each through
-// nn.Module, ctypes and torch's allocator: about 80 us a layer on SmolLM2, 2.4 ms of a 42 ms step).
-struct LayerWeights {  // one decoder layer's weights (nn.Linear's [out, in], contiguous) and shape
-    const float *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;  // qkv_bias may be null
+// A whole decoder layer for a decode step (models/cpu_decode.py): every row is one new token of its own sequence (or
+// one of a few consecutive tokens of one: speculative verification, a short prompt), its K/V stored in the paged pool
+// and attended there. The same operators as the layer's one-by-one calls, in the same order, so the result is the
+// same to the bit; what goes is the ~10 Python calls a layer between them (each through nn.Module, ctypes and torch's
+// allocator: about 80 us a layer on SmolLM2, 2.4 ms of a 42 ms step).
+
+// One of the layer's matrix products, y = x W^T (+ bias), by the kind of weight it holds: float32 (linear_f32), or
+// int8 / int4 codes read by the quantized layers' kernels (quant/fused_matvec.cpp, another library: `kernel` is the
+// address of the function there that the quantized layer itself would call).
+enum ProductKind : int32_t { FP32 = 0, INT8 = 1, INT4_U8_ZERO = 2, INT4_F32_ZERO = 3 };
+typedef void (*Int8Kernel)(const float*, const int8_t*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                           int);
+typedef void (*Int4U8Kernel)(const float*, const uint8_t*, const float*, const uint8_t*, const float*, float*, int64_t,
+                             int64_t, int64_t, int64_t, int);
+typedef void (*Int4F32Kernel)(const float*, const uint8_t*, const float*, const float*, const float*, float*, int64_t,
+                              int64_t, int64_t, int64_t, int);
+
+struct Product {
+    int32_t kind;
+    const void* weight;  // float32 [n, k], int8 [n, k] or two int4 codes a byte [n, k / 2]
+    const float* scale;  // quantized: [n] (int8) or [n, groups] (int4)
+    const void* zero;    // int4: [n, groups], uint8 codes or float32 minimums
+    const float* bias;   // [n] or null
+    void* kernel;
+    int64_t n, k, groups;
+};
+
+struct LayerWeights {  // one decoder layer's weights and shape
+    const float *input_norm, *post_norm;
+    Product qkv, o, gate_up, down;
     int64_t hidden, heads, kv_heads, head_dim, inter;
     float eps, scale;  // the norms' epsilon; attention's 1 / sqrt(head_dim), as the kernel's callers round it
 };
@@ -215,6 +239,24 @@ struct DecodeRows {  // a decode step's rows, the same for every layer
     int64_t rows, table_width, block_size;
     int threads;
 };
+
+static void product(const Product& p, const float* x, float* y, int64_t rows, int threads) {
+    switch (p.kind) {
+        case INT8:
+            return reinterpret_cast<Int8Kernel>(p.kernel)(x, static_cast<const int8_t*>(p.weight), p.scale, p.bias, y,
+                                                          rows, p.n, p.k, threads);
+        case INT4_U8_ZERO:
+            return reinterpret_cast<Int4U8Kernel>(p.kernel)(x, static_cast<const uint8_t*>(p.weight), p.scale,
+                                                            static_cast<const uint8_t*>(p.zero), p.bias, y, rows, p.n,
+                                                            p.k, p.groups, threads);
+        case INT4_F32_ZERO:
+            return reinterpret_cast<Int4F32Kernel>(p.kernel)(x, static_cast<const uint8_t*>(p.weight), p.scale,
+                                                             static_cast<const float*>(p.zero), p.bias, y, rows, p.n,
+                                                             p.k, p.groups, threads);
+        default:
+            return linear_f32(x, static_cast<const float*>(p.weight), p.bias, y, rows, p.n, p.k, threads);
+    }
+}
 
 // h: [rows, hidden], the last sublayer's output; x: the residual stream, updated in place (the first layer: x == h,
 // the embeddings, and first = 1: nothing is added); out: [rows, hidden], this layer's MLP output. As the decoder:
@@ -236,18 +278,18 @@ void decoder_layer_f32(const LayerWeights* w, const DecodeRows* r, float* k_slot
         rms_norm_f32(x, n, w->input_norm, normed.data(), rows, n, w->eps, threads);
     else
         add_rms_norm_f32(h, n, x, w->input_norm, normed.data(), rows, n, w->eps, threads);
-    linear_f32(normed.data(), w->qkv, w->qkv_bias, qkv.data(), rows, qkv_width, n, threads);
+    product(w->qkv, normed.data(), qkv.data(), rows, threads);
     rotary_f32(qkv.data(), qkv_width, r->cos, r->sin_signed, rows, heads + kv_heads, d, threads);
     const float* q = qkv.data();
     paged::store(q + heads * d, qkv_width, q + qk_width, qkv_width, r->slot_mapping, rows, k_slots, v_slots,
                  kv_heads, d);
     paged::decode(q, qkv_width, k_slots, v_slots, r->tables, r->table_width, r->context_lens, r->seq_rows,
                   attn.data(), rows, heads, kv_heads, d, r->block_size, w->scale, threads);
-    linear_f32(attn.data(), w->o, nullptr, o.data(), rows, n, heads * d, threads);
+    product(w->o, attn.data(), o.data(), rows, threads);
     add_rms_norm_f32(o.data(), n, x, w->post_norm, normed.data(), rows, n, w->eps, threads);
-    linear_f32(normed.data(), w->gate_up, nullptr, gate_up.data(), rows, 2 * inter, n, threads);
+    product(w->gate_up, normed.data(), gate_up.data(), rows, threads);
     silu_mul_f32(gate_up.data(), 2 * inter, act.data(), rows, inter, threads);
-    linear_f32(act.data(), w->down, nullptr, out, rows, n, inter, threads);
+    product(w->down, act.data(), out, rows, threads);
 }
 
 }  // extern "C"

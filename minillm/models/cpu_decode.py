@@ -23,12 +23,21 @@ from minillm.layers import cpu_ops
 from minillm.layers.linear import Linear
 from minillm.layers.rmsnorm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
+from minillm.quant import fused
+from minillm.quant.linear import QuantizedLinear, int4_linear
 
-WEIGHTS = ("input_norm", "qkv", "qkv_bias", "o", "post_norm", "gate_up", "down")
+FP32, INT8, INT4_U8_ZERO, INT4_F32_ZERO = range(4)  # cpu_ops.cpp's ProductKind
+
+
+class Product(ctypes.Structure):  # cpu_ops.cpp's struct of the same name: one matrix product of the layer
+    _fields_ = [("kind", ctypes.c_int32)] + [(name, ctypes.c_void_p) for name in ("weight", "scale", "zero", "bias",
+                                                                                  "kernel")] \
+        + [(name, ctypes.c_int64) for name in ("n", "k", "groups")]
 
 
 class LayerWeights(ctypes.Structure):  # cpu_ops.cpp's struct of the same name
-    _fields_ = ([(name, ctypes.c_void_p) for name in WEIGHTS]
+    _fields_ = ([("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p)]
+                + [(name, Product) for name in ("qkv", "o", "gate_up", "down")]
                 + [(name, ctypes.c_int64) for name in ("hidden", "heads", "kv_heads", "head_dim", "inter")]
                 + [("eps", ctypes.c_float), ("scale", ctypes.c_float)])
 
@@ -40,38 +49,69 @@ class DecodeRows(ctypes.Structure):  # cpu_ops.cpp's struct of the same name
                 + [("threads", ctypes.c_int)])
 
 
-def plain_tensors(layer: torch.nn.Module) -> tuple | None:
-    """The layer's weights in WEIGHTS order, where it is built of the plain float32 modules whose products take the
-    C++ path (Linear with few_rows, RMSNorm, the rotate-half RotaryEmbedding); else None."""
-    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
-    norms = (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"])
-    linears = (attn._modules["qkv_proj"], attn._modules["o_proj"], mlp._modules["gate_up_proj"],
-               mlp._modules["down_proj"])
-    if not (all(type(m) is Linear and m.few_rows for m in linears) and all(type(m) is RMSNorm for m in norms)
-            and type(attn.rotary) is RotaryEmbedding):
+def kernel_ready(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether t (None: no tensor) is what a kernel reads as it is: contiguous, of dtype, in CPU memory."""
+    return t is None or (t.dtype == dtype and t.is_cpu and t.is_contiguous())
+
+
+def product(module: torch.nn.Module) -> tuple[int, tuple, int | None, int] | None:
+    """How the module's own forward multiplies 1-4 rows on a CPU, where the C++ layer can do the same: (kind, its
+    tensors (weight, scale, zero, bias), the quantized kernel's address, groups); None where it cannot (a module of
+    another kind, or one whose forward would take another path: the reference, a learner's function, fp8)."""
+    if type(module) is Linear:
+        weight, bias = module._parameters["weight"], module._parameters["bias"]
+        ok = module.few_rows and kernel_ready(weight) and kernel_ready(bias)
+        return (FP32, (weight, None, None, bias), None, 0) if ok else None
+    if type(module) is not QuantizedLinear or module.kernel != "fused" or not fused.available():
         return None
-    qkv, o, gate_up, down = (m._parameters["weight"] for m in linears)
-    tensors = (norms[0]._parameters["weight"], qkv, linears[0]._parameters["bias"], o, norms[1]._parameters["weight"],
-               gate_up, down)
-    if not all(t is None or (t.dtype == torch.float32 and t.is_cpu and t.is_contiguous()) for t in tensors):
+    buffers, bias = module._buffers, module._parameters.get("bias")
+    q, scale = buffers["qweight"], buffers["scale"]
+    if not (kernel_ready(scale) and kernel_ready(bias)):
         return None
-    return tensors
+    library = fused.library()
+    if module.scheme == "int8" and kernel_ready(q, torch.int8):
+        return INT8, (q, scale, None, bias), ctypes.cast(library.int8_linear, ctypes.c_void_p).value, 0
+    if module.scheme != "int4" or module.ops.int4_linear is not int4_linear:
+        return None
+    zero, groups = buffers["zero"], scale.shape[1]
+    if not (fused.int4_fits(module.in_features, groups) and kernel_ready(q, torch.uint8)
+            and q.shape == (module.out_features, module.in_features // 2)):
+        return None
+    if kernel_ready(zero, torch.uint8):
+        return INT4_U8_ZERO, (q, scale, zero, bias), ctypes.cast(library.int4_linear_u8zero, ctypes.c_void_p).value, \
+            groups
+    if kernel_ready(zero):
+        return INT4_F32_ZERO, (q, scale, zero, bias), ctypes.cast(library.int4_linear_f32zero,
+                                                                  ctypes.c_void_p).value, groups
+    return None
 
 
 def layer_weights(layer: torch.nn.Module) -> LayerWeights | None:
-    """The struct the C++ layer reads, made once and kept on the layer while its weight tensors stay the same
-    objects (a weight replaced by another tensor makes it again); None where the layer is not plain."""
-    tensors = plain_tensors(layer)
-    if tensors is None:
-        return None
+    """The struct the C++ layer reads, or None where the layer is not built of modules it can run (RMSNorm, the
+    rotate-half RotaryEmbedding, products `product` takes). Made once and kept on the layer while the same modules
+    hold tensors at the same addresses with the same path flags: a module or weight replaced, or moved (`.data =`,
+    as models/huge_pages.py does), makes it again. (This check is most of the path's Python: ~7 us a layer.)"""
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    modules = (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"], attn._modules["qkv_proj"],
+               attn._modules["o_proj"], mlp._modules["gate_up_proj"], mlp._modules["down_proj"])
+    key = (modules, attn.rotary, [t.data_ptr() for m in modules for t in (*m._parameters.values(),
+                                                                          *m._buffers.values()) if t is not None],
+           [m.__dict__.get("few_rows") or m.__dict__.get("kernel") for m in modules])
     kept = layer.__dict__.get("_cpu_decode")
-    if kept is not None and all(a is b for a, b in zip(kept[0], tensors)):
+    if kept is not None and kept[0] == key:
         return kept[1]
-    attn, norm = layer.self_attn, layer.input_layernorm
-    weights = LayerWeights(*(0 if t is None else t.data_ptr() for t in tensors), tensors[0].shape[0], attn.num_heads,
-                           attn.num_kv_heads, attn.head_dim, layer.mlp.intermediate_size, norm.eps,
-                           attn.head_dim ** -0.5)
-    layer.__dict__["_cpu_decode"] = (tensors, weights)  # the tensors held: the struct points into them
+    norms, products = modules[:2], [product(m) for m in modules[2:]]
+    if (None in products or type(attn.rotary) is not RotaryEmbedding
+            or not all(type(m) is RMSNorm and kernel_ready(m._parameters["weight"]) for m in norms)):
+        layer.__dict__["_cpu_decode"] = (key, None)
+        return None
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    weights = LayerWeights(norms[0]._parameters["weight"].data_ptr(), norms[1]._parameters["weight"].data_ptr(),
+                           *(Product(kind, *map(ptr, held), kernel, m.out_features, m.in_features, groups)
+                             for m, (kind, held, kernel, groups) in zip(modules[2:], products)),
+                           norms[0]._parameters["weight"].shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                           mlp.intermediate_size, norms[0].eps, attn.head_dim ** -0.5)
+    layer.__dict__["_cpu_decode"] = (key, weights)
     return weights
 
 
