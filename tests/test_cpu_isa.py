@@ -77,11 +77,11 @@ def test_the_layers_operators_equal_the_torch_formulas(built_for, monkeypatch, r
                                                                                                      threads)
     torch.set_num_threads(1)
     with torch.inference_mode():
-        for rows in (1, 2, 3, 4):
+        for rows in range(1, 9):
             for shape, bias in [((576, 960), False), ((37, 51), True), ((5, 3), False)]:
                 with monkeypatch.context() as patch:
-                    test_linear.test_one_to_four_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bias,
-                                                                                               patch)
+                    test_linear.test_one_to_eight_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bias,
+                                                                                                patch)
 
 
 def test_paged_decode_attention_equals_the_reference(built_for):

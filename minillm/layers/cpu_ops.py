@@ -19,7 +19,7 @@ import torch
 from minillm import cpp
 
 SOURCE = Path(__file__).with_name("cpu_ops.cpp")
-MAX_ROWS = 4  # rows of x `linear` takes: from 5, oneDNN's packed product was faster (cpu_ops.cpp)
+MAX_ROWS = 8  # rows of x `linear` takes: at 8 oneDNN's packed product is level (1 thread) and above it faster
 
 
 @functools.cache

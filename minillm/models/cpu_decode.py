@@ -55,7 +55,7 @@ def kernel_ready(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> 
 
 
 def product(module: torch.nn.Module) -> tuple[int, tuple, int | None, int] | None:
-    """How the module's own forward multiplies 1-4 rows on a CPU, where the C++ layer can do the same: (kind, its
+    """How the module's own forward multiplies 1-8 rows on a CPU, where the C++ layer can do the same: (kind, its
     tensors (weight, scale, zero, bias), the quantized kernel's address, groups); None where it cannot (a module of
     another kind, or one whose forward would take another path: the reference, a learner's function, fp8)."""
     if type(module) is Linear:
