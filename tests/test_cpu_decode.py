@@ -1,6 +1,9 @@
 """A decode step's decoder layers as one C++ call each (models/cpu_decode.py) against the layers' own path: the same
 hidden states to the bit, step by step, for 1 to 4 rows of every context length (block edges, the last block
 partial), odd shapes with biases, one and two threads; and the layers' own path wherever the C++ layer cannot run."""
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -147,6 +150,21 @@ def test_a_weight_moved_in_place_is_read_where_it_is_now(fused_calls):
     down = fused.model.model.layers[0].mlp.down_proj.weight
     down.data = down.data * 1.5
     assert torch.equal(*(torch.stack(hidden_per_step(e, prompts, lengths)) for e in (fused, plain)))
+
+
+def test_a_model_that_ran_the_cpp_layer_deep_copies_and_pickles(fused_calls):
+    """The struct kept on each layer holds raw pointers: copies leave it out and make their own."""
+    fused, plain = engines("tiny")
+    prompts, lengths = [[5, 6, 7], [9] * 20], [6, 3]
+    hidden_per_step(fused, prompts, lengths)
+    assert fused_calls
+    for twin in (copy.deepcopy(fused.model), pickle.loads(pickle.dumps(fused.model))):
+        assert "_cpu_decode" not in twin.model.layers[0].__dict__
+        plain.runner.model = plain.runner.forward = twin  # the copy, run one operator at a time
+        before = len(fused_calls)
+        ours, theirs = hidden_per_step(fused, prompts, lengths), hidden_per_step(plain, prompts, lengths)
+        assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+        assert len(fused_calls) == before + fused.model.config.num_hidden_layers * 5  # fused only: 5 decode steps
 
 
 def test_the_switch_is_checked():

@@ -45,6 +45,13 @@ class DecoderLayer(nn.Module):
         h, x = self.post_attention_layernorm(self.self_attn(positions, h, ctx), x)
         return self.mlp(h), x
 
+    def __getstate__(self) -> dict:
+        # copy.deepcopy and pickle go through here: the C++ decode layer's struct (cpu_decode.py) holds raw pointers,
+        # which neither can copy, and a copy makes its own
+        state = self.__dict__.copy()
+        state.pop("_cpu_decode", None)
+        return state
+
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
