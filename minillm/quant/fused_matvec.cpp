@@ -9,6 +9,10 @@
 //
 // int4 codes sit two a byte along a row (the even input in the low nibble), so x is split once per
 // call into its even and odd inputs and every byte feeds two products.
+// Each loop asks for the codes 1-2 KB ahead of those it converts (and for the scales and zero points ahead): the
+// conversions are enough work between loads that the memory stream stalls otherwise. Measured on one core of the
+// 2-core Intel Xeon, SmolLM2's 120 layer matrices, one row of x, interleaved: int8 16.5-19.4 -> 10.2-12.3 ms, int4
+// (group 32, min-max) 11.0 -> 8.5 ms.
 // Sixteen floats are one value (vec.h: one AVX-512 register, two AVX2 ones), and the bytes are widened with
 // the CPU's own instructions (GCC 12 widens a byte vector one vpextrb a byte); rows of W are shared out among
 // the OpenMP threads torch runs on.
@@ -62,11 +66,13 @@ VEC_INLINE f16 signed_to_float(const int8_t* p) {
 template <int R> void int8_dot(const float* x, int64_t ldx, const int8_t* q, int64_t k, float* out) {
     f16 acc[2][R] = {};  // two chains, so one FMA need not wait for the last
     int64_t j = 0;
-    for (; j + 2 * LANES <= k; j += 2 * LANES)
+    for (; j + 2 * LANES <= k; j += 2 * LANES) {
+        __builtin_prefetch(q + j + 2048);
         for (int h = 0; h < 2; ++h) {
             const f16 w = signed_to_float(q + j + h * LANES);
             for (int r = 0; r < R; ++r) acc[h][r] += load16(x + r * ldx + j + h * LANES) * w;
         }
+    }
     for (; j + LANES <= k; j += LANES) {
         const f16 w = signed_to_float(q + j);
         for (int r = 0; r < R; ++r) acc[0][r] += load16(x + r * ldx + j) * w;
@@ -135,7 +141,10 @@ void int4_dot(const float* xe, const float* xo, int64_t ldx, const uint8_t* b, c
     f16 acc[2][R] = {};  // the even inputs' and the odd inputs' products in two chains
     for (int64_t g = 0; g < groups; ++g) {
         const Int4Group group(scale[g], static_cast<float>(zero[g]));
+        __builtin_prefetch(scale + g + 256);
+        __builtin_prefetch(zero + g + 256);
         for (int64_t j = g * half_g; j < (g + 1) * half_g; j += LANES) {
+            __builtin_prefetch(b + j + 1024);
             f16 lo, hi;
             group.weights(b + j, lo, hi);
             for (int r = 0; r < R; ++r) {
