@@ -1,6 +1,6 @@
 """A decode step's decoder layers as one C++ call each (models/cpu_decode.py) against the layers' own path: the same
-hidden states to the bit, step by step, for 1 to 4 rows of every context length (block edges, the last block
-partial), odd shapes with biases, one and two threads; and the layers' own path wherever the C++ layer cannot run."""
+logits to the bit, step by step, for 1 to 8 rows of every context length (block edges, the last block partial),
+odd shapes with biases, quantized layers, one and two threads; the layers' own path where the C++ layer cannot run."""
 import copy
 import pickle
 
@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from minillm import LLM, EngineConfig, QuantConfig, SamplingParams
-from minillm.engine.engine import LLMEngine
 from minillm.layers import cpu_ops
 from minillm.models import cpu_decode
 from minillm.testing import make_hf_model
@@ -35,26 +34,20 @@ def fused_calls(monkeypatch):
     return calls
 
 
-def hidden_per_step(engine: LLMEngine, prompts: list[list[int]], lengths: list[int]) -> list[torch.Tensor]:
-    """Greedy steps to the end of every request (each its own max_tokens, so the batch shrinks one row at a time)
-    -> the sampled rows' hidden states of every step."""
-    for prompt, n in zip(prompts, lengths):
-        engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-    hidden = []
-    while engine.has_unfinished():
-        engine.step()
-        hidden.append(engine.runner.last_hidden.clone())
-    return hidden
+def outputs(llm: LLM, prompts: list[list[int]], lengths: list[int]) -> list[tuple[list[int], list[dict]]]:
+    """Greedy to the end of every request (each its own max_tokens, so the batch shrinks a row at a time) -> each
+    request's tokens and the log-probabilities of its 20 likeliest tokens at every step: equal to the last bit only
+    where every step's logits were."""
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=20) for n in lengths]
+    return [(o.token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def engines(model: str, **overrides) -> tuple[LLMEngine, LLMEngine]:
+def engines(model: str, **overrides) -> tuple[LLM, LLM]:
     """(C++ layers, the layers' own path) on the same weights (quantized once, by the first); no prefix cache, so
     both compute every prompt alike."""
-    fused = LLMEngine(EngineConfig(model=model, enable_prefix_caching=False, **overrides))
+    fused = LLM(model, enable_prefix_caching=False, **overrides)
     overrides.pop("quantization", None)
-    plain = LLMEngine(EngineConfig(model=model, enable_prefix_caching=False, cpu_decode_layers=False, **overrides),
-                      model=fused.model)
-    return fused, plain
+    return fused, LLM(model, weights=fused.model, enable_prefix_caching=False, cpu_decode_layers=False, **overrides)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -70,14 +63,13 @@ def test_the_cpp_layers_equal_the_layers_own_path_to_the_bit(model, block_size, 
         for batch in (1, 2, 3, 4, 5, 8, 9):
             lengths = torch.randint(1, 3 * block_size + 5, (batch,), generator=gen).tolist()
             prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in lengths]
-            outputs = torch.randint(2, 2 * block_size, (batch,), generator=gen).tolist()
-            ours = hidden_per_step(fused, prompts, outputs)
+            new = torch.randint(2, 2 * block_size, (batch,), generator=gen).tolist()
+            ours = outputs(fused, prompts, new)
             calls = len(fused_calls)
-            theirs = hidden_per_step(plain, prompts, outputs)
+            theirs = outputs(plain, prompts, new)
             assert len(fused_calls) == calls, "cpu_decode_layers=False must run the layers' own path"
-            assert len(ours) == len(theirs)
-            for step, (a, b) in enumerate(zip(ours, theirs)):
-                assert torch.equal(a, b), f"{batch} sequences, step {step}: differs by {(a - b).abs().max():.3g}"
+            for i, (a, b) in enumerate(zip(ours, theirs)):
+                assert a == b, f"{batch} sequences: request {i} differs"
         layers = fused.model.config.num_hidden_layers
         assert fused_calls and len(fused_calls) % layers == 0 and fused_calls[:layers] == list(range(layers))
     finally:
@@ -89,11 +81,10 @@ def test_a_replaced_weight_is_read_from_its_new_tensor(fused_calls):
     new one (the old one could be freed), as the layers' own path reads it."""
     fused, plain = engines("tiny")
     prompts, lengths = [[5, 6, 7]], [6]
-    hidden_per_step(fused, prompts, lengths)  # the structs are made and kept
+    outputs(fused, prompts, lengths)  # the structs are made and kept
     o_proj = fused.model.model.layers[1].self_attn.o_proj
     o_proj.weight = torch.nn.Parameter(o_proj.weight.detach() * -0.5, requires_grad=False)
-    ours, theirs = hidden_per_step(fused, prompts, lengths), hidden_per_step(plain, prompts, lengths)
-    assert fused_calls and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert outputs(fused, prompts, lengths) == outputs(plain, prompts, lengths) and fused_calls
 
 
 @pytest.mark.parametrize("quantization", [QuantConfig("int8"), QuantConfig("int4", group_size=32),
@@ -102,33 +93,33 @@ def test_a_replaced_weight_is_read_from_its_new_tensor(fused_calls):
                          ids=["int8", "int4-g32", "int4-g32-minmax", "int4-partial"])
 def test_quantized_layers_run_their_own_kernels_inside_the_cpp_layer(quantization, fused_calls):
     """A quantized product is computed inside the C++ layer by the kernel the quantized layer itself calls
-    (quant/fused_matvec.cpp): the same hidden states to the bit, for whole and partial quantization."""
+    (quant/fused_matvec.cpp): the same logits to the bit, for whole and partial quantization."""
     fused, plain = engines("tiny", quantization=quantization)
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in (3, 17, 40)]
-    ours = hidden_per_step(fused, prompts, [9, 14, 5])
+    ours = outputs(fused, prompts, [9, 14, 5])
     calls = len(fused_calls)
-    theirs = hidden_per_step(plain, prompts, [9, 14, 5])
+    assert outputs(plain, prompts, [9, 14, 5]) == ours
     assert calls and len(fused_calls) == calls
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
 def test_a_short_chunk_runs_as_decode_rows_of_one_sequence(fused_calls):
     """A chunk of a few tokens (speculative verification, a short prompt) attends as one decode row per token, each
-    to its own position, so it takes the C++ layer too; its tokens equal the gather path's (SDPA, causal)."""
-    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    to its own position, so it takes the C++ layer too; its tokens and log-probabilities equal the gather path's
+    (SDPA, causal) within float rounding."""
     fused = LLM("tiny", enable_prefix_caching=False)
-    assert fused.generate([[5, 6, 7]], params, use_tqdm=False)[0].token_ids
+    outputs(fused, [[5, 6, 7]], [1])
     assert fused_calls == list(range(fused.model.config.num_hidden_layers))
-    gather = LLM("tiny", enable_prefix_caching=False, cpu_decode_kernel=False)
+    gather = LLM("tiny", weights=fused.model, enable_prefix_caching=False, cpu_decode_kernel=False)
     gen = torch.Generator().manual_seed(11)
-    for n in (2, 4, 9, 16):
+    for n in (2, 4, 9, 16, 17):  # 17: past SHORT_CHUNK, a prefill
         ids = torch.randint(1, 300, (n,), generator=gen).tolist()
-        torch.testing.assert_close(fused.engine.runner.forward(torch.tensor(ids), torch.arange(n), None),
-                                   gather.engine.runner.forward(torch.tensor(ids), torch.arange(n), None))
-        long = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-        assert (fused.generate([ids], long, use_tqdm=False)[0].token_ids
-                == gather.generate([ids], long, use_tqdm=False)[0].token_ids)
+        (ours, our_logprobs), = outputs(fused, [ids], [12])
+        (theirs, their_logprobs), = outputs(gather, [ids], [12])
+        assert ours == theirs
+        for a, b in zip(our_logprobs, their_logprobs):
+            torch.testing.assert_close(torch.tensor([a[t] for t in sorted(a)]), torch.tensor([b[t] for t in sorted(a)]),
+                                       rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", ["fp8", "bfloat16", "no C++ attention kernel", "a long prefill"])
@@ -146,25 +137,23 @@ def test_a_weight_moved_in_place_is_read_where_it_is_now(fused_calls):
     follow, not read the old address."""
     fused, plain = engines("tiny")
     prompts, lengths = [[5, 6, 7]], [6]
-    hidden_per_step(fused, prompts, lengths)
+    outputs(fused, prompts, lengths)
     down = fused.model.model.layers[0].mlp.down_proj.weight
     down.data = down.data * 1.5
-    assert torch.equal(*(torch.stack(hidden_per_step(e, prompts, lengths)) for e in (fused, plain)))
+    assert outputs(fused, prompts, lengths) == outputs(plain, prompts, lengths)
 
 
 def test_a_model_that_ran_the_cpp_layer_deep_copies_and_pickles(fused_calls):
     """The struct kept on each layer holds raw pointers: copies leave it out and make their own."""
-    fused, plain = engines("tiny")
+    fused = LLM("tiny", enable_prefix_caching=False)
     prompts, lengths = [[5, 6, 7], [9] * 20], [6, 3]
-    hidden_per_step(fused, prompts, lengths)
+    ours = outputs(fused, prompts, lengths)
     assert fused_calls
     for twin in (copy.deepcopy(fused.model), pickle.loads(pickle.dumps(fused.model))):
         assert "_cpu_decode" not in twin.model.layers[0].__dict__
-        plain.runner.model = plain.runner.forward = twin  # the copy, run one operator at a time
-        before = len(fused_calls)
-        ours, theirs = hidden_per_step(fused, prompts, lengths), hidden_per_step(plain, prompts, lengths)
-        assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs))
-        assert len(fused_calls) == before + fused.model.config.num_hidden_layers * 5  # fused only: 5 decode steps
+        for layers in (True, False):  # the copy through the C++ layer, and one operator at a time
+            assert outputs(LLM("tiny", weights=twin, enable_prefix_caching=False, cpu_decode_layers=layers), prompts,
+                           lengths) == ours
 
 
 def test_the_switch_is_checked():
