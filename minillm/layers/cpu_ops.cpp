@@ -1,9 +1,9 @@
 // A decoder layer's operators in C++ for the CPU, in float32: the product of a few rows by a weight (single-stream
-// decode, speculative verification),
-// and the small operators between the matrix products, fused: the residual add with the RMSNorm after it, rotary
-// embeddings in place, SwiGLU's SiLU-and-multiply. Built by minillm/cpp (g++ -O3 -march=native -fopenmp) and
-// called through ctypes from cpu_ops.py; linear.py, rmsnorm.py, rotary.py and mlp.py keep the plain-PyTorch
-// formulas, which are their reference in the tests.
+// decode, speculative verification), and the small operators between the matrix products, fused: the residual add
+// with the RMSNorm after it, rotary embeddings in place, SwiGLU's SiLU-and-multiply; and, for a decode step, the
+// whole layer in one call made of them (decoder_layer_f32, at the end). Built by minillm/cpp (g++ -O3 -march=native
+// -fopenmp) and called through ctypes from cpu_ops.py and models/cpu_decode.py; linear.py, rmsnorm.py, rotary.py and
+// mlp.py keep the plain-PyTorch formulas, which are their reference in the tests.
 //
 // Why: a decode step at batch 1 streams every weight from memory once. The product reads each weight row once,
 // sixteen floats at a time in four independent sums, which keeps the memory system busy (with the weights in huge

@@ -8,7 +8,8 @@ the caches hold none of the code or data of the operators in between: each of th
 Python, the dispatcher and cold caches. On SmolLM2-135M (2-core AMD EPYC, one thread, paired steps) the fused
 three took a decode step from 83% of the bare loop of its matrix products to 88%. They run where `applies` says:
 on a CPU, in float32, without autograd and outside torch.compile (which fuses them itself), where the library
-builds. Everywhere else, and as the reference in the tests, the layers' plain-PyTorch formulas run.
+builds. Everywhere else, and as the reference in the tests, the layers' plain-PyTorch formulas run. A decode step
+goes further: models/cpu_decode.py runs each whole layer as one call of the library (`decoder_layer_f32`).
 """
 import ctypes
 import functools
