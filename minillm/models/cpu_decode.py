@@ -27,7 +27,7 @@ from minillm.layers.linear import Linear
 from minillm.layers.rmsnorm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
 from minillm.quant import fused
-from minillm.quant.linear import QuantizedLinear, int4_linear
+from minillm.quant.linear import QuantizedLinear
 
 FP32, INT8, INT4_U8_ZERO, INT4_F32_ZERO = range(4)  # cpu_ops.cpp's ProductKind
 
@@ -57,36 +57,33 @@ def kernel_ready(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> 
     return t is None or (t.dtype == dtype and t.is_cpu and t.is_contiguous())
 
 
+KERNEL_KINDS = {"int8_linear": (INT8, torch.int8, None), "int4_linear_u8zero": (INT4_U8_ZERO, torch.uint8, torch.uint8),
+                "int4_linear_f32zero": (INT4_F32_ZERO, torch.uint8, torch.float32)}  # kind, codes' and zero's dtypes
+
+
 def product(module: torch.nn.Module) -> tuple[int, tuple, int | None, int] | None:
     """How the module's own forward multiplies 1-8 rows on a CPU, where the C++ layer can do the same: (kind, its
     tensors (weight, scale, zero, bias), the quantized kernel's address, groups); None where it cannot (a module of
-    another kind, or one whose forward would take another path: the reference, a learner's function, fp8)."""
+    another kind, one whose forward takes another path, or tensors the kernel would need converted first)."""
     if type(module) is Linear:
         weight, bias = module._parameters["weight"], module._parameters["bias"]
         ok = module.few_rows and kernel_ready(weight) and kernel_ready(bias)
         return (FP32, (weight, None, None, bias), None, 0) if ok else None
-    if type(module) is not QuantizedLinear or module.kernel != "fused" or not fused.available():
+    if type(module) is not QuantizedLinear or not fused.available():
         return None
+    kernel = module.fused_kernel()
+    if kernel is None:
+        return None
+    kind, codes_dtype, zero_dtype = KERNEL_KINDS[kernel]
     buffers, bias = module._buffers, module._parameters.get("bias")
-    q, scale = buffers["qweight"], buffers["scale"]
-    if not (kernel_ready(scale) and kernel_ready(bias)):
+    q, scale, zero = buffers["qweight"], buffers["scale"], buffers.get("zero") if zero_dtype else None
+    if not (kernel_ready(q, codes_dtype) and kernel_ready(scale) and kernel_ready(bias)
+            and (zero_dtype is None or kernel_ready(zero, zero_dtype))):
         return None
-    library = fused.library()
-    if module.scheme == "int8" and kernel_ready(q, torch.int8):
-        return INT8, (q, scale, None, bias), ctypes.cast(library.int8_linear, ctypes.c_void_p).value, 0
-    if module.scheme != "int4" or module.ops.int4_linear is not int4_linear:
+    if kind != INT8 and q.shape != (module.out_features, module.in_features // 2):
         return None
-    zero, groups = buffers["zero"], scale.shape[1]
-    if not (fused.int4_fits(module.in_features, groups) and kernel_ready(q, torch.uint8)
-            and q.shape == (module.out_features, module.in_features // 2)):
-        return None
-    if kernel_ready(zero, torch.uint8):
-        return INT4_U8_ZERO, (q, scale, zero, bias), ctypes.cast(library.int4_linear_u8zero, ctypes.c_void_p).value, \
-            groups
-    if kernel_ready(zero):
-        return INT4_F32_ZERO, (q, scale, zero, bias), ctypes.cast(library.int4_linear_f32zero,
-                                                                  ctypes.c_void_p).value, groups
-    return None
+    address = ctypes.cast(getattr(fused.library(), kernel), ctypes.c_void_p).value
+    return kind, (q, scale, zero, bias), address, 0 if kind == INT8 else scale.shape[1]
 
 
 def layer_weights(layer: torch.nn.Module) -> LayerWeights | None:

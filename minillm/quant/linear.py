@@ -123,15 +123,27 @@ class QuantizedLinear(nn.Module):
         # 121 times a token on SmolLM2
         buffers = self._buffers
         q, scale = buffers["qweight"], buffers["scale"]
-        fuse = self.kernel == "fused" and fused.applies(x, q)
-        if self.scheme == "int4":
-            zero = buffers["zero"]
-            if fuse and self.ops.int4_linear is int4_linear and fused.int4_fits(self.in_features, scale.shape[1]):
-                return fused.int4_linear(x, q, scale, zero, self.bias)
-            return self.ops.int4_linear(x, q, scale, zero, self.bias)
-        if fuse and self.scheme == "int8":
+        kernel = self.fused_kernel() if fused.applies(x, q) else None
+        if kernel == "int8_linear":
             return fused.int8_linear(x, q, scale, self.bias)
+        if kernel is not None:
+            return fused.int4_linear(x, q, scale, buffers["zero"], self.bias)
+        if self.scheme == "int4":
+            return self.ops.int4_linear(x, q, scale, buffers["zero"], self.bias)
         return scaled_linear(x, q, scale, self.bias)
+
+    def fused_kernel(self) -> str | None:
+        """The fused CPU kernel (quant/fused_matvec.cpp, by name) this layer multiplies a few float32 rows with, or
+        None where it takes another path: fp8, kernel="reference", a replaced int4_linear (a learner's), or a group
+        size the int4 kernel cannot read. forward asks it, and so does the C++ decode layer (models/cpu_decode.py)."""
+        if self.kernel != "fused":
+            return None
+        if self.scheme == "int8":
+            return "int8_linear"
+        if (self.scheme != "int4" or self.ops.int4_linear is not int4_linear
+                or not fused.int4_fits(self.in_features, self._buffers["scale"].shape[1])):
+            return None
+        return "int4_linear_u8zero" if self._buffers["zero"].dtype == torch.uint8 else "int4_linear_f32zero"
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight this layer multiplies by, [out, in] float32."""
