@@ -238,7 +238,7 @@ def test_add_bos_token_puts_bos_first(tmp_path, hf_dir):
     assert ours.encode("def f") == [0, *ours.encode("def f", add_special_tokens=False)]
 
 
-def test_conversion_is_cached_and_keyed_on_the_file_and_format(tmp_path, hf_dir, cache, monkeypatch, capsys):
+def test_conversion_is_cached_and_keyed_on_the_files_bytes_and_format(tmp_path, hf_dir, cache, monkeypatch, capsys):
     path, hf = hf_dir
     file = write_gguf(tmp_path / "c.gguf", hf, path / "tokenizer.json")
     first = registry.resolve_model_path(file)
@@ -247,8 +247,16 @@ def test_conversion_is_cached_and_keyed_on_the_file_and_format(tmp_path, hf_dir,
     real_convert = mgguf.convert
     monkeypatch.setattr(mgguf, "convert", lambda *a, **k: calls.append(a) or real_convert(*a, **k))
     assert registry.resolve_model_path(file) == first and not calls
-    os.utime(file, ns=(file.stat().st_atime_ns, file.stat().st_mtime_ns + 10**9))
-    second = registry.resolve_model_path(file)
+    # A copy elsewhere, with another modification time (another virtual environment's install): the same folder.
+    copy = shutil.copy(file, tmp_path / "elsewhere.gguf")
+    os.utime(copy, ns=(file.stat().st_atime_ns, file.stat().st_mtime_ns + 10**9))
+    assert registry.resolve_model_path(copy) == first and not calls
+    with open(copy, "r+b") as f:  # one byte of the last tensor's data changes: converted anew
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    second = registry.resolve_model_path(copy)
     monkeypatch.setattr(mgguf, "FORMAT_VERSION", mgguf.FORMAT_VERSION + 1)
     third = registry.resolve_model_path(file)
     assert len({first, second, third}) == 3 and len(calls) == 2

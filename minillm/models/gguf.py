@@ -6,9 +6,10 @@
       --> tokenizer.json, tokenizer_config.json, generation_config.json   (gguf_tokenizer.py)
 
 The folder sits in a cache (MINILLM_CACHE, default ~/.cache/minillm) under a key made of the file's
-path, size and modification time and of FORMAT_VERSION, so a changed file or converter converts
-anew. Everything else then reads it as any checkpoint (loader.py, tokenizer.py, chat_template.py, and
-transformers too), and a later load costs what loading any float32 checkpoint costs.
+bytes (SHA-256, ~60 ms for a 100 MB file) and of FORMAT_VERSION, so a changed file or converter converts
+anew, and copies of one file (one per virtual environment, say) share one folder. Everything else then
+reads it as any checkpoint (loader.py, tokenizer.py, chat_template.py, and transformers too), and a later
+load costs what loading any float32 checkpoint costs.
 
 Why un-permute: llama.cpp's converter reorders the rows of each head of q_proj and k_proj for
 ggml's RoPE, which rotates neighbouring pairs (x0, x1), (x2, x3), ...; Hugging Face's Llama rotates
@@ -167,10 +168,14 @@ def convert(path: Path, out_dir: Path) -> None:
 
 
 def cache_key(path: Path) -> str:
-    """Changes when the file (its path, size or modification time) or the converter (FORMAT_VERSION) does."""
-    stat = path.stat()
-    ident = f"{FORMAT_VERSION}\n{path.resolve()}\n{stat.st_size}\n{stat.st_mtime_ns}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+    """Changes when the file's bytes or the converter (FORMAT_VERSION) do, and only then: not with the file's path
+    or modification time, which differ between installs of one package (a key on them left a 540 MB folder per
+    virtual environment that ever loaded the real model)."""
+    digest = hashlib.sha256(f"minillm-gguf-{FORMAT_VERSION}\n".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def gguf_model_dir(path: str | Path) -> Path:
@@ -180,9 +185,11 @@ def gguf_model_dir(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {str(path)!r}")
-    final = cache_root() / "gguf" / f"{path.stem}-{cache_key(path)}"
-    if (final / "config.json").is_file():
-        return final
+    key = cache_key(path)
+    final = cache_root() / "gguf" / f"{path.stem}-{key}"
+    for done in [final, *sorted(final.parent.glob(f"[!.]*-{key}"))]:  # the same bytes under another file name
+        if (done / "config.json").is_file():
+            return done
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
