@@ -10,6 +10,7 @@ import torch
 from minillm import LLM, EngineConfig, QuantConfig, SamplingParams
 from minillm.layers import cpu_ops
 from minillm.models import cpu_decode
+from minillm.quant import fused as fused_kernels
 from minillm.testing import make_hf_model
 
 pytestmark = pytest.mark.skipif(cpu_ops.library() is None, reason="no C++ compiler: the layers run PyTorch only")
@@ -54,13 +55,14 @@ def engines(model: str, **overrides) -> tuple[LLM, LLM]:
 @pytest.mark.parametrize("block_size", [16, 4])
 @pytest.mark.parametrize("model", ["tiny", "odd"])
 def test_the_cpp_layers_equal_the_layers_own_path_to_the_bit(model, block_size, threads, odd_model, fused_calls):
-    """Seeded prompt lengths from 1 token to past three blocks, 1 to 9 sequences (9 rows take the layers' own path:
-    the C++ products stop at 8), each with its own length of output."""
+    """Seeded prompt lengths from 1 token to past three blocks, 1 to MAX_ROWS + 1 sequences (more rows than MAX_ROWS
+    take the layers' own path: the C++ products stop there), each with its own length of output."""
     torch.set_num_threads(threads)
     try:
-        fused, plain = engines(odd_model if model == "odd" else model, block_size=block_size, max_num_seqs=9)
+        most = cpu_ops.MAX_ROWS + 1
+        fused, plain = engines(odd_model if model == "odd" else model, block_size=block_size, max_num_seqs=most)
         gen = torch.Generator().manual_seed(block_size + threads)
-        for batch in (1, 2, 3, 4, 5, 8, 9):
+        for batch in (1, 2, 3, 4, 5, 8, 13, most):
             lengths = torch.randint(1, 3 * block_size + 5, (batch,), generator=gen).tolist()
             prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in lengths]
             new = torch.randint(2, 2 * block_size, (batch,), generator=gen).tolist()
@@ -93,14 +95,16 @@ def test_a_replaced_weight_is_read_from_its_new_tensor(fused_calls):
                          ids=["int8", "int4-g32", "int4-g32-minmax", "int4-partial"])
 def test_quantized_layers_run_their_own_kernels_inside_the_cpp_layer(quantization, fused_calls):
     """A quantized product is computed inside the C++ layer by the kernel the quantized layer itself calls
-    (quant/fused_matvec.cpp): the same logits to the bit, for whole and partial quantization."""
-    fused, plain = engines("tiny", quantization=quantization)
+    (quant/fused_matvec.cpp): the same logits to the bit, for whole and partial quantization; and a step of more
+    rows than those kernels take (fused.MAX_ROWS) runs the layers' own path, as the quantized layers then do."""
+    fused, plain = engines("tiny", quantization=quantization, max_num_seqs=fused_kernels.MAX_ROWS + 3)
     gen = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in (3, 17, 40)]
-    ours = outputs(fused, prompts, [9, 14, 5])
-    calls = len(fused_calls)
-    assert outputs(plain, prompts, [9, 14, 5]) == ours
-    assert calls and len(fused_calls) == calls
+    for lengths, new in [((3, 17, 40), [9, 14, 5]), ((2,) * (fused_kernels.MAX_ROWS + 3), [2, 4, 6] * 6 + [3])]:
+        prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in lengths]
+        ours = outputs(fused, prompts, new[:len(prompts)])
+        calls = len(fused_calls)
+        assert outputs(plain, prompts, new[:len(prompts)]) == ours, f"{len(prompts)} sequences"
+        assert calls and len(fused_calls) == calls
 
 
 def test_a_short_chunk_runs_as_decode_rows_of_one_sequence(fused_calls):

@@ -12,6 +12,7 @@
 // or data of the operators in between: PyTorch's rms_norm is about ten operator calls, rotary four,
 // SiLU-and-multiply three, each paying Python, the dispatcher and cold caches; here each is one call that reads its
 // rows once. Rows are shared out among the OpenMP threads torch runs on when there are many.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -68,93 +69,90 @@ inline float silu(float x) { return x >= 0.0f ? x / (1.0f + std::exp(-x)) : x * 
 
 inline int threads_for(int64_t elements, int nthreads) { return elements >= PARALLEL_ELEMENTS ? nthreads : 1; }
 
-// a . b over k floats: four sums of sixteen lanes, so that four multiply-adds are in flight at once
-inline float dot(const float* a, const float* b, int64_t k) {
-    f16 s0 = {}, s1 = {}, s2 = {}, s3 = {};
-    int64_t j = 0;
-    for (; j + 64 <= k; j += 64) {
-        s0 += load16(a + j) * load16(b + j);
-        s1 += load16(a + j + 16) * load16(b + j + 16);
-        s2 += load16(a + j + 32) * load16(b + j + 32);
-        s3 += load16(a + j + 48) * load16(b + j + 48);
-    }
-    for (; j + 16 <= k; j += 16) s0 += load16(a + j) * load16(b + j);
-    float s = sum16((s0 + s1) + (s2 + s3));
-    for (; j < k; ++j) s += a[j] * b[j];
-    return s;
-}
+// The product's tile: NW rows of w by NX rows of x, NW * NX sums of sixteen lanes (eight without AVX-512) held in
+// registers over the whole of k. Each step loads NW + NX vectors for NW * NX multiply-adds, so from two rows of x on
+// the multiply-adds, not the loads, set the pace (a tile of one weight row by R rows of x, the last version, loaded
+// 2 + 2R vectors for 2R of them); and one row of x streams four weight rows at once. With AVX-512, 4 x 6: 24 sums, four
+// weight vectors and one of x in 29 of the 32 registers; on AVX2's 16 registers 3 x 4 (12 + 3 + 1).
+// Every sum adds its products in the order of k, sixteen lanes at a time, then the lanes as a tree, then the tail.
+#if defined(__AVX512F__)
+typedef f16 lanes;
+constexpr int LANES = 16, TILE_W = 4, TILE_X = 6;
+VEC_INLINE lanes load_lanes(const float* p) { return load16(p); }
+VEC_INLINE float sum_lanes(lanes v) { return sum16(v); }
+#else
+typedef f8 lanes;
+constexpr int LANES = 8, TILE_W = 3, TILE_X = 4;
+VEC_INLINE lanes load_lanes(const float* p) { return load8(p); }
+VEC_INLINE float sum_lanes(lanes v) { return sum8(v); }
+#endif
 
-// y[i * ldy] = x[i] . w for the R rows of x (ldx apart): each chunk of w loaded once for all of them. With two rows or
-// more the multiply-adds are enough work that the weight stream stalls between them unless it is asked for ahead:
-// a prefetch 4 KB ahead (the next weight rows) took a pass over SmolLM2's matrices at 4 rows from 47 to 36 ms on one
-// core of the 2-core Intel Xeon (oneDNN's packed product: 41), and at 2 rows from 35 to 31.
-template <int R> VEC_INLINE void dots(const float* x, int64_t ldx, const float* w, int64_t k, float* y, int64_t ldy) {
-    f16 acc[R][2] = {};
+// y[i * n + r] = x[i] . w[r] for the tile's rows (x: rows k apart, w: rows k apart). `ahead`: the next weight rows,
+// asked for into the L2 cache one tile ahead (null for the last tile). Without it the weight stream stalls while the
+// multiply-adds run: a pass over SmolLM2's 120 layer matrices at 16 rows took 63-68 ms; asked for into the L1 cache,
+// 51-57; into L2 (prefetcht1, which leaves the L1's few miss buffers to the loads), 47-50 (one core, Intel Xeon).
+template <int NW, int NX>
+VEC_INLINE void tile(const float* x, const float* w, const float* ahead, int64_t k, float* y, int64_t n) {
+    lanes acc[NW][NX] = {};
     int64_t j = 0;
-    for (; j + 32 <= k; j += 32) {
-        __builtin_prefetch(w + j + 1024);
-        const f16 w0 = load16(w + j), w1 = load16(w + j + 16);
-        for (int i = 0; i < R; ++i) {
-            acc[i][0] += w0 * load16(x + i * ldx + j);
-            acc[i][1] += w1 * load16(x + i * ldx + j + 16);
+    for (; j + LANES <= k; j += LANES) {
+        lanes wv[NW];
+#pragma GCC unroll 8
+        for (int r = 0; r < NW; ++r) {
+            if (ahead) __builtin_prefetch(ahead + r * k + j, 0, 2);
+            wv[r] = load_lanes(w + r * k + j);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < NX; ++i) {
+            const lanes xv = load_lanes(x + i * k + j);
+#pragma GCC unroll 8
+            for (int r = 0; r < NW; ++r) acc[r][i] += wv[r] * xv;
         }
     }
-    for (int i = 0; i < R; ++i) {
-        float s = sum16(acc[i][0] + acc[i][1]);
-        for (int64_t t = j; t < k; ++t) s += w[t] * x[i * ldx + t];
-        y[i * ldy] = s;
-    }
+    for (int r = 0; r < NW; ++r)
+        for (int i = 0; i < NX; ++i) {
+            float s = sum_lanes(acc[r][i]);
+            for (int64_t t = j; t < k; ++t) s += w[r * k + t] * x[i * k + t];
+            y[i * n + r] = s;
+        }
 }
 
-// linear_f32 for R rows of x: every row of w once, multiplied with all R rows of x
-template <int R>
-void linear_rows(const float* x, const float* w, const float* bias, float* y, int64_t n, int64_t k, int nthreads) {
-#pragma omp parallel for num_threads(threads_for(n * k, nthreads)) schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-        const float* row = w + r * k;
-        if (R == 1)
-            y[r] = dot(row, x, k);  // the weight first: its loads are the explicit ones (25% faster here than x first)
-        else
-            dots<R>(x, k, row, k, y + r, n);
-        if (bias)
-            for (int i = 0; i < R; ++i) y[i * n + r] += bias[r];
-    }
-}
-
-// linear_f32 for 4 + R rows (5 to 8): each row of w multiplied with the first four rows of x, then with the other R,
-// while it sits in the L1 cache (the weight is still read from memory once)
-template <int R>
-void linear_rows_4_plus(const float* x, const float* w, const float* bias, float* y, int64_t n, int64_t k,
-                        int nthreads) {
-#pragma omp parallel for num_threads(threads_for(n * k, nthreads)) schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-        const float* row = w + r * k;
-        dots<4>(x, k, row, k, y + r, n);
-        dots<R>(x + 4 * k, k, row, k, y + 4 * n + r, n);
-        if (bias)
-            for (int i = 0; i < 4 + R; ++i) y[i * n + r] += bias[r];
-    }
+// tile<nw, nx> for the sizes known at run time (a block's last rows): each size compiles to a loop of its own
+template <int NW, int NX>
+void tile_of(int nw, int nx, const float* x, const float* w, const float* ahead, int64_t k, float* y, int64_t n) {
+    if constexpr (NX > 1)
+        if (nx < NX) return tile_of<NW, NX - 1>(nw, nx, x, w, ahead, k, y, n);
+    if constexpr (NW > 1)
+        if (nw < NW) return tile_of<NW - 1, NX>(nw, nx, x, w, ahead, k, y, n);
+    tile<NW, NX>(x, w, ahead, k, y, n);
 }
 
 }  // namespace
 
 extern "C" {
 
-// y = x w^T + bias for a few rows of x (single-stream decode: one; speculative verification: k + 1): x [m, k]
-// contiguous, w [n, k] contiguous (nn.Linear's weight, row by row), bias [n] or null, y [m, n]. Each weight row is
-// read from memory once and multiplied with every row of x while it sits in registers and the L1 cache; the rows of
-// w are shared out among the threads. Up to 8 rows (cpu_ops.py MAX_ROWS): beyond, oneDNN's packed product is faster.
+// y = x w^T + bias for a few rows of x (decode: one a sequence; speculative verification: k + 1 a sequence): x [m, k]
+// contiguous, w [n, k] contiguous (nn.Linear's weight, row by row), bias [n] or null, y [m, n]. w is read from memory
+// once: TILE_W of its rows at a time, each multiplied with every row of x, TILE_X rows of x a tile, while those weight
+// rows sit in the L1 cache; the blocks of TILE_W rows are shared out among the threads. Up to 32 rows (cpu_ops.py
+// MAX_ROWS); beyond, oneDNN's packed product is faster. A pass over SmolLM2's 120 layer matrices, one core of the
+// 2-core Intel Xeon: 1 row 26-27 ms (F.linear 29-31), 4 rows 28-29 (oneDNN 51-54), 16 rows 47-50 (oneDNN 74-75),
+// 32 rows 77-83 (oneDNN 92-102), 48 rows 127 (oneDNN 119).
 void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
                 int nthreads) {
-    switch (m) {  // the row count chosen outside the loop over w: each case compiles to a loop of its own
-        case 1: return linear_rows<1>(x, w, bias, y, n, k, nthreads);
-        case 2: return linear_rows<2>(x, w, bias, y, n, k, nthreads);
-        case 3: return linear_rows<3>(x, w, bias, y, n, k, nthreads);
-        case 4: return linear_rows<4>(x, w, bias, y, n, k, nthreads);
-        case 5: return linear_rows_4_plus<1>(x, w, bias, y, n, k, nthreads);
-        case 6: return linear_rows_4_plus<2>(x, w, bias, y, n, k, nthreads);
-        case 7: return linear_rows_4_plus<3>(x, w, bias, y, n, k, nthreads);
-        default: return linear_rows_4_plus<4>(x, w, bias, y, n, k, nthreads);
+    const int64_t blocks = (n + TILE_W - 1) / TILE_W;
+#pragma omp parallel for num_threads(threads_for(n * k, nthreads)) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t r0 = b * TILE_W;
+        const int nw = static_cast<int>(std::min<int64_t>(TILE_W, n - r0));
+        const float* ahead = b + 1 < blocks ? w + (r0 + TILE_W) * k : nullptr;
+        for (int64_t i0 = 0; i0 < m; i0 += TILE_X) {
+            const int nx = static_cast<int>(std::min<int64_t>(TILE_X, m - i0));
+            tile_of<TILE_W, TILE_X>(nw, nx, x + i0 * k, w + r0 * k, ahead, k, y + i0 * n + r0, n);
+        }
+        if (bias)
+            for (int64_t i = 0; i < m; ++i)
+                for (int r = 0; r < nw; ++r) y[i * n + r0 + r] += bias[r0 + r];
     }
 }
 

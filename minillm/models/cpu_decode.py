@@ -62,9 +62,10 @@ KERNEL_KINDS = {"int8_linear": (INT8, torch.int8, None), "int4_linear_u8zero": (
 
 
 def product(module: torch.nn.Module) -> tuple[int, tuple, int | None, int] | None:
-    """How the module's own forward multiplies 1-8 rows on a CPU, where the C++ layer can do the same: (kind, its
-    tensors (weight, scale, zero, bias), the quantized kernel's address, groups); None where it cannot (a module of
-    another kind, one whose forward takes another path, or tensors the kernel would need converted first)."""
+    """How the module's own forward multiplies 1 to cpu_ops.MAX_ROWS rows on a CPU (a quantized one, up to
+    fused.MAX_ROWS), where the C++ layer can do the same: (kind, its tensors (weight, scale, zero, bias), the quantized
+    kernel's address, groups); None where it cannot (a module of another kind, one whose forward takes another path,
+    or tensors the kernel would need converted first)."""
     if type(module) is Linear:
         weight, bias = module._parameters["weight"], module._parameters["bias"]
         ok = module.few_rows and kernel_ready(weight) and kernel_ready(bias)
@@ -151,6 +152,8 @@ def cpu_decode(layers: torch.nn.ModuleList, positions: torch.Tensor, h: torch.Te
     weights = [layer_weights(layer) for layer in layers]
     if None in weights:
         return None
+    if h.shape[0] > fused.MAX_ROWS and any(p.kind != FP32 for w in weights for p in (w.qkv, w.o, w.gate_up, w.down)):
+        return None  # the quantized layers multiply this many rows by a float weight (fused.MAX_ROWS), not the kernels
     slot_mapping, tables, lens, seq_rows, pool = step
     cos, sin_signed = layers[0].self_attn.rotary._tables(positions, torch.float32)  # [rows, head_dim] each
     held = (slot_mapping, tables, lens, seq_rows, cos, sin_signed)
