@@ -105,7 +105,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True   # reuse the K/V of prompt prefixes seen before (paged)
     attention_backend: str = "torch"     # torch | triton: the Triton kernels of minillm/kernels (paged; int4 too)
     cpu_decode_kernel: bool = True       # torch backend, CPU, float32: decode rows read the paged pool in place (C++)
-    cpu_decode_layers: bool = True       # with that kernel, a decode step of 1-8 rows runs each layer as one C++ call
+    cpu_decode_layers: bool = True       # with that kernel, a decode step of 1-16 rows runs each layer as one C++ call
     kv_offload: str | None = None        # a second KV tier (paged): "host" (CPU memory) or "disk" (a file); None: none
     kv_offload_blocks: int = 1024        # its capacity in blocks (least recently used ones leave first)
     kv_offload_dir: str | None = None    # disk: the folder of its file (None: a temporary one)
