@@ -46,7 +46,9 @@ HEADLINES = {
                                   f"{row['perplexity']}, decode {row.get('vs full 1T', row.get('vs full'))}"
                                   for row in r["schemes"] if row["scheme"] != "full"
                                   and row["perplexity"] not in ("=", "-"))
-                        + f" (full: perplexity {r['schemes'][0]['perplexity']})"),
+                        + f" (full: perplexity {r['schemes'][0]['perplexity']})"
+                        + "".join(f"; {row['minillm']} {_x(row['minillm / llama.cpp'])} {row['llama.cpp']}"
+                                  for row in r.get("llama_cpp", []) if str(row["threads"]) == "1")),
     "profile": lambda r: (f"a step of one token {r['profile']['fixed'] * 1e3:.1f} ms, "
                           + ", ".join(f"{n} tokens {t * 1e3:.1f} ms more" for n, t in r["profile"]["token_curve"]
                                       if n in (2, 128, 1024))

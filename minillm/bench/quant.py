@@ -40,7 +40,9 @@ from minillm.quant.sensitivity import quantized_copy
 
 ANCHOR_KINDS = ("F32", "Q8_0", "Q4_1")  # llama.cpp's files of the same weights (bench/anchors.py)
 ANCHOR_PAIRS = (("full", "llama.cpp F32"), ("int8", "llama.cpp Q8_0"), ("int8+head", "llama.cpp Q8_0"),
-                ("int4-g32-minmax", "llama.cpp Q4_1"), ("int4-g32-minmax+head", "llama.cpp Q4_1"))
+                ("int4-g32-minmax", "llama.cpp Q4_1"), ("int4-g32-minmax+head", "llama.cpp Q4_1"),
+                # --quick runs group 64 only: Q4_1's format (a scale and a minimum) on groups twice as long
+                ("int4-g64-minmax", "llama.cpp Q4_1"), ("int4-g64-minmax+head", "llama.cpp Q4_1"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,6 +376,6 @@ def report(model: str, s: Settings, notes: list[str], kernels: list[dict], table
                "bytes": {label: b for label, (_, b) in table.items()},
                "quality": {label: q.as_dict() for label, (q, _) in table.items()},
                "decode_tokens_per_s": {t: {label: r for label, (r, _) in by.items()} for t, by in speeds.items()},
-               "sensitivity": records, "measurements": measurements, "seconds": seconds}
+               "llama_cpp": pairs, "sensitivity": records, "measurements": measurements, "seconds": seconds}
     write_json(json_path, "quant", figures, conditions)
     return figures
