@@ -59,7 +59,7 @@ def test_the_cpp_layers_equal_the_layers_own_path_to_the_bit(model, block_size, 
     take the layers' own path: the C++ products stop there), each with its own length of output."""
     torch.set_num_threads(threads)
     try:
-        most = cpu_ops.MAX_ROWS + 1
+        most = cpu_decode.MAX_ROWS + 1
         fused, plain = engines(odd_model if model == "odd" else model, block_size=block_size, max_num_seqs=most)
         gen = torch.Generator().manual_seed(block_size + threads)
         for batch in (1, 2, 3, 4, 5, 8, 13, most):

@@ -94,16 +94,11 @@ inline void weigh_rows(const float* p, const float* rows, int64_t stride, int64_
         for (int64_t i = 0; i < n; ++i) acc[c] += p[i] * rows[i * stride + c];
 }
 
-// Asks for rows[i * stride : i * stride + d], i < n, ahead of their use (locality 3: into the L1 cache, 2: L2).
-template <typename T>
-inline void prefetch_rows(const T* rows, int64_t stride, int64_t n, int64_t d, int locality) {
+// Asks for rows[i * stride : i * stride + d], i < n, ahead of their use (Locality 3: into the L1 cache, 2: L2).
+template <int Locality>
+inline void prefetch_rows(const float* rows, int64_t stride, int64_t n, int64_t d) {
     for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < d; c += 64 / sizeof(T)) {
-            if (locality == 3)
-                __builtin_prefetch(rows + i * stride + c, 0, 3);
-            else
-                __builtin_prefetch(rows + i * stride + c, 0, 2);
-        }
+        for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(rows + i * stride + c, 0, Locality);  // a cache line
 }
 
 // s[t] = e^(s[t] - m) for t < n -> their sum.
@@ -162,10 +157,10 @@ inline void decode(const float* q, int64_t q_row_stride, const float* k_slots, c
             for (int64_t t0 = 0; t0 < length; t0 += block_size) {  // pass 1: scores, a block at a time
                 const float* kb = k_slots + (int64_t)table[t0 / block_size] * block_size * slot_stride + h * d;
                 const int64_t n = std::min(block_size, length - t0);
-                prefetch_rows(v_slots + (kb - k_slots), slot_stride, n, d, 2);  // this block's values, for pass 2
+                prefetch_rows<2>(v_slots + (kb - k_slots), slot_stride, n, d);  // this block's values, for pass 2
                 if (t0 + block_size < length)  // the next block's keys
-                    prefetch_rows(k_slots + (int64_t)table[t0 / block_size + 1] * block_size * slot_stride + h * d,
-                                  slot_stride, std::min(block_size, length - t0 - block_size), d, 3);
+                    prefetch_rows<3>(k_slots + (int64_t)table[t0 / block_size + 1] * block_size * slot_stride + h * d,
+                                     slot_stride, std::min(block_size, length - t0 - block_size), d);
                 for (int64_t g = 0; g < group; ++g)
                     score_rows(qb + g * d, kb, slot_stride, n, scale, scores.data() + g * length + t0, d);
             }

@@ -11,7 +11,7 @@ compiled graph and pays none of it.
 Here the same C++ operators run in the same order, inside one call a layer: the hidden states are equal to the bit
 to the layer's own path (tests/test_cpu_decode.py), which stays the reference and runs everywhere else. Its products
 are the ones the layer's modules would take: the few-row float32 product, or a quantized layer's own int8 / int4
-kernel (quant/fused_matvec.cpp, called by address). It applies to a step of 1 to cpu_ops.MAX_ROWS rows, each a decode
+kernel (quant/fused_matvec.cpp, called by address). It applies to a step of 1 to MAX_ROWS rows, each a decode
 token on the paged pool's C++ kernel (one of a sequence's, or a few consecutive ones: a speculative verification, a
 short prompt; the context says so: `AttentionContext.cpu_decode_rows`), float32 on a CPU, without autograd or
 torch.compile, on layers built of the plain modules (an fp8, tensor-parallel or otherwise replaced layer runs its own
@@ -30,6 +30,9 @@ from minillm.quant import fused
 from minillm.quant.linear import QuantizedLinear
 
 FP32, INT8, INT4_U8_ZERO, INT4_F32_ZERO = range(4)  # cpu_ops.cpp's ProductKind
+# a step's rows: as many as both the float32 product and the quantized kernels take (beyond fused.MAX_ROWS a
+# quantized layer multiplies by a float weight instead, which the C++ layer does not)
+MAX_ROWS = min(cpu_ops.MAX_ROWS, fused.MAX_ROWS)
 
 
 class Product(ctypes.Structure):  # cpu_ops.cpp's struct of the same name: one matrix product of the layer
@@ -143,7 +146,7 @@ class CpuDecode:
 def cpu_decode(layers: torch.nn.ModuleList, positions: torch.Tensor, h: torch.Tensor, ctx) -> CpuDecode | None:
     """The step's layers through the C++ call where everything allows it (the top of this file); else None, and the
     layers run their own forward. positions: [rows]; h: [rows, hidden], the embeddings."""
-    if ctx is None or not (h.ndim == 2 and 1 <= h.shape[0] <= cpu_ops.MAX_ROWS and h.is_contiguous()
+    if ctx is None or not (h.ndim == 2 and 1 <= h.shape[0] <= MAX_ROWS and h.is_contiguous()
                            and cpu_ops.applies(h)):
         return None
     step = ctx.cpu_decode_rows()
@@ -152,8 +155,6 @@ def cpu_decode(layers: torch.nn.ModuleList, positions: torch.Tensor, h: torch.Te
     weights = [layer_weights(layer) for layer in layers]
     if None in weights:
         return None
-    if h.shape[0] > fused.MAX_ROWS and any(p.kind != FP32 for w in weights for p in (w.qkv, w.o, w.gate_up, w.down)):
-        return None  # the quantized layers multiply this many rows by a float weight (fused.MAX_ROWS), not the kernels
     slot_mapping, tables, lens, seq_rows, pool = step
     cos, sin_signed = layers[0].self_attn.rotary._tables(positions, torch.float32)  # [rows, head_dim] each
     held = (slot_mapping, tables, lens, seq_rows, cos, sin_signed)
