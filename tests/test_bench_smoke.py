@@ -213,3 +213,16 @@ def test_batching_bound_is_amdahls_law_over_a_sequential_runs_own_prefill_and_de
     run_minillm("tiny", make_prompts(workload, 4096), workload, metrics=metrics, scheduler="sequential")
     assert len(metrics) == 3 and all(0 < m["ttft"] - m["queue_time"] < m["e2e"] - m["queue_time"] for m in metrics)
     assert 0 < batching_bound(metrics, 8.0)[0] < 1
+
+
+def test_drain_share_is_the_run_after_its_last_admission():
+    from minillm.bench.throughput import drain_share, make_prompts, run_minillm
+    from minillm.bench.workload import chat_workload
+    # every request there at 0: the last admitted at 3 s of a run that ended at 4 s
+    timings = [{"queue_time": 0.0, "e2e": 2.0}, {"queue_time": 3.0, "e2e": 4.0}, {"queue_time": 1.0, "e2e": 3.5}]
+    assert drain_share(timings) == pytest.approx(0.25)
+    workload = chat_workload(5, seed=0, max_output=12, median_output=6, max_prompt=24, median_prompt=12)
+    metrics = []
+    run_minillm("tiny", make_prompts(workload, 4096), workload, metrics=metrics, scheduler="continuous",
+                max_num_seqs=2)
+    assert 0 < drain_share(metrics) < 1  # five requests two at a time: the last waits, then the batch drains

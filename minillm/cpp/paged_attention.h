@@ -9,11 +9,14 @@
 //   pass 2: p = exp(s - max), out[g] = sum_t p[g, t] * v[t] / sum_t p[g, t].
 // Token t of sequence b lies in slot table[b][t / block_size] * block_size + t % block_size; a block's
 // tokens are contiguous, so both passes walk the table a block at a time.
-// Within a block, the scores are computed four keys at a time (one load of q serves four keys) and the
-// weighted values sixteen columns at a time with their sums held in registers; exp is computed eight at a
-// time (exp8). Against the first version, which took one dot product and one row update at a time with the C
-// library's exp, a layer of SmolLM2 (9 query heads on 3 kv heads of 64, 260 tokens of context) went from 44 to
-// 19 us on one core of the 2-core AMD EPYC, and a batch of 16 from 730 to 367 us.
+// Within a block, the group's heads are scored together, a tile of keys at a time: each key vector loaded serves
+// every head of the group and each query vector every key of the tile (sixteen floats a vector with AVX-512, eight
+// elsewhere); the weighted values likewise, each value vector loaded once for the group's heads, the sums held in
+// registers; exp is computed eight at a time (exp8). Against the first version, which took one dot product and one
+// row update at a time with the C library's exp, a layer of SmolLM2 (9 query heads on 3 kv heads of 64, 260 tokens
+// of context) went from 44 to 19 us on one core of the 2-core AMD EPYC, and a batch of 16 from 730 to 367 us; serving
+// the group's heads together, not one after another, took 30 such layers of a batch of 16 at 320 tokens from 25.0 to
+// 21.1 ms with the K/V in the caches, and 34.6 to 32.2 ms from memory (one core of the 2-core Intel Xeon).
 // Each block's keys are asked for while the block before is scored, and its values (for pass 2) while it is: a
 // batch of 16 at 320 tokens of context reads 7.9 MB of K/V a layer, scattered a block at a time, and over 30 such
 // layers (236 MB, as a SmolLM2 step) the kernel took 28.3 ms without and 22.8 with (one core of the 2-core Intel
@@ -24,9 +27,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
-#include "vec.h"  // f8, load8, store8, sum8, exp8
+#include "vec.h"  // f8, lanes, load8, load_lanes, store8, sum8, sum_lanes, exp8
 
 namespace paged {
 
@@ -46,52 +50,90 @@ inline float dot(const float* a, const float* b, int64_t d) {
     return s;
 }
 
-// s[i] = scale * q . rows[i * stride : i * stride + d] for i < n, four rows at a time: each load of q serves
-// four rows, and the four sums are four independent chains of multiply-adds.
-inline void score_rows(const float* q, const float* rows, int64_t stride, int64_t n, float scale, float* s,
-                       int64_t d) {
+// The query heads of a group scored together: keys a tile at a time, each key vector loaded once for all G heads
+// and each query vector once for KEYS keys, G * KEYS sums in registers (on AVX2's 16 registers, half the keys).
+constexpr int KEYS = LANES == 16 ? 4 : 2;
+
+// s[g * ls + i] = scale * q[g] . rows[i * stride : i * stride + d] for the G query heads (q: d apart) and i < n.
+template <int G>
+inline void score_heads(const float* q, const float* rows, int64_t stride, int64_t n, float scale, float* s,
+                        int64_t ls, int64_t d) {
     int64_t i = 0;
-    if (d % 8 == 0) {
-        for (; i + 4 <= n; i += 4) {
+    if (d % LANES == 0) {
+        for (; i + KEYS <= n; i += KEYS) {
             const float* r = rows + i * stride;
-            f8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-            for (int64_t c = 0; c < d; c += 8) {
-                const f8 qc = load8(q + c);
-                a0 += qc * load8(r + c);
-                a1 += qc * load8(r + stride + c);
-                a2 += qc * load8(r + 2 * stride + c);
-                a3 += qc * load8(r + 3 * stride + c);
+            lanes acc[G][KEYS] = {};
+            for (int64_t c = 0; c < d; c += LANES) {
+                lanes kv[KEYS];
+#pragma GCC unroll 4
+                for (int j = 0; j < KEYS; ++j) kv[j] = load_lanes(r + j * stride + c);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g) {
+                    const lanes qv = load_lanes(q + g * d + c);
+#pragma GCC unroll 4
+                    for (int j = 0; j < KEYS; ++j) acc[g][j] += qv * kv[j];
+                }
             }
-            s[i] = scale * sum8(a0);
-            s[i + 1] = scale * sum8(a1);
-            s[i + 2] = scale * sum8(a2);
-            s[i + 3] = scale * sum8(a3);
+            for (int g = 0; g < G; ++g)
+                for (int j = 0; j < KEYS; ++j) s[g * ls + i + j] = scale * sum_lanes(acc[g][j]);
         }
     }
-    for (; i < n; ++i) s[i] = scale * dot(q, rows + i * stride, d);
+    for (; i < n; ++i)
+        for (int g = 0; g < G; ++g) s[g * ls + i] = scale * dot(q + g * d, rows + i * stride, d);
 }
 
-// acc[:d] += sum over i < n of p[i] * rows[i * stride : i * stride + d], sixteen columns at a time: the
-// running sums stay in registers across the rows, and acc is read and written once per call, not once a row.
-inline void weigh_rows(const float* p, const float* rows, int64_t stride, int64_t n, float* acc, int64_t d) {
+// acc[g * d : (g + 1) * d] += sum over i < n of p[g * ls + i] * rows[i * stride : i * stride + d] for the G heads:
+// each load of a value vector serves G heads, and the running sums stay in registers across the rows.
+template <int G>
+inline void weigh_heads(const float* p, int64_t ls, const float* rows, int64_t stride, int64_t n, float* acc,
+                        int64_t d) {
     int64_t c = 0;
-    for (; c + 16 <= d; c += 16) {
-        f8 a0 = load8(acc + c), a1 = load8(acc + c + 8);
+    for (; c + 2 * LANES <= d; c += 2 * LANES) {
+        lanes a[G][2];
+        for (int g = 0; g < G; ++g) a[g][0] = load_lanes(acc + g * d + c), a[g][1] = load_lanes(acc + g * d + c + LANES);
         for (int64_t i = 0; i < n; ++i) {
-            const float* r = rows + i * stride + c;
-            a0 += p[i] * load8(r);
-            a1 += p[i] * load8(r + 8);
+            const lanes v0 = load_lanes(rows + i * stride + c), v1 = load_lanes(rows + i * stride + c + LANES);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) {
+                const float pg = p[g * ls + i];
+                a[g][0] += pg * v0;
+                a[g][1] += pg * v1;
+            }
         }
-        store8(acc + c, a0);
-        store8(acc + c + 8, a1);
+        for (int g = 0; g < G; ++g) {
+            std::memcpy(acc + g * d + c, &a[g][0], sizeof(lanes));
+            std::memcpy(acc + g * d + c + LANES, &a[g][1], sizeof(lanes));
+        }
     }
     for (; c + 8 <= d; c += 8) {
-        f8 a = load8(acc + c);
-        for (int64_t i = 0; i < n; ++i) a += p[i] * load8(rows + i * stride + c);
-        store8(acc + c, a);
+        f8 a[G];
+        for (int g = 0; g < G; ++g) a[g] = load8(acc + g * d + c);
+        for (int64_t i = 0; i < n; ++i) {
+            const f8 v = load8(rows + i * stride + c);
+            for (int g = 0; g < G; ++g) a[g] += p[g * ls + i] * v;
+        }
+        for (int g = 0; g < G; ++g) store8(acc + g * d + c, a[g]);
     }
     for (; c < d; ++c)
-        for (int64_t i = 0; i < n; ++i) acc[c] += p[i] * rows[i * stride + c];
+        for (int g = 0; g < G; ++g)
+            for (int64_t i = 0; i < n; ++i) acc[g * d + c] += p[g * ls + i] * rows[i * stride + c];
+}
+
+template <int G>
+using heads = std::integral_constant<int, G>;
+
+// f(heads<G>, g0) for each run of G <= 4 of a group's heads, g0 the first: 1, 2, 3 and 4 heads compile to loops of
+// their own, and a larger group (MQA's every head on one kv head, say) goes four at a time.
+template <typename F>
+inline void by_heads(int64_t group, F f) {
+    for (int64_t g0 = 0; g0 < group; g0 += 4) {
+        switch (std::min<int64_t>(4, group - g0)) {
+            case 1: f(heads<1>{}, g0); break;
+            case 2: f(heads<2>{}, g0); break;
+            case 3: f(heads<3>{}, g0); break;
+            default: f(heads<4>{}, g0);
+        }
+    }
 }
 
 // Asks for rows[i * stride : i * stride + d], i < n, ahead of their use (Locality 3: into the L1 cache, 2: L2).
@@ -161,8 +203,9 @@ inline void decode(const float* q, int64_t q_row_stride, const float* k_slots, c
                 if (t0 + block_size < length)  // the next block's keys
                     prefetch_rows<3>(k_slots + (int64_t)table[t0 / block_size + 1] * block_size * slot_stride + h * d,
                                      slot_stride, std::min(block_size, length - t0 - block_size), d);
-                for (int64_t g = 0; g < group; ++g)
-                    score_rows(qb + g * d, kb, slot_stride, n, scale, scores.data() + g * length + t0, d);
+                by_heads(group, [&](auto g, int64_t g0) {
+                    score_heads<g.value>(qb + g0 * d, kb, slot_stride, n, scale, scores.data() + g0 * length + t0, length, d);
+                });
             }
             for (int64_t g = 0; g < group; ++g) {  // softmax numerators, shifted by each row's max
                 float* s = scores.data() + g * length;
@@ -172,8 +215,9 @@ inline void decode(const float* q, int64_t q_row_stride, const float* k_slots, c
             for (int64_t t0 = 0; t0 < length; t0 += block_size) {  // pass 2: the values, weighted, a block at a time
                 const float* vb = v_slots + (int64_t)table[t0 / block_size] * block_size * slot_stride + h * d;
                 const int64_t n = std::min(block_size, length - t0);
-                for (int64_t g = 0; g < group; ++g)
-                    weigh_rows(scores.data() + g * length + t0, vb, slot_stride, n, acc.data() + g * d, d);
+                by_heads(group, [&](auto g, int64_t g0) {
+                    weigh_heads<g.value>(scores.data() + g0 * length + t0, length, vb, slot_stride, n, acc.data() + g0 * d, d);
+                });
             }
             for (int64_t g = 0; g < group; ++g)
                 for (int64_t i = 0; i < d; ++i) ob[g * d + i] = acc[g * d + i] / total[g];

@@ -57,6 +57,20 @@ VEC_INLINE f16 load16(const float* p) { return {load8(p), load8(p + 8)}; }
 VEC_INLINE float sum16(f16 v) { return sum8(v.lo + v.hi); }
 #endif
 
+// The widest vector of the build, for loops over many floats: f16 with AVX-512 (one register), f8 elsewhere (a
+// pair of f8 in f16 would take two registers, which tiles of many sums cannot spare on AVX2's sixteen).
+#if defined(__AVX512F__)
+typedef f16 lanes;
+constexpr int LANES = 16;
+VEC_INLINE lanes load_lanes(const float* p) { return load16(p); }
+VEC_INLINE float sum_lanes(lanes v) { return sum16(v); }
+#else
+typedef f8 lanes;
+constexpr int LANES = 8;
+VEC_INLINE lanes load_lanes(const float* p) { return load8(p); }
+VEC_INLINE float sum_lanes(lanes v) { return sum8(v); }
+#endif
+
 // e^x for x <= 0, eight at a time: x log2(e) = n + f with n an integer and |f| <= 1/2; 2^f from its Taylor
 // series in f ln 2 to degree 6 (relative error under 2e-7), 2^n written into the float's exponent bits.
 // Below 2^-126 (x < -87.3) the result is 0: a softmax term that small adds nothing to a sum of 1 or more.

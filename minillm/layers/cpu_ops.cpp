@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "paged_attention.h"  // minillm/cpp: paged::store, paged::decode (decoder_layer_f32's attention)
-#include "vec.h"              // minillm/cpp: f8, f16, i8, load8, load16, store8, sum8, sum16, exp8
+#include "vec.h"              // minillm/cpp: f8, f16, lanes, i8, load8, load16, load_lanes, store8, sum8, exp8
 
 namespace {
 
@@ -76,15 +76,9 @@ inline int threads_for(int64_t elements, int nthreads) { return elements >= PARA
 // weight vectors and one of x in 29 of the 32 registers; on AVX2's 16 registers 3 x 4 (12 + 3 + 1).
 // Every sum adds its products in the order of k, sixteen lanes at a time, then the lanes as a tree, then the tail.
 #if defined(__AVX512F__)
-typedef f16 lanes;
-constexpr int LANES = 16, TILE_W = 4, TILE_X = 6;
-VEC_INLINE lanes load_lanes(const float* p) { return load16(p); }
-VEC_INLINE float sum_lanes(lanes v) { return sum16(v); }
+constexpr int TILE_W = 4, TILE_X = 6;
 #else
-typedef f8 lanes;
-constexpr int LANES = 8, TILE_W = 3, TILE_X = 4;
-VEC_INLINE lanes load_lanes(const float* p) { return load8(p); }
-VEC_INLINE float sum_lanes(lanes v) { return sum8(v); }
+constexpr int TILE_W = 3, TILE_X = 4;
 #endif
 
 // y[i * n + r] = x[i] . w[r] for the tile's rows (x: rows k apart, w: rows k apart). `ahead`: the next weight rows,

@@ -29,7 +29,7 @@ namespace {
 
 using namespace vec;
 
-constexpr int LANES = 16;
+constexpr int WIDTH = 16;              // floats in an f16 (one AVX-512 register, or a pair of eight)
 constexpr int X_ROWS = 4;              // rows of x that share one pass over a weight row
 constexpr int64_t ROWS_PER_TASK = 16;  // weight rows a thread takes at a time
 
@@ -66,14 +66,14 @@ VEC_INLINE f16 signed_to_float(const int8_t* p) {
 template <int R> void int8_dot(const float* x, int64_t ldx, const int8_t* q, int64_t k, float* out) {
     f16 acc[2][R] = {};  // two chains, so one FMA need not wait for the last
     int64_t j = 0;
-    for (; j + 2 * LANES <= k; j += 2 * LANES) {
+    for (; j + 2 * WIDTH <= k; j += 2 * WIDTH) {
         __builtin_prefetch(q + j + 2048);
         for (int h = 0; h < 2; ++h) {
-            const f16 w = signed_to_float(q + j + h * LANES);
-            for (int r = 0; r < R; ++r) acc[h][r] += load16(x + r * ldx + j + h * LANES) * w;
+            const f16 w = signed_to_float(q + j + h * WIDTH);
+            for (int r = 0; r < R; ++r) acc[h][r] += load16(x + r * ldx + j + h * WIDTH) * w;
         }
     }
-    for (; j + LANES <= k; j += LANES) {
+    for (; j + WIDTH <= k; j += WIDTH) {
         const f16 w = signed_to_float(q + j);
         for (int r = 0; r < R; ++r) acc[0][r] += load16(x + r * ldx + j) * w;
     }
@@ -129,7 +129,7 @@ struct Int4Group {
 template <int R, typename Zero>
 void int4_dot(const float* xe, const float* xo, int64_t ldx, const uint8_t* b, const float* scale, const Zero* zero,
               int64_t groups, int64_t half_g, float* out) {
-    if (half_g % LANES) {
+    if (half_g % WIDTH) {
         for (int r = 0; r < R; ++r) out[r] = 0.0f;
         for (int64_t j = 0; j < groups * half_g; ++j) {
             const float s = scale[j / half_g], z = static_cast<float>(zero[j / half_g]);
@@ -143,7 +143,7 @@ void int4_dot(const float* xe, const float* xo, int64_t ldx, const uint8_t* b, c
         const Int4Group group(scale[g], static_cast<float>(zero[g]));
         __builtin_prefetch(scale + g + 256);
         __builtin_prefetch(zero + g + 256);
-        for (int64_t j = g * half_g; j < (g + 1) * half_g; j += LANES) {
+        for (int64_t j = g * half_g; j < (g + 1) * half_g; j += WIDTH) {
             __builtin_prefetch(b + j + 1024);
             f16 lo, hi;
             group.weights(b + j, lo, hi);
