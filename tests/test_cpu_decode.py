@@ -55,14 +55,14 @@ def engines(model: str, **overrides) -> tuple[LLM, LLM]:
 @pytest.mark.parametrize("block_size", [16, 4])
 @pytest.mark.parametrize("model", ["tiny", "odd"])
 def test_the_cpp_layers_equal_the_layers_own_path_to_the_bit(model, block_size, threads, odd_model, fused_calls):
-    """Seeded prompt lengths from 1 token to past three blocks, 1 to MAX_ROWS + 1 sequences (more rows than MAX_ROWS
-    take the layers' own path: the C++ products stop there), each with its own length of output."""
+    """Seeded prompt lengths from 1 token to past three blocks, 1 to cpu_ops.MAX_ROWS + 1 sequences (more rows than
+    cpu_ops.MAX_ROWS take the layers' own path: the C++ products stop there), each with its own length of output."""
     torch.set_num_threads(threads)
     try:
-        most = cpu_decode.MAX_ROWS + 1
+        most = cpu_ops.MAX_ROWS + 1
         fused, plain = engines(odd_model if model == "odd" else model, block_size=block_size, max_num_seqs=most)
         gen = torch.Generator().manual_seed(block_size + threads)
-        for batch in (1, 2, 3, 4, 5, 8, 13, most):
+        for batch in (1, 2, 3, 4, 5, 8, 13, 17, 24, most):
             lengths = torch.randint(1, 3 * block_size + 5, (batch,), generator=gen).tolist()
             prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in lengths]
             new = torch.randint(2, 2 * block_size, (batch,), generator=gen).tolist()

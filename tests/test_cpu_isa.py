@@ -77,7 +77,7 @@ def test_the_layers_operators_equal_the_torch_formulas(built_for, monkeypatch, r
                                                                                                      threads)
     torch.set_num_threads(1)
     with torch.inference_mode():
-        for rows in [*range(1, 10), 13, cpu_ops.MAX_ROWS]:  # AVX2's tile of x is 4 rows; AVX-512's 6
+        for rows in [*range(1, 10), 13, 17, cpu_ops.MAX_ROWS]:  # AVX2's tile of x is 4 rows; AVX-512's 6
             for shape, bias in [((576, 960), False), ((37, 51), True), ((5, 3), False), ((47, 6), False)]:
                 with monkeypatch.context() as patch:
                     test_linear.test_up_to_max_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bias, patch)

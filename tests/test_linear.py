@@ -113,7 +113,7 @@ needs_cpp = pytest.mark.skipif(cpu_ops.library() is None, reason="no C++ compile
 @torch.inference_mode()
 # every count of rows up to a tile of x (6 with AVX-512, 4 on AVX2), then tiles and a partial one, up to MAX_ROWS;
 # weights with 1-3 rows past the last whole tile of them, and inner sizes with every tail past the sixteen lanes
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 15, cpu_ops.MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 16, 17, 23, cpu_ops.MAX_ROWS])
 @pytest.mark.parametrize("shape,bias", [((576, 960), False), ((37, 51), True), ((1536, 577), True), ((5, 3), False),
                                         ((47, 6), False)])
 def test_up_to_max_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bias, monkeypatch):
@@ -135,7 +135,7 @@ def test_up_to_max_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bia
 def test_more_than_max_rows_leave_the_cpp_product():
     m = layer(48, 40, bias=True)
     m.few_rows = True
-    for rows in (cpu_ops.MAX_ROWS + 1, 33):
+    for rows in (cpu_ops.MAX_ROWS + 1, MAX_PACKED_ROWS):
         x = torch.randn(rows, 48)
         torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-4, atol=1e-4)
     assert m._packed is not None or not linear.onednn_available()
@@ -146,7 +146,8 @@ def test_more_than_max_rows_leave_the_cpp_product():
 def test_the_cpp_product_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match=r"got x \(1, 4\), weight \(3, 4\) torch.float32 \(not contiguous\)"):
         cpu_ops.linear(torch.randn(1, 4), torch.randn(4, 3).t(), None)
-    with pytest.raises(ValueError, match=rf"x \[m <= {cpu_ops.MAX_ROWS}, k\].*got x \(17, 4\)"):
-        cpu_ops.linear(torch.randn(17, 4), torch.randn(3, 4), None)
+    too_many = cpu_ops.MAX_ROWS + 1
+    with pytest.raises(ValueError, match=rf"x \[m <= {cpu_ops.MAX_ROWS}, k\].*got x \({too_many}, 4\)"):
+        cpu_ops.linear(torch.randn(too_many, 4), torch.randn(3, 4), None)
     with pytest.raises(ValueError, match=r"got x \(1, 5\), weight \(3, 4\)"):
         cpu_ops.linear(torch.randn(1, 5), torch.randn(3, 4), None)

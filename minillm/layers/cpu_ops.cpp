@@ -128,12 +128,15 @@ extern "C" {
 // y = x w^T + bias for a few rows of x (decode: one a sequence; speculative verification: k + 1 a sequence): x [m, k]
 // contiguous, w [n, k] contiguous (nn.Linear's weight, row by row), bias [n] or null, y [m, n]. w is read from memory
 // once: TILE_W of its rows at a time, each multiplied with every row of x, TILE_X rows of x a tile, while those weight
-// rows sit in the L1 cache; the blocks of TILE_W rows are shared out among the threads. Up to 16 rows (cpu_ops.py
-// MAX_ROWS); beyond, at one thread, the packed copy oneDNN multiplies (layers/linear.py) is faster. A pass over
+// rows sit in the L1 cache; the blocks of TILE_W rows are shared out among the threads. Up to 32 rows (cpu_ops.py
+// MAX_ROWS), where the packed copy oneDNN multiplies (layers/linear.py) draws level at one thread. A pass over
 // SmolLM2's 120 layer matrices, one core of the 2-core Intel Xeon, ms: 1 row 26-27 (F.linear 28-30), 2 rows 30
 // (the packed copy 29-34), 4 rows 28-30 (48; the last version of this kernel 37), 8 rows 34-35 (44), 16 rows 50-52
-// (55-57), 24 rows 69-70 (65); at two threads 16, 18, 19, 26 and 37 ms at 1, 4, 8, 16 and 24 rows against 20, 23, 27,
-// 31 and 38.
+// (55-57), 24 rows 69-70 (65; on a slower evening 80-83 against 90-91), 32 rows 101-105 (102-103); at two threads 16,
+// 18, 19, 26 and 37 ms at 1, 4, 8, 16 and 24 rows against 20, 23, 27, 31 and 38, and 53-55 at 32 rows against 60.
+// Past 16 rows the decode step gains more than the products: its layers stay in one C++ call each (models/
+// cpu_decode.py) instead of ten from Python, and a step of SmolLM2 took at 17, 20, 24, 28 and 32 sequences 96, 102,
+// 117, 138 and 158 ms against 122, 120, 132, 145 and 157 with the C++ path stopping at 16 (one core).
 void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
                 int nthreads) {
     const int64_t blocks = (n + TILE_W - 1) / TILE_W;

@@ -8,14 +8,15 @@ second time, and a step of 8 sequences took more than twice as long as one of a 
 although it reads the same weights.
 
 So, on a CPU in float32, without gradients and outside torch.compile:
-* 1 to 16 rows (decode at a small batch, speculative verification) take a C++ product (layers/cpu_ops.py) that
+* 1 to 32 rows (decode at a small batch, speculative verification) take a C++ product (layers/cpu_ops.py) that
   reads each weight row once, four at a time, each multiplied with every row of x, where the compiler builds it
   (`few_rows`, the loader decides). With SmolLM2-135M's weights in huge pages (models/huge_pages.py), one core of
   the 2-core AMD EPYC, ms a pass over every matrix (an earlier version, one weight row at a time): 20.9, 25.9 and
   30.9 at 1, 2 and 4 rows against 45.5, 49.4 and 34.1 for the packed copy below, and 26.5 for F.linear at one row
   (31.6 without huge pages). On one core of the 2-core Intel Xeon, the tiles of cpu_ops.cpp: 26, 30, 29, 35 and 51
-  ms at 1, 2, 4, 8 and 16 rows against the packed copy's 34, 29-34, 48, 44 and 55-57 (at 24 rows 69 against 65).
-* 17 to MAX_PACKED_ROWS rows (batched decode, longer verification, short prefills; from 2 rows where there is no
+  ms at 1, 2, 4, 8 and 16 rows against the packed copy's 34, 29-34, 48, 44 and 55-57; on a slower evening, 80-83
+  ms at 24 rows against 90-91 and 101-105 at 32 against 102-103 (two threads: 44-46 against 52, 53-55 against 60).
+* 33 to MAX_PACKED_ROWS rows (batched decode, longer verification, short prefills; from 2 rows where there is no
   C++ product) use a copy of the weight that oneDNN has packed once into its own blocked layout (what
   torch.compile's CPU backend does for frozen weights), and never repack it.
   Measured on the project's 2-core Intel Xeon against F.linear: at 4 rows 56 -> 37, at 8 rows 75 -> 45, at 16
@@ -48,7 +49,7 @@ def onednn_available() -> bool:
 
 
 class Linear(nn.Linear):
-    few_rows = False  # whether 1-16 rows take the C++ product, cpu_ops.product (the loader decides: cpu_paths)
+    few_rows = False  # whether 1-32 rows take the C++ product, cpu_ops.product (the loader decides: cpu_paths)
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
     packed_one_row = False  # whether one row may too (without few_rows, where the packed copy measured faster)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
@@ -119,7 +120,7 @@ def streamed(model: nn.Module) -> bool:
 
 
 def cpu_paths(model: nn.Module) -> bool:
-    """The loader's choices for a CPU model's Linears (see the top of this file): 1-16 rows through the C++ product
+    """The loader's choices for a CPU model's Linears (see the top of this file): 1-32 rows through the C++ product
     where the library builds, 2-48 rows through the packed copy where the model streams from memory, and one row
     through the packed copy too where there is no C++ product and this CPU runs it faster.
     -> whether the C++ product is on, which reads each weight stored row by row (else the loader stores them column

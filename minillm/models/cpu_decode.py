@@ -11,12 +11,13 @@ compiled graph and pays none of it.
 Here the same C++ operators run in the same order, inside one call a layer: the hidden states are equal to the bit
 to the layer's own path (tests/test_cpu_decode.py), which stays the reference and runs everywhere else. Its products
 are the ones the layer's modules would take: the few-row float32 product, or a quantized layer's own int8 / int4
-kernel (quant/fused_matvec.cpp, called by address). It applies to a step of 1 to MAX_ROWS rows, each a decode
-token on the paged pool's C++ kernel (one of a sequence's, or a few consecutive ones: a speculative verification, a
-short prompt; the context says so: `AttentionContext.cpu_decode_rows`), float32 on a CPU, without autograd or
-torch.compile, on layers built of the plain modules (an fp8, tensor-parallel or otherwise replaced layer runs its own
-path). On SmolLM2 it took batch-1 decode from 89% to 99-101% of its bare loop of products, and a verification of
-4 draft tokens from 60 to 52 ms (one thread, the Intel Xeon).
+kernel (quant/fused_matvec.cpp, called by address). It applies to a step of 1 to cpu_ops.MAX_ROWS rows (fused.MAX_ROWS
+where a layer is quantized), each a decode token on the paged pool's C++ kernel (one of a sequence's, or a few
+consecutive ones: a speculative verification, a short prompt; the context says so:
+`AttentionContext.cpu_decode_rows`), float32 on a CPU, without autograd or torch.compile, on layers built of the plain
+modules (an fp8, tensor-parallel or otherwise replaced layer runs its own path). On SmolLM2 it took batch-1 decode
+from 89% to 99-101% of its bare loop of products, and a verification of 4 draft tokens from 60 to 52 ms (one thread,
+the Intel Xeon).
 """
 import ctypes
 
@@ -30,9 +31,6 @@ from minillm.quant import fused
 from minillm.quant.linear import QuantizedLinear
 
 FP32, INT8, INT4_U8_ZERO, INT4_F32_ZERO = range(4)  # cpu_ops.cpp's ProductKind
-# a step's rows: as many as both the float32 product and the quantized kernels take (beyond fused.MAX_ROWS a
-# quantized layer multiplies by a float weight instead, which the C++ layer does not)
-MAX_ROWS = min(cpu_ops.MAX_ROWS, fused.MAX_ROWS)
 
 
 class Product(ctypes.Structure):  # cpu_ops.cpp's struct of the same name: one matrix product of the layer
@@ -42,6 +40,9 @@ class Product(ctypes.Structure):  # cpu_ops.cpp's struct of the same name: one m
 
 
 class LayerWeights(ctypes.Structure):  # cpu_ops.cpp's struct of the same name
+    # (and, for Python only, the most rows a step may have here: as many as each of the layer's products takes in
+    # the module's own forward; beyond fused.MAX_ROWS a quantized layer multiplies by a float weight instead)
+    max_rows = cpu_ops.MAX_ROWS
     _fields_ = ([("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p)]
                 + [(name, Product) for name in ("qkv", "o", "gate_up", "down")]
                 + [(name, ctypes.c_int64) for name in ("hidden", "heads", "kv_heads", "head_dim", "inter")]
@@ -115,6 +116,8 @@ def layer_weights(layer: torch.nn.Module) -> LayerWeights | None:
                              for m, (kind, held, kernel, groups) in zip(modules[2:], products)),
                            norms[0]._parameters["weight"].shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim,
                            mlp.intermediate_size, norms[0].eps, attn.head_dim ** -0.5)
+    if any(kind != FP32 for kind, *_ in products):
+        weights.max_rows = min(cpu_ops.MAX_ROWS, fused.MAX_ROWS)
     layer.__dict__["_cpu_decode"] = (key, weights)
     return weights
 
@@ -146,14 +149,14 @@ class CpuDecode:
 def cpu_decode(layers: torch.nn.ModuleList, positions: torch.Tensor, h: torch.Tensor, ctx) -> CpuDecode | None:
     """The step's layers through the C++ call where everything allows it (the top of this file); else None, and the
     layers run their own forward. positions: [rows]; h: [rows, hidden], the embeddings."""
-    if ctx is None or not (h.ndim == 2 and 1 <= h.shape[0] <= MAX_ROWS and h.is_contiguous()
+    if ctx is None or not (h.ndim == 2 and 1 <= h.shape[0] <= cpu_ops.MAX_ROWS and h.is_contiguous()
                            and cpu_ops.applies(h)):
         return None
     step = ctx.cpu_decode_rows()
     if step is None:
         return None
     weights = [layer_weights(layer) for layer in layers]
-    if None in weights:
+    if None in weights or h.shape[0] > min(w.max_rows for w in weights):
         return None
     slot_mapping, tables, lens, seq_rows, pool = step
     cos, sin_signed = layers[0].self_attn.rotary._tables(positions, torch.float32)  # [rows, head_dim] each
