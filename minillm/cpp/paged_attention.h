@@ -90,7 +90,10 @@ inline void weigh_heads(const float* p, int64_t ls, const float* rows, int64_t s
     int64_t c = 0;
     for (; c + 2 * LANES <= d; c += 2 * LANES) {
         lanes a[G][2];
-        for (int g = 0; g < G; ++g) a[g][0] = load_lanes(acc + g * d + c), a[g][1] = load_lanes(acc + g * d + c + LANES);
+        for (int g = 0; g < G; ++g) {
+            a[g][0] = load_lanes(acc + g * d + c);
+            a[g][1] = load_lanes(acc + g * d + c + LANES);
+        }
         for (int64_t i = 0; i < n; ++i) {
             const lanes v0 = load_lanes(rows + i * stride + c), v1 = load_lanes(rows + i * stride + c + LANES);
 #pragma GCC unroll 4
@@ -203,8 +206,9 @@ inline void decode(const float* q, int64_t q_row_stride, const float* k_slots, c
                 if (t0 + block_size < length)  // the next block's keys
                     prefetch_rows<3>(k_slots + (int64_t)table[t0 / block_size + 1] * block_size * slot_stride + h * d,
                                      slot_stride, std::min(block_size, length - t0 - block_size), d);
-                by_heads(group, [&](auto g, int64_t g0) {
-                    score_heads<g.value>(qb + g0 * d, kb, slot_stride, n, scale, scores.data() + g0 * length + t0, length, d);
+                by_heads(group, [&](auto g, int64_t g0) {  // the heads' scores: rows `length` floats apart
+                    score_heads<g.value>(qb + g0 * d, kb, slot_stride, n, scale, scores.data() + g0 * length + t0,
+                                         length, d);
                 });
             }
             for (int64_t g = 0; g < group; ++g) {  // softmax numerators, shifted by each row's max
@@ -216,7 +220,8 @@ inline void decode(const float* q, int64_t q_row_stride, const float* k_slots, c
                 const float* vb = v_slots + (int64_t)table[t0 / block_size] * block_size * slot_stride + h * d;
                 const int64_t n = std::min(block_size, length - t0);
                 by_heads(group, [&](auto g, int64_t g0) {
-                    weigh_heads<g.value>(scores.data() + g0 * length + t0, length, vb, slot_stride, n, acc.data() + g0 * d, d);
+                    weigh_heads<g.value>(scores.data() + g0 * length + t0, length, vb, slot_stride, n,
+                                         acc.data() + g0 * d, d);
                 });
             }
             for (int64_t g = 0; g < group; ++g)
