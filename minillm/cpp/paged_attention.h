@@ -59,11 +59,12 @@ template <int G>
 inline void score_heads(const float* q, const float* rows, int64_t stride, int64_t n, float scale, float* s,
                         int64_t ls, int64_t d) {
     int64_t i = 0;
-    if (d % LANES == 0) {
+    if (d % 8 == 0) {
+        const int64_t whole = d - d % LANES;  // the rest, eight floats (AVX-512 and d = 24, say), once at the end
         for (; i + KEYS <= n; i += KEYS) {
             const float* r = rows + i * stride;
             lanes acc[G][KEYS] = {};
-            for (int64_t c = 0; c < d; c += LANES) {
+            for (int64_t c = 0; c < whole; c += LANES) {
                 lanes kv[KEYS];
 #pragma GCC unroll 4
                 for (int j = 0; j < KEYS; ++j) kv[j] = load_lanes(r + j * stride + c);
@@ -75,7 +76,11 @@ inline void score_heads(const float* q, const float* rows, int64_t stride, int64
                 }
             }
             for (int g = 0; g < G; ++g)
-                for (int j = 0; j < KEYS; ++j) s[g * ls + i + j] = scale * sum_lanes(acc[g][j]);
+                for (int j = 0; j < KEYS; ++j) {
+                    float sum = sum_lanes(acc[g][j]);
+                    if (whole < d) sum += sum8(load8(q + g * d + whole) * load8(r + j * stride + whole));
+                    s[g * ls + i + j] = scale * sum;
+                }
         }
     }
     for (; i < n; ++i)
