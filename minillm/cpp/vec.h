@@ -41,6 +41,10 @@ VEC_INLINE f16 load16(const float* p) {
     return v;
 }
 
+// one float in all sixteen lanes (an initializer, which GCC folds into the multiply-add's broadcast from memory;
+// `f16{} + v` cost an addition a use)
+VEC_INLINE f16 broadcast16(float v) { return f16{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+
 VEC_INLINE float sum16(f16 v) {
     return sum8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -54,6 +58,10 @@ VEC_INLINE f16 operator+(f16 a, f16 b) { return {a.lo + b.lo, a.hi + b.hi}; }
 VEC_INLINE f16 operator*(f16 a, f16 b) { return {a.lo * b.lo, a.hi * b.hi}; }
 VEC_INLINE f16& operator+=(f16& a, f16 b) { return a = a + b; }
 VEC_INLINE f16 load16(const float* p) { return {load8(p), load8(p + 8)}; }
+VEC_INLINE f16 broadcast16(float v) {
+    const f8 b = {v, v, v, v, v, v, v, v};
+    return {b, b};
+}
 VEC_INLINE float sum16(f16 v) { return sum8(v.lo + v.hi); }
 #endif
 

@@ -69,11 +69,78 @@ inline float silu(float x) { return x >= 0.0f ? x / (1.0f + std::exp(-x)) : x * 
 
 inline int threads_for(int64_t elements, int nthreads) { return elements >= PARALLEL_ELEMENTS ? nthreads : 1; }
 
+// The weight's layout for the product. With AVX-512, in panels of PANEL = 16 of its rows (one vector, one cache line),
+// each panel stored column by column: panel p holds w[16p + c][j] at [p][j][c] (cpu_ops.py `pack` makes the copy, the
+// last panel padded with zeros). Elsewhere (AVX2, plain x86-64) the weight as nn.Linear holds it, [n, k] row by row,
+// and PANEL = 0. MINILLM_WEIGHT_PANELS=0 or 1 picks either one for any build (the tests build both).
+#ifndef MINILLM_WEIGHT_PANELS
+#if defined(__AVX512F__)
+#define MINILLM_WEIGHT_PANELS 1
+#else
+#define MINILLM_WEIGHT_PANELS 0
+#endif
+#endif
+
+#if MINILLM_WEIGHT_PANELS
+// The product by panels: a tile is one panel by up to MAX_TILE_ROWS rows of x, one sum of sixteen outputs a row, held
+// in registers over the whole of k. Each step of k loads one vector of the panel (its sixteen weights at column j)
+// and multiplies it by each row's x[i][j], broadcast from memory inside the multiply-add: MAX_TILE_ROWS sums and one
+// weight vector fill AVX-512's 32 registers, and every weight is read from memory once for up to 31 rows (the last
+// version, row by row: once per tile of 6 rows, the later reads from the caches). The panel streams through in order
+// and the next one is asked for into L2 a line at a time as this one is read, so the memory system fetches it while
+// the multiply-adds run. A pass over SmolLM2's 120 layer matrices, one core of the 2-core Intel Xeon, interleaved,
+// ms, panels against the row-by-row tiles: 1 row 26.7 against 26.2, 4 rows 28.3 / 29.7, 8: 31.8 / 31.7,
+// 16: 37.0 / 45.8, 24: 50.4 / 76.7, 31: 48.7 / 79.7; two threads 16 rows 24.7 / 33.2, 24: 31.8 / 44.9.
+// A tile of one to three rows keeps two or four sums a row over alternate steps of k, so that the multiply-adds do not
+// wait on each other. x is read transposed (xt[j][i]: each step's rows side by side); each output adds its products in
+// the order of k (with two or four sums: each over its steps, then added pairwise).
+constexpr int64_t PANEL = 16;
+#if defined(__AVX512F__)
+constexpr int MAX_TILE_ROWS = 31;  // 31 sums and the weight vector: AVX-512's 32 registers
+#else
+constexpr int MAX_TILE_ROWS = 6;   // 12 registers of sums (a pair of eight-float registers each) of AVX2's 16
+#endif
+
+template <int MR>
+VEC_INLINE void panel_tile(const float* panel, const float* xt, int64_t m, int64_t k, const float* ahead, f16* out) {
+    constexpr int SPLIT = MR == 1 ? 4 : MR <= 3 ? 2 : 1;
+    f16 acc[SPLIT][MR] = {};
+    int64_t j = 0;
+    for (; j + SPLIT <= k; j += SPLIT) {
+#pragma GCC unroll 4
+        for (int s = 0; s < SPLIT; ++s) {
+            const f16 w = load16(panel + (j + s) * PANEL);
+            if (ahead) __builtin_prefetch(ahead + (j + s) * PANEL, 0, 2);
+#pragma GCC unroll 32
+            for (int i = 0; i < MR; ++i) acc[s][i] += w * broadcast16(xt[(j + s) * m + i]);
+        }
+    }
+    for (; j < k; ++j) {
+        const f16 w = load16(panel + j * PANEL);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i) acc[0][i] += w * broadcast16(xt[j * m + i]);
+    }
+    for (int i = 0; i < MR; ++i) {
+        if constexpr (SPLIT == 4) out[i] = (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
+        else if constexpr (SPLIT == 2) out[i] = acc[0][i] + acc[1][i];
+        else out[i] = acc[0][i];
+    }
+}
+
+// panel_tile<mr> for the sizes known at run time: each size compiles to a loop of its own
+template <int MR>
+void panel_tile_of(int mr, const float* panel, const float* xt, int64_t m, int64_t k, const float* ahead, f16* out) {
+    if constexpr (MR > 1)
+        if (mr < MR) return panel_tile_of<MR - 1>(mr, panel, xt, m, k, ahead, out);
+    panel_tile<MR>(panel, xt, m, k, ahead, out);
+}
+#else
+constexpr int64_t PANEL = 0;
+
 // The product's tile: NW rows of w by NX rows of x, NW * NX sums of sixteen lanes (eight without AVX-512) held in
 // registers over the whole of k. Each step loads NW + NX vectors for NW * NX multiply-adds, so from two rows of x on
-// the multiply-adds, not the loads, set the pace (a tile of one weight row by R rows of x, the last version, loaded
-// 2 + 2R vectors for 2R of them); and one row of x streams four weight rows at once. With AVX-512, 4 x 6: 24 sums, four
-// weight vectors and one of x in 29 of the 32 registers; on AVX2's 16 registers 3 x 4 (12 + 3 + 1).
+// the multiply-adds, not the loads, set the pace; and one row of x streams NW weight rows at once. On AVX2's 16
+// registers 3 x 4 (12 + 3 + 1); built with MINILLM_WEIGHT_PANELS=0 for AVX-512, 4 x 6 (24 + 4 + 1 of 32).
 // Every sum adds its products in the order of k, sixteen lanes at a time, then the lanes as a tree, then the tail.
 #if defined(__AVX512F__)
 constexpr int TILE_W = 4, TILE_X = 6;
@@ -82,9 +149,8 @@ constexpr int TILE_W = 3, TILE_X = 4;
 #endif
 
 // y[i * n + r] = x[i] . w[r] for the tile's rows (x: rows k apart, w: rows k apart). `ahead`: the next weight rows,
-// asked for into the L2 cache one tile ahead (null for the last tile). Without it the weight stream stalls while the
-// multiply-adds run: a pass over SmolLM2's 120 layer matrices at 16 rows took 63-68 ms; asked for into the L1 cache,
-// 51-57; into L2 (prefetcht1, which leaves the L1's few miss buffers to the loads), 47-50 (one core, Intel Xeon).
+// asked for into the L2 cache one tile ahead (null for the last tile): without it the weight stream stalls while the
+// multiply-adds run.
 template <int NW, int NX>
 VEC_INLINE void tile(const float* x, const float* w, const float* ahead, int64_t k, float* y, int64_t n) {
     lanes acc[NW][NX] = {};
@@ -120,25 +186,48 @@ void tile_of(int nw, int nx, const float* x, const float* w, const float* ahead,
         if (nw < NW) return tile_of<NW - 1, NX>(nw, nx, x, w, ahead, k, y, n);
     tile<NW, NX>(x, w, ahead, k, y, n);
 }
+#endif
 
 }  // namespace
 
 extern "C" {
 
+// The weight layout linear_f32 reads: rows in panels of this many (0: [n, k] row by row). cpu_ops.py asks.
+int64_t weight_panel_f32() { return PANEL; }
+
 // y = x w^T + bias for a few rows of x (decode: one a sequence; speculative verification: k + 1 a sequence): x [m, k]
-// contiguous, w [n, k] contiguous (nn.Linear's weight, row by row), bias [n] or null, y [m, n]. w is read from memory
-// once: TILE_W of its rows at a time, each multiplied with every row of x, TILE_X rows of x a tile, while those weight
-// rows sit in the L1 cache; the blocks of TILE_W rows are shared out among the threads. Up to 32 rows (cpu_ops.py
-// MAX_ROWS), where the packed copy oneDNN multiplies (layers/linear.py) draws level at one thread. A pass over
-// SmolLM2's 120 layer matrices, one core of the 2-core Intel Xeon, ms: 1 row 26-27 (F.linear 28-30), 2 rows 30
-// (the packed copy 29-34), 4 rows 28-30 (48; the last version of this kernel 37), 8 rows 34-35 (44), 16 rows 50-52
-// (55-57), 24 rows 69-70 (65; on a slower evening 80-83 against 90-91), 32 rows 101-105 (102-103); at two threads 16,
-// 18, 19, 26 and 37 ms at 1, 4, 8, 16 and 24 rows against 20, 23, 27, 31 and 38, and 53-55 at 32 rows against 60.
-// Past 16 rows the decode step gains more than the products: its layers stay in one C++ call each (models/
-// cpu_decode.py) instead of ten from Python, and a step of SmolLM2 took at 17, 20, 24, 28 and 32 sequences 96, 102,
-// 117, 138 and 158 ms against 122, 120, 132, 145 and 157 with the C++ path stopping at 16 (one core).
+// contiguous, w the weight [n, k] in the layout above (weight_panel_f32), bias [n] or null, y [m, n]. w is read from
+// memory once for up to MAX_TILE_ROWS rows of x (panels) or TILE_X (rows), and the panels (or blocks of TILE_W rows)
+// are shared out among the threads. Up to 32 rows (cpu_ops.py MAX_ROWS); oneDNN's packed copy (layers/linear.py),
+// which the panels beat up to 48 rows, takes more.
 void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n, int64_t k,
                 int nthreads) {
+#if MINILLM_WEIGHT_PANELS
+    thread_local std::vector<float> transposed;  // xt [k, m]: each step of k's rows side by side
+    transposed.resize(m * k);
+    float* xt = transposed.data();
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < k; ++j) xt[j * m + i] = x[i * k + j];
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for num_threads(threads_for(n * k, nthreads)) schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* panel = w + p * PANEL * k;
+        const float* ahead = p + 1 < panels ? panel + PANEL * k : nullptr;
+        const int64_t c0 = p * PANEL;
+        const int columns = static_cast<int>(std::min<int64_t>(PANEL, n - c0));
+        f16 out[MAX_TILE_ROWS];
+        for (int64_t i0 = 0; i0 < m; i0 += MAX_TILE_ROWS) {  // 32 rows: 31, then 1 from the caches
+            const int mr = static_cast<int>(std::min<int64_t>(MAX_TILE_ROWS, m - i0));
+            panel_tile_of<MAX_TILE_ROWS>(mr, panel, xt + i0, m, k, i0 == 0 ? ahead : nullptr, out);
+            for (int i = 0; i < mr; ++i) {
+                float* row = y + (i0 + i) * n + c0;
+                std::memcpy(row, &out[i], columns * sizeof(float));
+                if (bias)
+                    for (int c = 0; c < columns; ++c) row[c] += bias[c0 + c];
+            }
+        }
+    }
+#else
     const int64_t blocks = (n + TILE_W - 1) / TILE_W;
 #pragma omp parallel for num_threads(threads_for(n * k, nthreads)) schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -153,6 +242,7 @@ void linear_f32(const float* x, const float* w, const float* bias, float* y, int
             for (int64_t i = 0; i < m; ++i)
                 for (int r = 0; r < nw; ++r) y[i * n + r0 + r] += bias[r0 + r];
     }
+#endif
 }
 
 // x: [rows, n] with rows ldx apart; w: [n]; y: [rows, n] contiguous. y = rms_norm(x) * w.

@@ -20,20 +20,25 @@ import torch
 from minillm import cpp
 
 SOURCE = Path(__file__).with_name("cpu_ops.cpp")
-MAX_ROWS = 32  # rows of x `linear` takes: to 24 faster than oneDNN's packed copy (linear.py), at 32 even (1 thread)
+MAX_ROWS = 32  # rows of x `linear` takes (faster than oneDNN's packed copy up to here, linear.py)
 
 
 @functools.cache
 def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     ptr, i64, f32, n = cpp.PTR, cpp.I64, cpp.F32, cpp.INT
-    return cpp.load(SOURCE, "the layers' fused CPU operators (the layers run their PyTorch formulas instead)",
-                    {"linear_f32": [ptr, ptr, ptr, ptr, i64, i64, i64, n],
-                     "rms_norm_f32": [ptr, i64, ptr, ptr, i64, i64, f32, n],
-                     "add_rms_norm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, f32, n],
-                     "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, n],
-                     "silu_mul_f32": [ptr, i64, ptr, i64, i64, n],
-                     # a whole decoder layer of a decode step (models/cpu_decode.py)
-                     "decoder_layer_f32": [ptr, ptr, ptr, ptr, ptr, ptr, n, ptr]}, flags)
+    lib = cpp.load(SOURCE, "the layers' fused CPU operators (the layers run their PyTorch formulas instead)",
+                   {"weight_panel_f32": [],
+                    "linear_f32": [ptr, ptr, ptr, ptr, i64, i64, i64, n],
+                    "rms_norm_f32": [ptr, i64, ptr, ptr, i64, i64, f32, n],
+                    "add_rms_norm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, f32, n],
+                    "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, n],
+                    "silu_mul_f32": [ptr, i64, ptr, i64, i64, n],
+                    # a whole decoder layer of a decode step (models/cpu_decode.py)
+                    "decoder_layer_f32": [ptr, ptr, ptr, ptr, ptr, ptr, n, ptr]}, flags)
+    if lib is not None:
+        lib.weight_panel_f32.restype = i64
+        lib.panel = lib.weight_panel_f32()  # asked once: `panel` runs on every product
+    return lib
 
 
 def applies(x: torch.Tensor) -> bool:
@@ -43,24 +48,49 @@ def applies(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and library() is not None)
 
 
+def panel() -> int:
+    """How the C++ product reads a weight: in panels of this many of its rows (16 where the library is built with
+    AVX-512), each stored column by column (`pack`); 0: [n, k] as nn.Linear holds it."""
+    return library().panel
+
+
+def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """weight [n, k] -> the layout the C++ product reads: itself where `panel()` is 0; else [ceil(n / P), k, P] with
+    P = panel(), panel p holding weight rows P p to P p + P - 1 column by column (the last one padded with zeros).
+    out: where to write it (numel: ceil(n / P) P k), else a new tensor."""
+    width = panel()
+    if not width:
+        return weight
+    (n, k), full = weight.shape, weight.shape[0] // width
+    panels = -(-n // width)
+    packed = torch.empty(panels, k, width) if out is None else out.view(panels, k, width)
+    packed[:full].copy_(weight[:full * width].reshape(full, width, k).transpose(1, 2))
+    if full < panels:
+        packed[full].zero_()
+        packed[full, :, :n - full * width].copy_(weight[full * width:].t())
+    return packed
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x: [m, k] contiguous, 1 <= m <= MAX_ROWS; weight: [n, k] float32, contiguous; bias: [n] or None
-    -> x @ weight.T + bias, [m, n]."""
+    -> x @ weight.T + bias, [m, n]. (Packs the weight each call where the product reads panels: a layer keeps its
+    packed copy instead, layers/linear.py.)"""
     m, k = x.shape
     if not (1 <= m <= MAX_ROWS and weight.shape[1] == k and x.is_contiguous() and weight.is_contiguous()
             and weight.dtype == torch.float32):
         raise ValueError(f"linear: x [m <= {MAX_ROWS}, k] and a contiguous float32 weight [n, k]; got x "
                          f"{tuple(x.shape)}, weight {tuple(weight.shape)} {weight.dtype}"
                          f"{'' if weight.is_contiguous() else ' (not contiguous)'}")
-    return product(x, weight, bias)
+    return product(x, pack(weight), bias, weight.shape[0])
 
 
-def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`linear` without its checks, for a caller that made them (layers/linear.py, once a call: decode makes 121
-    products a token on SmolLM2, and each microsecond around them is 0.5% of a step)."""
-    y = torch.empty(x.shape[0], weight.shape[0])
-    library().linear_f32(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-                         x.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+def product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """`linear` without its checks, for a caller that made them, on the weight `pack` made (layers/linear.py, once a
+    call: decode makes 121 products a token on SmolLM2, and each microsecond around them is 0.5% of a step);
+    n: the weight's rows."""
+    y = torch.empty(x.shape[0], n)
+    library().linear_f32(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+                         x.shape[0], n, x.shape[1], torch.get_num_threads())
     return y
 
 

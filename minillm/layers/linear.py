@@ -53,6 +53,7 @@ class Linear(nn.Linear):
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
     packed_one_row = False  # whether one row may too (without few_rows, where the packed copy measured faster)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
+    _few_rows_weight: tuple[torch.Tensor, int, int, int] | None = None  # (cpu_ops.pack's, data_ptr, _version, panel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in_features] (or [..., in_features]) -> [rows, out_features]"""
@@ -62,7 +63,8 @@ class Linear(nn.Linear):
                 and cpu_ops.applies(x)):
             weight = params["weight"]
             if weight.dtype == torch.float32 and weight.is_contiguous() and weight.shape[1] == x.shape[1]:
-                return cpu_ops.product(x, weight, params["bias"])  # what cpu_ops.linear checks, checked
+                # what cpu_ops.linear checks, checked
+                return cpu_ops.product(x, self.few_rows_weight(), params["bias"], weight.shape[0])
         fewest = 1 if self.packed_one_row else 2
         if self.packed and x.ndim == 2 and fewest <= x.shape[0] <= MAX_PACKED_ROWS and self._packable(x):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), params["bias"], "none", [], "")
@@ -73,7 +75,22 @@ class Linear(nn.Linear):
         # copy, and a copy repacks from its own weight when it needs to.
         state = self.__dict__.copy()
         state.pop("_packed", None)
+        state.pop("_few_rows_weight", None)  # the C++ product's copy, made again where it is needed
         return state
+
+    def few_rows_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight as the C++ product reads it (cpu_ops.pack): the weight itself, or its copy in panels (with
+        AVX-512), made on the first call that needs it and made again if the weight changes. out: memory to make it
+        in (models/huge_pages.py gives it huge pages)."""
+        w = self._parameters["weight"]
+        width = cpu_ops.panel()
+        if not width:
+            return w
+        version = 0 if w.is_inference() else w._version  # a weight made in inference mode has no version count
+        kept = self._few_rows_weight
+        if kept is None or out is not None or kept[1] != w.data_ptr() or kept[2] != version or kept[3] != width:
+            self._few_rows_weight = kept = (cpu_ops.pack(w.detach(), out), w.data_ptr(), version, width)
+        return kept[0]
 
     def _packable(self, x: torch.Tensor) -> bool:
         w = self.weight

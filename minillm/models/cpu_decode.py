@@ -73,7 +73,7 @@ def product(module: torch.nn.Module) -> tuple[int, tuple, int | None, int] | Non
     if type(module) is Linear:
         weight, bias = module._parameters["weight"], module._parameters["bias"]
         ok = module.few_rows and kernel_ready(weight) and kernel_ready(bias)
-        return (FP32, (weight, None, None, bias), None, 0) if ok else None
+        return (FP32, (module.few_rows_weight(), None, None, bias), None, 0) if ok else None
     if type(module) is not QuantizedLinear or not fused.available():
         return None
     kernel = module.fused_kernel()
@@ -101,7 +101,9 @@ def layer_weights(layer: torch.nn.Module) -> LayerWeights | None:
                attn._modules["o_proj"], mlp._modules["gate_up_proj"], mlp._modules["down_proj"])
     key = (modules, attn.rotary, [t.data_ptr() for m in modules for t in (*m._parameters.values(),
                                                                           *m._buffers.values()) if t is not None],
-           [m.__dict__.get("few_rows") or m.__dict__.get("kernel") for m in modules])
+           [m.__dict__.get("few_rows") or m.__dict__.get("kernel") for m in modules],
+           [m.few_rows_weight().data_ptr() for m in modules  # the C++ product's copy of a weight: made again?
+            if type(m) is Linear and m.few_rows and kernel_ready(m._parameters["weight"])])
     kept = layer.__dict__.get("_cpu_decode")
     if kept is not None and kept[0] == key:
         return kept[1]

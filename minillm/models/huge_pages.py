@@ -19,6 +19,9 @@ import ctypes.util
 
 import torch
 
+from minillm.layers import cpu_ops
+from minillm.layers.linear import Linear
+
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # linux/mman.h
 ALIGN = 64          # bytes: each tensor starts on a cache line
@@ -81,6 +84,34 @@ def to_huge_pages(model: torch.nn.Module) -> bool:
             if b is not None and id(b) in moved:
                 module._buffers[name] = moved[id(b)]
     del tensors, moved
+    pack_few_rows_weights(model)
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)  # the old copies' pages back to the system (glibc keeps freed heap pages otherwise)
+    return True
+
+
+def pack_few_rows_weights(model: torch.nn.Module) -> bool:
+    """Where the C++ product reads weights in panels (a copy of each, layers/cpu_ops.py `pack`), make those copies
+    now, in one more allocation advised for huge pages: decode streams them instead of the weights. Each weight
+    once (a tied one serves both its modules). -> whether it did."""
+    if cpu_ops.library() is None or not cpu_ops.panel():
+        return False
+    weights: dict[int, tuple[torch.Tensor, list[Linear]]] = {}
+    for m in model.modules():
+        w = m._parameters.get("weight") if type(m) is Linear else None
+        if w is not None and m.few_rows and w.device.type == "cpu" and w.dtype == torch.float32 and w.ndim == 2:
+            weights.setdefault(id(w), (w, []))[1].append(m)
+    width = cpu_ops.panel()
+    sizes = {key: -(-w.shape[0] // width) * width * w.shape[1] * 4 for key, (w, _) in weights.items()}
+    advised = huge_buffer(sum(-(-size // ALIGN) * ALIGN for size in sizes.values())) if weights else None
+    if advised is None:
+        return False
+    buffer, start = advised
+    with torch.no_grad():
+        for key, (_, modules) in weights.items():
+            out = buffer[start:start + sizes[key]].view(torch.float32)
+            start += -(-sizes[key] // ALIGN) * ALIGN
+            modules[0].few_rows_weight(out)
+            for m in modules[1:]:
+                m._few_rows_weight = modules[0]._few_rows_weight
     return True
