@@ -226,3 +226,22 @@ def test_drain_share_is_the_run_after_its_last_admission():
     run_minillm("tiny", make_prompts(workload, 4096), workload, metrics=metrics, scheduler="continuous",
                 max_num_seqs=2)
     assert 0 < drain_share(metrics) < 1  # five requests two at a time: the last waits, then the batch drains
+
+
+def test_policy_model_charges_each_policy_its_steps():
+    from minillm.bench.throughput import policy_model
+    from minillm.bench.workload import Request, chat_workload
+    # A: prompt 2, 3 tokens out; B: 1, 1; C: 1, 2. Static by 2: [A, B] prefill 3 ms, A alone two steps (10 each);
+    # then [C]: 1 ms and one step. Continuous: A and B join (3 ms), C takes B's slot beside A (10 + 1), then one
+    # step of both (16).
+    workload = [Request(2, 3, 8), Request(1, 1, 8), Request(1, 2, 8)]
+    assert policy_model(workload, {1: 10.0, 2: 16.0}, 1.0, 2) == (34.0, 30.0)
+    assert policy_model(workload, {1: 10.0, 4: 40.0}, 0.0, 2)[1] == 10.0 + 20.0  # a step of 2: between 1 and 4
+    workload = chat_workload(20, seed=3, max_output=30, median_output=8, max_prompt=40, median_prompt=10)
+    steps = {1: 30.0, 4: 33.0, 16: 60.0}
+    static, continuous = policy_model(workload, steps, 0.5, 1)
+    assert static == pytest.approx(continuous)  # one at a time, the two policies are the same
+    static, continuous = policy_model(workload, steps, 0.5, 4)
+    assert continuous < static
+    static, continuous = policy_model(workload, steps, 0.5, 20)  # every request in one group: nothing to refill
+    assert static == pytest.approx(continuous)

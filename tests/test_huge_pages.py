@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from minillm import LLM
+from minillm.layers import cpu_ops
+from minillm.layers.linear import Linear
 from minillm.models import huge_pages, loader
 from minillm.models.huge_pages import HUGE_PAGE, dense, to_huge_pages
 
@@ -39,6 +41,30 @@ def test_every_tensor_moves_once_keeping_values_strides_and_ties():
     assert model.nothing is None
     x = torch.tensor([[1, 7, 49]])
     torch.testing.assert_close(model.head(model.embed(x)), model.embed(x) @ before["embed.weight"].T)
+
+
+def test_the_cpp_products_panel_copies_are_made_in_huge_pages_once_for_a_tied_weight():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Linear(8, 50, bias=False), Linear(50, 12), Linear(12, 12, bias=False),
+                                Linear(12, 12, bias=False))
+    model[3].weight = model[2].weight  # tied
+    for m in model:
+        m.few_rows = True
+    if cpu_ops.library() is None or not cpu_ops.panel():
+        pytest.skip("the C++ product reads the weights as they are here: no copies")
+    if not to_huge_pages(model):
+        pytest.skip("madvise is missing or refused here")
+    copies = [m.few_rows_weight() for m in model]
+    assert copies[0].data_ptr() % HUGE_PAGE == 0 and copies[2] is copies[3]  # the first opens the range; one for a tie
+    assert max(c.data_ptr() for c in copies) - copies[0].data_ptr() < HUGE_PAGE  # one allocation
+    for m, c in zip(model, copies):
+        assert torch.equal(c, cpu_ops.pack(m.weight.detach()))
+    x = torch.randn(3, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), torch.nn.functional.linear(
+            torch.nn.functional.linear(torch.nn.functional.linear(torch.nn.functional.linear(x, model[0].weight),
+                                                                  model[1].weight, model[1].bias), model[2].weight),
+            model[3].weight))
 
 
 def test_dense_tells_a_block_of_elements_from_a_strided_view():

@@ -111,9 +111,11 @@ needs_cpp = pytest.mark.skipif(cpu_ops.library() is None, reason="no C++ compile
 
 @needs_cpp
 @torch.inference_mode()
-# every count of rows up to a tile of x (6 with AVX-512, 4 on AVX2), then tiles and a partial one, up to MAX_ROWS;
-# weights with 1-3 rows past the last whole tile of them, and inner sizes with every tail past the sixteen lanes
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 16, 17, 23, cpu_ops.MAX_ROWS])
+# every count of rows up to a tile of x (with panels: 1-3 rows keep several sums over alternate steps; 31 rows fill
+# AVX-512's registers, 32 are 31 and 1; row by row: 4 on AVX2, 6 with AVX-512), then tiles and a partial one, up to
+# MAX_ROWS; weights with 1-15 rows past the last whole panel (1-3 past a tile of rows), inner sizes with every tail
+# past the sixteen lanes
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 16, 17, 23, 31, cpu_ops.MAX_ROWS])
 @pytest.mark.parametrize("shape,bias", [((576, 960), False), ((37, 51), True), ((1536, 577), True), ((5, 3), False),
                                         ((47, 6), False)])
 def test_up_to_max_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bias, monkeypatch):
@@ -128,6 +130,37 @@ def test_up_to_max_rows_take_the_cpp_product_and_equal_f_linear(rows, shape, bia
     m.weight.data = m.weight.data.t().contiguous().t()  # column by column: the C++ product does not read that
     torch.testing.assert_close(m(x), expected, rtol=1e-5, atol=1e-3)
     assert calls == [1]
+
+
+@needs_cpp
+def test_pack_puts_each_panel_of_rows_column_by_column_and_pads_the_last():
+    w = torch.arange(37 * 5, dtype=torch.float32).view(37, 5)
+    packed, width = cpu_ops.pack(w), cpu_ops.panel()
+    if not width:  # this build reads the weight as it is
+        assert packed is w
+        return
+    assert packed.shape == (-(-37 // width), 5, width)
+    for p in range(packed.shape[0]):
+        for c in range(width):
+            row = p * width + c
+            expected = w[row] if row < 37 else torch.zeros(5)
+            assert torch.equal(packed[p, :, c], expected), (p, c)
+
+
+@needs_cpp
+@torch.no_grad()
+def test_the_cpp_product_sees_a_changed_weight():
+    m = layer(40, 24, bias=False)
+    m.few_rows = True
+    x = torch.randn(3, 40)
+    m(x)
+    m.weight.mul_(-2)  # in place: the same storage, a new version (a panel copy must be made again)
+    torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-4)
+    m.weight.data = torch.randn(24, 40)  # a new storage
+    torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-4)
+    twin = copy.deepcopy(m)  # a copy makes its own
+    assert twin._few_rows_weight is None
+    torch.testing.assert_close(twin(x), m(x), rtol=0, atol=0)
 
 
 @needs_cpp

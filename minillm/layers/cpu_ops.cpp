@@ -5,13 +5,14 @@
 // -fopenmp) and called through ctypes from cpu_ops.py and models/cpu_decode.py; linear.py, rmsnorm.py, rotary.py and
 // mlp.py keep the plain-PyTorch formulas, which are their reference in the tests.
 //
-// Why: a decode step at batch 1 streams every weight from memory once. The product reads each weight row once,
-// sixteen floats at a time in four independent sums, which keeps the memory system busy (with the weights in huge
-// pages, models/huge_pages.py, it streamed SmolLM2's 540 MB at 32 GB/s on one core of the 2-core AMD EPYC, against
-// 17-20 for torch's F.linear; a pass at 2 and 4 rows took 25.9 and 30.9 ms against oneDNN's packed 49.4 and 34.1). And between two weight streams the cache holds none of the code
-// or data of the operators in between: PyTorch's rms_norm is about ten operator calls, rotary four,
-// SiLU-and-multiply three, each paying Python, the dispatcher and cold caches; here each is one call that reads its
-// rows once. Rows are shared out among the OpenMP threads torch runs on when there are many.
+// Why: a decode step streams every weight from memory once. The product reads each weight once for every row of x
+// (up to 31 at a time with AVX-512), in an order the memory system can fetch ahead of the multiply-adds: at one row
+// it streams the weights as fast as the core reaches into memory (with huge pages, models/huge_pages.py, SmolLM2's
+// 540 MB at 32 GB/s on one core of the 2-core AMD EPYC, against 17-20 for torch's F.linear), and a batch of 16 or 24
+// rows costs little more than one. And between two weight streams the cache holds none of the code or data of the
+// operators in between: PyTorch's rms_norm is about ten operator calls, rotary four, SiLU-and-multiply three, each
+// paying Python, the dispatcher and cold caches; here each is one call that reads its rows once. Rows (or the
+// weight's panels) are shared out among the OpenMP threads torch runs on when there are many.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,7 +21,7 @@
 #include <vector>
 
 #include "paged_attention.h"  // minillm/cpp: paged::store, paged::decode (decoder_layer_f32's attention)
-#include "vec.h"              // minillm/cpp: f8, f16, lanes, i8, load8, load16, load_lanes, store8, sum8, exp8
+#include "vec.h"  // minillm/cpp: f8, f16, lanes, i8, load8, load16, load_lanes, broadcast16, store8, sum8, exp8
 
 namespace {
 

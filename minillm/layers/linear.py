@@ -8,14 +8,17 @@ second time, and a step of 8 sequences took more than twice as long as one of a 
 although it reads the same weights.
 
 So, on a CPU in float32, without gradients and outside torch.compile:
-* 1 to 32 rows (decode at a small batch, speculative verification) take a C++ product (layers/cpu_ops.py) that
-  reads each weight row once, four at a time, each multiplied with every row of x, where the compiler builds it
-  (`few_rows`, the loader decides). With SmolLM2-135M's weights in huge pages (models/huge_pages.py), one core of
-  the 2-core AMD EPYC, ms a pass over every matrix (an earlier version, one weight row at a time): 20.9, 25.9 and
-  30.9 at 1, 2 and 4 rows against 45.5, 49.4 and 34.1 for the packed copy below, and 26.5 for F.linear at one row
-  (31.6 without huge pages). On one core of the 2-core Intel Xeon, the tiles of cpu_ops.cpp: 26, 30, 29, 35 and 51
-  ms at 1, 2, 4, 8 and 16 rows against the packed copy's 34, 29-34, 48, 44 and 55-57; on a slower evening, 80-83
-  ms at 24 rows against 90-91 and 101-105 at 32 against 102-103 (two threads: 44-46 against 52, 53-55 against 60).
+* 1 to 32 rows (decode at a small batch, speculative verification) take a C++ product (layers/cpu_ops.py) where
+  the compiler builds it (`few_rows`, the loader decides). With AVX-512 it reads a copy of the weight in panels of
+  16 rows stored column by column (`few_rows_weight`, made once; models/huge_pages.py puts the copies in huge pages),
+  each weight once for up to 31 rows of x; elsewhere the weight itself, three rows at a time, each multiplied with
+  every row of x. A pass over SmolLM2-135M's 120 layer matrices, one core of the 2-core Intel Xeon, ms, panels against
+  the rows (interleaved): 26.7 / 26.2 at 1 row, 28.3 / 29.7 at 4, 31.8 / 31.7 at 8, 37.0 / 45.8 at 16, 50.4 / 76.7 at
+  24; at 33 and 48 rows (two passes over a panel) 53.0 and 73.8 against oneDNN's packed copy's 67.3 and 85.7, level
+  at 64. The rows, against the packed copy, an earlier evening: 26, 30, 29, 35 and 51 ms at 1, 2, 4, 8 and 16 rows
+  against 34, 29-34, 48, 44 and 55-57. On the 2-core AMD EPYC (an earlier version, one weight row at a time, in huge
+  pages): 20.9, 25.9 and 30.9 at 1, 2 and 4 rows against the packed copy's 45.5, 49.4 and 34.1, and 26.5 for
+  F.linear at one row (31.6 without huge pages).
 * 33 to MAX_PACKED_ROWS rows (batched decode, longer verification, short prefills; from 2 rows where there is no
   C++ product) use a copy of the weight that oneDNN has packed once into its own blocked layout (what
   torch.compile's CPU backend does for frozen weights), and never repack it.
