@@ -36,6 +36,10 @@ HEADLINES = {
         for workload, b in r["best_batch1"].items())),
     "throughput": lambda r: ("continuous batching " + ", ".join(
         f"{_x(row['continuous / static'])} static at batch {row['batch']}" for row in r["sweep"])
+        + (" (modeled from the run's costs: " + ", ".join(map(_x, r["continuous_vs_static_modeled"].values())) + ")"
+           if "continuous_vs_static_modeled" in r else "")
+        + (f"; offline, batch 16 {_x(r['continuous_batch_16_vs_sequential'])} one request at a time"
+           if "continuous_batch_16_vs_sequential" in r else "")
         + "; " + ", ".join(f"{_x(ratio)} {name}" for name, ratio
                            in r[f"continuous_batch_{r['batch_sizes'][-1]}_vs"].items())),
     "serve": lambda r: (f"continuous batching {_x(r['ratios']['goodput_continuous_over_static'])} the goodput of "

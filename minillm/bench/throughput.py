@@ -66,8 +66,9 @@ def make_prompts(workload, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def run_minillm(model: str, prompts, workload, observer=None, metrics: list | None = None,
-                **config) -> tuple[float, list[list[int]]]:
-    """-> (output tokens/s, each request's tokens); metrics: a list that receives each request's metrics."""
+                preemptions: list | None = None, **config) -> tuple[float, list[list[int]]]:
+    """-> (output tokens/s, each request's tokens); metrics: a list that receives each request's metrics;
+    preemptions: one that receives how many times the run preempted a sequence."""
     llm = LLM(model, **config)
     params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in workload]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
@@ -78,6 +79,8 @@ def run_minillm(model: str, prompts, workload, observer=None, metrics: list | No
     elapsed = time.perf_counter() - start
     if metrics is not None:
         metrics.extend(o.metrics for o in outs)
+    if preemptions is not None:
+        preemptions.append(llm.engine.num_preemptions)
     return sum(len(o.token_ids) for o in outs) / elapsed, [o.token_ids for o in outs]
 
 
@@ -190,8 +193,13 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
     n, batches, max_output = sweep.requests, sweep.batch_sizes, sweep.max_output
     workload = chat_workload(n, seed=0, max_output=max_output, median_output=sweep.median_output,
                             max_prompt=sweep.max_prompt, median_prompt=sweep.median_prompt)
-    prompts = make_prompts(workload, min(4096, LLM(model).model.config.vocab_size))
-    rates, outputs, full_steps, seq_metrics, batch_16_metrics = {}, {}, [], [], []
+    model_config = LLM(model).model.config
+    prompts = make_prompts(workload, min(4096, model_config.vocab_size))
+    # A KV pool that holds the largest batch at the longest lengths (SmolLM2 at 32: 755 MB; the CPU's default is
+    # 256 MiB, 5,825 of its tokens): a policy is measured on how it batches, not on a pool too small for the batch
+    # (at 32 the default pool preempted 3 sequences of a continuous run, one evening)
+    pool = max(256 << 20, batches[-1] * (sweep.max_prompt + max_output) * model_config.kv_bytes_per_token(4))
+    rates, outputs, full_steps, seq_metrics, batch_16_metrics, preempted = {}, {}, [], [], [], {}
     profiled = max(b for b in batches if b <= 16)  # a batched decode step, phase by phase (the engine's timings)
 
     def keep_full_decode_steps(event):
@@ -204,9 +212,10 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
             for policy in order:
                 bar.set_description(f"throughput: {policy} batching, batch {batch}")
                 name = f"{policy}, batch {batch}"
-                metrics = batch_16_metrics if (policy, batch) == ("continuous", 16) else None
-                rates[name], outputs[name] = run_minillm(model, prompts, workload, metrics=metrics, scheduler=policy,
-                                                         max_num_seqs=batch)
+                metrics, count = batch_16_metrics if (policy, batch) == ("continuous", 16) else None, []
+                rates[name], outputs[name] = run_minillm(model, prompts, workload, metrics=metrics, preemptions=count,
+                                                         scheduler=policy, max_num_seqs=batch, kv_cache_memory=pool)
+                preempted[name] = count[0]
                 bar.update()
         bar.set_description(f"throughput: one batch of {profiled}, profiled step by step")
         same_length = [replace(r, output_len=max_output // 2) for r in workload[:profiled]]  # all decode together
@@ -226,11 +235,14 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
         bar.update()
     ratios = [{"batch": b, "continuous tok/s": rates[f"continuous, batch {b}"],
                "static tok/s": rates[f"static, batch {b}"],
-               "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"]} for b in batches]
+               "continuous / static": rates[f"continuous, batch {b}"] / rates[f"static, batch {b}"],
+               "preempted (continuous, static)": f"{preempted[f'continuous, batch {b}']}, "
+                                                 f"{preempted[f'static, batch {b}']}"} for b in batches]
     best = rates[f"continuous, batch {batches[-1]}"]
     reference = {k: v for k, v in rates.items() if not k.startswith(("continuous", "static"))}
     figures = {"model": label, "smaller_quick_workload": big, "requests": n, "batch_sizes": list(batches),
-               "output_tokens": sum(r.output_len for r in workload), "tokens_per_s": rates, "sweep": ratios,
+               "output_tokens": sum(r.output_len for r in workload), "kv_cache_memory": pool, "tokens_per_s": rates,
+               "sweep": ratios,
                "continuous_never_slower_than_static": all(r["continuous / static"] >= 1 for r in ratios),
                f"continuous_batch_{batches[-1]}_vs": {k: best / v for k, v in reference.items()},
                "decode_step_sweep": sweep_rows,
@@ -269,7 +281,7 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
               f"16 running (a finite workload's drain)")
         print_table([{"batch": b, "measured": f"{r['continuous / static']:.2f}x",
                       "modeled": f"{figures['continuous_vs_static_modeled'][b]:.2f}x",
-                      f"static groups of {n} requests": -(-n // b)} for b, r in zip(batches, ratios)],
+                      "static groups": -(-n // b)} for b, r in zip(batches, ratios)],
                     f"continuous / static: measured, and modeled from this run's own costs (a decode step by batch "
                     f"size, above; prefill {prefill_ms:.2f} ms a prompt token, from one request at a time) on this "
                     f"workload's lengths. With few static groups, refilled slots have little to save: the last "
