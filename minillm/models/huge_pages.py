@@ -60,7 +60,8 @@ def dense(t: torch.Tensor) -> bool:
 
 def to_huge_pages(model: torch.nn.Module) -> bool:
     """Move every CPU parameter and buffer of `model` (dense ones; each once, however many modules share it) into
-    one allocation advised for huge pages. -> whether it did."""
+    one allocation advised for huge pages, and make the C++ product's panel copies of its Linears' weights in
+    another (`pack_few_rows_weights`). -> whether it moved them."""
     tensors: dict[int, torch.Tensor] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if t.device.type == "cpu" and t.numel() and dense(t):
