@@ -147,6 +147,19 @@ def test_a_weight_moved_in_place_is_read_where_it_is_now(fused_calls):
     assert outputs(fused, prompts, lengths) == outputs(plain, prompts, lengths)
 
 
+def test_a_weight_changed_in_place_is_read_as_it_is_now(fused_calls):
+    """The same memory with new values (a new version): the C++ product's panel copy of it, where it reads one, must
+    be made again, and the kept struct must point at the new copy."""
+    fused, plain = engines("tiny")
+    prompts, lengths = [[5, 6, 7]], [6]
+    outputs(fused, prompts, lengths)
+    gate_up = fused.model.model.layers[1].mlp.gate_up_proj.weight
+    assert not gate_up.is_inference()  # else it would have no version to tell the change by
+    with torch.no_grad():
+        gate_up.mul_(-0.75)
+    assert outputs(fused, prompts, lengths) == outputs(plain, prompts, lengths) and fused_calls
+
+
 def test_a_model_that_ran_the_cpp_layer_deep_copies_and_pickles(fused_calls):
     """The struct kept on each layer holds raw pointers: copies leave it out and make their own."""
     fused = LLM("tiny", enable_prefix_caching=False)

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from minillm import LLM, SamplingParams
@@ -104,11 +105,7 @@ def policy_model(workload, step_ms: dict[int, float], prefill_ms_per_token: floa
     sizes = sorted(step_ms)
 
     def step(n: int) -> float:
-        if n == 0:
-            return 0.0
-        lo = max((s for s in sizes if s <= n), default=sizes[0])
-        hi = min((s for s in sizes if s >= n), default=sizes[-1])
-        return step_ms[lo] if hi == lo else step_ms[lo] + (step_ms[hi] - step_ms[lo]) * (n - lo) / (hi - lo)
+        return float(np.interp(n, sizes, [step_ms[s] for s in sizes])) if n else 0.0
 
     static = 0.0
     for i in range(0, len(workload), batch):
@@ -212,7 +209,8 @@ def measure(model: str, label: str, quick: bool, json_path: str | None, conditio
             for policy in order:
                 bar.set_description(f"throughput: {policy} batching, batch {batch}")
                 name = f"{policy}, batch {batch}"
-                metrics, count = batch_16_metrics if (policy, batch) == ("continuous", 16) else None, []
+                metrics = batch_16_metrics if (policy, batch) == ("continuous", 16) else None
+                count = []
                 rates[name], outputs[name] = run_minillm(model, prompts, workload, metrics=metrics, preemptions=count,
                                                          scheduler=policy, max_num_seqs=batch, kv_cache_memory=pool)
                 preempted[name] = count[0]

@@ -94,16 +94,18 @@ def product(module: torch.nn.Module) -> tuple[int, tuple, int | None, int] | Non
 def layer_weights(layer: torch.nn.Module) -> LayerWeights | None:
     """The struct the C++ layer reads, or None where the layer is not built of modules it can run (RMSNorm, the
     rotate-half RotaryEmbedding, products `product` takes). Made once and kept on the layer while the same modules
-    hold tensors at the same addresses with the same path flags: a module or weight replaced, or moved (`.data =`,
-    as models/huge_pages.py does), makes it again. (This check is most of the path's Python: ~7 us a layer.)"""
+    hold tensors at the same addresses, versions and path flags: a module or weight replaced, moved (`.data =`, as
+    models/huge_pages.py does) or changed in place makes it again. (This check is most of the path's Python: ~8 us
+    a layer.)"""
     attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
     modules = (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"], attn._modules["qkv_proj"],
                attn._modules["o_proj"], mlp._modules["gate_up_proj"], mlp._modules["down_proj"])
     key = (modules, attn.rotary, [t.data_ptr() for m in modules for t in (*m._parameters.values(),
                                                                           *m._buffers.values()) if t is not None],
            [m.__dict__.get("few_rows") or m.__dict__.get("kernel") for m in modules],
-           [m.few_rows_weight().data_ptr() for m in modules  # the C++ product's copy of a weight: made again?
-            if type(m) is Linear and m.few_rows and kernel_ready(m._parameters["weight"])])
+           # a float weight changed in place (a new version): the C++ product's panel copy of it is made again
+           cpu_ops.panel(), [w._version for m in modules[2:] if type(m) is Linear
+                             and not (w := m._parameters["weight"]).is_inference()])
     kept = layer.__dict__.get("_cpu_decode")
     if kept is not None and kept[0] == key:
         return kept[1]

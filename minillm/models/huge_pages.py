@@ -100,7 +100,7 @@ def pack_few_rows_weights(model: torch.nn.Module) -> bool:
     weights: dict[int, tuple[torch.Tensor, list[Linear]]] = {}
     for m in model.modules():
         w = m._parameters.get("weight") if type(m) is Linear else None
-        if w is not None and m.few_rows and w.device.type == "cpu" and w.dtype == torch.float32 and w.ndim == 2:
+        if w is not None and m.few_rows and w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous():
             weights.setdefault(id(w), (w, []))[1].append(m)
     width = cpu_ops.panel()
     sizes = {key: -(-w.shape[0] // width) * width * w.shape[1] * 4 for key, (w, _) in weights.items()}
