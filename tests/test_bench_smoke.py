@@ -237,6 +237,9 @@ def test_policy_model_charges_each_policy_its_steps():
     workload = [Request(2, 3, 8), Request(1, 1, 8), Request(1, 2, 8)]
     assert policy_model(workload, {1: 10.0, 2: 16.0}, 1.0, 2) == (34.0, 30.0)
     assert policy_model(workload, {1: 10.0, 4: 40.0}, 0.0, 2)[1] == 10.0 + 20.0  # a step of 2: between 1 and 4
+    # one size measured: every step costs it (memory-bound decode). Continuous: A and B (3), C beside A (10 + 1),
+    # both (10); static as above but with A's two steps and C's at 10
+    assert policy_model(workload, {1: 10.0}, 1.0, 2) == (34.0, 24.0)
     workload = chat_workload(20, seed=3, max_output=30, median_output=8, max_prompt=40, median_prompt=10)
     steps = {1: 30.0, 4: 33.0, 16: 60.0}
     static, continuous = policy_model(workload, steps, 0.5, 1)
