@@ -36,11 +36,10 @@ HEADLINES = {
         for workload, b in r["best_batch1"].items())),
     "throughput": lambda r: ("continuous batching " + ", ".join(
         f"{_x(row['continuous / static'])} static at batch {row['batch']}" for row in r["sweep"])
-        + (" (modeled from the run's costs: " + ", ".join(map(_x, r["continuous_vs_static_modeled"].values())) + ")"
-           if "continuous_vs_static_modeled" in r else "")
-        + (" (with every step costing a step of 1, as memory-bound decode would: " + ", ".join(
-            map(_x, r["continuous_vs_static_flat_step"].values())) + ")"
-           if "continuous_vs_static_flat_step" in r else "")
+        + (" (modeled from the run's costs: " + ", ".join(map(_x, r["continuous_vs_static_modeled"].values()))
+           + ("; with every decode step costing a step of 1, as memory-bound decode would: " + ", ".join(
+               map(_x, r["continuous_vs_static_flat_step"].values())) if "continuous_vs_static_flat_step" in r else "")
+           + ")" if "continuous_vs_static_modeled" in r else "")
         + (f"; offline, batch 16 {_x(r['continuous_batch_16_vs_sequential'])} one request at a time"
            if "continuous_batch_16_vs_sequential" in r else "")
         + "; " + ", ".join(f"{_x(ratio)} {name}" for name, ratio
