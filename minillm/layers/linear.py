@@ -56,7 +56,7 @@ class Linear(nn.Linear):
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
     packed_one_row = False  # whether one row may too (without few_rows, where the packed copy measured faster)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
-    _few_rows_weight: tuple[torch.Tensor, int, int, int] | None = None  # (cpu_ops.pack's, data_ptr, _version, panel)
+    _few_rows_weight: tuple[torch.Tensor, int, int] | None = None  # (cpu_ops.pack's copy, data_ptr, _version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in_features] (or [..., in_features]) -> [rows, out_features]"""
@@ -86,13 +86,12 @@ class Linear(nn.Linear):
         AVX-512), made on the first call that needs it and made again if the weight changes. out: memory to make it
         in (models/huge_pages.py gives it huge pages)."""
         w = self._parameters["weight"]
-        width = cpu_ops.panel()
-        if not width:
+        if not cpu_ops.panel():  # the library's layout, fixed for the process
             return w
         version = 0 if w.is_inference() else w._version  # a weight made in inference mode has no version count
         kept = self._few_rows_weight
-        if kept is None or out is not None or kept[1] != w.data_ptr() or kept[2] != version or kept[3] != width:
-            self._few_rows_weight = kept = (cpu_ops.pack(w.detach(), out), w.data_ptr(), version, width)
+        if kept is None or out is not None or kept[1] != w.data_ptr() or kept[2] != version:
+            self._few_rows_weight = kept = (cpu_ops.pack(w.detach(), out), w.data_ptr(), version)
         return kept[0]
 
     def _packable(self, x: torch.Tensor) -> bool:

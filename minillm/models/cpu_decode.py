@@ -104,8 +104,7 @@ def layer_weights(layer: torch.nn.Module) -> LayerWeights | None:
                                                                           *m._buffers.values()) if t is not None],
            [m.__dict__.get("few_rows") or m.__dict__.get("kernel") for m in modules],
            # a float weight changed in place (a new version): the C++ product's panel copy of it is made again
-           cpu_ops.panel(), [w._version for m in modules[2:] if type(m) is Linear
-                             and not (w := m._parameters["weight"]).is_inference()])
+           [w._version for m in modules[2:] if type(m) is Linear and not (w := m._parameters["weight"]).is_inference()])
     kept = layer.__dict__.get("_cpu_decode")
     if kept is not None and kept[0] == key:
         return kept[1]

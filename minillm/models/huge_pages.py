@@ -95,15 +95,15 @@ def pack_few_rows_weights(model: torch.nn.Module) -> bool:
     """Where the C++ product reads weights in panels (a copy of each, layers/cpu_ops.py `pack`), make those copies
     now, in one more allocation advised for huge pages: decode streams them instead of the weights. Each weight
     once (a tied one serves both its modules). -> whether it did."""
-    if cpu_ops.library() is None or not cpu_ops.panel():
+    width = cpu_ops.panel() if cpu_ops.library() is not None else 0
+    if not width:
         return False
     weights: dict[int, tuple[torch.Tensor, list[Linear]]] = {}
     for m in model.modules():
         w = m._parameters.get("weight") if type(m) is Linear else None
         if w is not None and m.few_rows and w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous():
             weights.setdefault(id(w), (w, []))[1].append(m)
-    width = cpu_ops.panel()
-    sizes = {key: -(-w.shape[0] // width) * width * w.shape[1] * 4 for key, (w, _) in weights.items()}
+    sizes = {key: -(-w.shape[0] // width) * width * w.shape[1] * 4 for key, (w, _) in weights.items()}  # bytes
     advised = huge_buffer(sum(-(-size // ALIGN) * ALIGN for size in sizes.values())) if weights else None
     if advised is None:
         return False
