@@ -36,7 +36,7 @@ RUN_FIELDS = ("benchmark", "command", "date", "machine", "torch", "conditions")
 
 def load_records(folder: Path = RECORDS) -> list[tuple[str, dict]]:
     """[(file name, record)] of every *.json in folder, in the order of the benchmarks' registry."""
-    from minillm.bench.registry import BENCHMARKS
+    from minillm.bench.catalog import BENCHMARKS
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     out = []
     for path in sorted(folder.glob("*.json")):
@@ -64,7 +64,7 @@ def run_line(record: dict) -> str:
 def section(name: str, record: dict) -> str:
     """One record's section of the benchmarks page: its heading (anchor: the file's stem), the run, the
     headline, the link to the raw record, and its tables."""
-    from minillm.bench.registry import BENCHMARKS
+    from minillm.bench.catalog import BENCHMARKS
     stem = name.removesuffix(".json")
     bench = BENCHMARKS.get(record["benchmark"])
     parts = [f"## {stem}", *([f"*{bench.description[0].upper()}{bench.description[1:]}.*"] if bench else []),

@@ -28,7 +28,8 @@ from minillm.engine.runner import full_forward_logits
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import StreamChunk
 from minillm.sampling import SamplingParams
-from minillm.state import EngineRequest, KVStats
+from minillm.sequence import EngineRequest
+from minillm.step import KVStats
 
 
 class AsyncLLM:

@@ -133,14 +133,14 @@ def main(argv: list[str] | None = None) -> int:
               f"({done['output_throughput']:.1f} tokens/s)")
         return 0
     if args.what == "heads":
-        from minillm.training.heads import train_heads
+        from minillm.training.train_heads import train_heads
         train_heads(args.model, args.heads, args.steps, seed=args.seed, out=args.out,
                     continuations=args.continuations)
     elif args.what == "speculator":
-        from minillm.training.speculator import train_speculator
+        from minillm.training.train_speculator import train_speculator
         train_speculator(args.model, args.steps, seed=args.seed, out=args.out, questions=args.questions)
     elif args.what == "distill":
-        from minillm.training.draft import train_distill
+        from minillm.training.train_draft import train_distill
         train_distill(args.draft, args.target, args.steps, seed=args.seed, out=args.out)
     else:
         from minillm.models.registry import BUNDLED_DIR

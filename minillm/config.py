@@ -11,8 +11,20 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from minillm.models.registry import DEFAULT_MODEL
-from minillm.quant.config import QuantConfig
-from minillm.state import CacheKind, SchedulerPolicy
+from minillm.quant.quant_config import QuantConfig
+from minillm.sequence import Label
+
+
+class CacheKind(Label):
+    PAGED = "paged"
+    CONTIGUOUS = "contiguous"
+
+
+class SchedulerPolicy(Label):
+    CONTINUOUS = "continuous"
+    STATIC = "static"
+    SEQUENTIAL = "sequential"
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -117,7 +129,7 @@ class EngineConfig:
     quantization: QuantConfig | None = None  # weight-only quantization (None: the checkpoint's own weights)
     profile_attention: bool = False      # time attention apart in each step (a clock read per layer)
     compile_decode: bool = False         # torch.compile decode steps (engine/compiled.py): minutes to compile first
-    tensor_parallel_size: int = 1        # ranks sharing each layer's heads and MLP (distributed/); >1 starts workers
+    tensor_parallel_size: int = 1        # ranks sharing each layer's heads and MLP (tp/); >1 starts workers
     components: Components = field(default_factory=Components)  # the engine's own parts unless replaced
 
     def __post_init__(self) -> None:

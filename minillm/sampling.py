@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minillm.structured.spec import StructuredOutput
+from minillm.structured.output_spec import StructuredOutput
 
 MAX_LOGPROBS = 20
 # A temperature this close to 0 is greedy, as in vLLM: dividing logits by 1e-191 overflows them to inf.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from minillm.models.config import eos_token_ids
+from minillm.models.model_config import eos_token_ids
 
 REPLACEMENT = "\ufffd"
 LONG_TEXT = 10_000  # characters; shorter texts take encode, whose call costs less

@@ -26,7 +26,7 @@
 
 # %% tags=["setup"]
 from minillm.labkit import check
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 
 # %%
 import plotly.graph_objects as go

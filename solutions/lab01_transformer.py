@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minillm.labkit import check
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 
 # %%
 import plotly.graph_objects as go

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from minillm.labkit import check
 from minillm.layers.attention import AttentionContext, causal_attention
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 
 # %%
 import time

@@ -43,7 +43,7 @@ from collections import OrderedDict, deque
 import torch
 from torch import Tensor
 
-from minillm.cache.prefix import CachedBlock, chain_hash
+from minillm.cache.prefix_cache import CachedBlock, chain_hash
 from minillm.labkit import check
 from minillm.layers.attention import causal_attention
 
@@ -54,7 +54,7 @@ import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams
 from minillm.bench.memory import concurrency
-from minillm.bench.workload import chat_workload
+from minillm.bench.synthetic_traffic import chat_workload
 from minillm.cache.allocator import BlockAllocator
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
@@ -294,7 +294,7 @@ check("3.3")
 # walks it from the start; every name found is a block whose K/V need no computing. Only full
 # blocks get names: a partly filled block still changes.
 #
-# Each dictionary entry is a `CachedBlock` (imported from `minillm.cache.prefix` in the setup
+# Each dictionary entry is a `CachedBlock` (imported from `minillm.cache.prefix_cache` in the setup
 # cell, so you work on the engine's own objects): `block` (its id in the pool), `hash` (its name),
 # `tokens` (the `block_size` token ids it holds, a tuple) and `parent` (the entry of the block
 # before it, `None` for a first block). When the engine names a block, the prefix cache takes a
@@ -432,7 +432,7 @@ check("3.6")
 # ## Your parts in the real engine
 #
 # Your `BlockAllocator`, `match_prefix` and `EvictableBlocks` have the interfaces of
-# `minillm.cache.allocator` and `minillm.cache.prefix`, so the engine's `BlockManager` can run on
+# `minillm.cache.allocator` and `minillm.cache.prefix_cache`, so the engine's `BlockManager` can run on
 # them (`minillm.labkit.plug.plug("lab03_paged.ipynb")` builds such an engine). The check below
 # runs a workload that makes it use all of them at once: a small pool, so requests are preempted
 # and blocks evicted; a shared system prompt, so prefixes hit; two samples per request, so blocks

@@ -41,8 +41,8 @@ from torch import Tensor
 
 from minillm.engine.policy import SchedulerOps
 from minillm.labkit import check
-from minillm.state import Sequence
-from minillm.utils import cdiv
+from minillm.sequence import Sequence
+from minillm.arith import cdiv
 
 
 @dataclass(eq=False)  # eq=False: requests are compared by identity, like the engine's sequences

@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from minillm.labkit import check
 from minillm.quant import QuantConfig, quantize_model
 from minillm.quant.codecs import INT4_MAX, INT8_MAX, TINY
-from minillm.quant.eval import Quality, Reference
+from minillm.experiments.quant_quality import Quality, Reference
 
 # %%
 import plotly.graph_objects as go
@@ -68,8 +68,8 @@ from minillm.models.registry import BUNDLED_DIR
 from minillm.perf import PROFILES, OpCost, decode_cost, median_time, model_shape, param_count, prefill_cost
 from minillm.quant import linear_weight_bytes
 from minillm.quant.codecs import dequantize_int4, dequantize_int8
-from minillm.quant.linear import scaled_linear
-from minillm.quant.sensitivity import measure, sensitivity_grid
+from minillm.quant.quantized_linear import scaled_linear
+from minillm.experiments.quant_sensitivity import measure, sensitivity_grid
 from minillm.corpus import corpus_split, encode_corpus, spread_rows
 
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
@@ -383,7 +383,7 @@ check("6.E")
 #
 # What does each scheme cost in quality? The yardstick is held-out text: eight windows of 128 tokens
 # from the files of the bundled corpus that `tiny` never trained on. For each candidate,
-# `Reference.compare` (`minillm/quant/eval.py`) computes, on the same windows:
+# `Reference.compare` (`minillm/experiments/quant_quality.py`) computes, on the same windows:
 #
 # * **perplexity**, `exp` of the mean next-token loss: what a benchmark reports;
 # * **KL** from the full model, `Σ p_full (log p_full − log p_quant)` averaged over positions, in
@@ -398,7 +398,7 @@ check("6.E")
 # %%
 _, heldout_texts, _ = corpus_split()
 tokenizer = Tokenizer.from_file(str(BUNDLED_DIR / "tiny" / "tokenizer.json"))
-# The windows minillm.quant.eval.heldout_windows gives, without tokenizing the training split too.
+# The windows minillm.experiments.quant_quality.heldout_windows gives, without tokenizing the training split too.
 heldout_ids = encode_corpus(tokenizer, heldout_texts)                  # the held-out files, one token stream
 windows = spread_rows(heldout_ids, 8, 129)                             # [8, 128 + 1] token ids
 reference = Reference(tiny, windows)
@@ -598,7 +598,7 @@ check("6.6")
 # cannot be told apart on this sample.)
 #
 # Now finer: each projection of each layer alone, int4 with groups of 128, the heatmap
-# `minillm.quant.sensitivity.sensitivity_grid` measures (42 quantized copies of `tiny`).
+# `minillm.experiments.quant_sensitivity.sensitivity_grid` measures (42 quantized copies of `tiny`).
 
 # %%
 projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -740,7 +740,7 @@ fig.show()
 # together cost a few percent less than the sum of each alone: a **partial** cancellation, a
 # negative interaction. Note what it is not: quantizing both layers still costs more than
 # quantizing either one alone. A *full* cancellation, quantizing more and getting a lower error, is
-# what `minillm/quant/cancellation.py` searches for, over nested sets of layers; in KL on `tiny` it
+# what `minillm/experiments/quant_cancellation.py` searches for, over nested sets of layers; in KL on `tiny` it
 # finds none (the README's Quantization section has the figures).
 #
 # Two cautions before you build a policy on a flagged pair:
@@ -770,7 +770,7 @@ if not cancelling:
 # windows, at less than half the z: a small effect at the edge of what eight windows can show. More
 # windows would settle it.
 #
-# `minillm/quant/sensitivity.py` also grows sets of layers in several orders (most sensitive first,
+# `minillm/experiments/quant_sensitivity.py` also grows sets of layers in several orders (most sensitive first,
 # least sensitive first, random): a quick way to see whether the error of *all* layers is the sum
 # of the parts, which for `tiny` it nearly is.
 
@@ -937,7 +937,7 @@ fig.show()
 
 # %%
 if real_installed:
-    from minillm.quant.config import PROJECTIONS  # every projection, the LM head included
+    from minillm.quant.quant_config import PROJECTIONS  # every projection, the LM head included
 
     real_schemes = {"int8": QuantConfig("int8"), "int8+head": QuantConfig("int8", projections=PROJECTIONS),
                     "int4-g32-minmax+head": QuantConfig("int4", group_size=32, int4_range="min-max",

@@ -69,7 +69,7 @@ from minillm.config import Components
 from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR
 from minillm.serve.loadgen import run_load
 from minillm.serve.server import serve_in_thread
-from minillm.serve.workload import make_workload
+from minillm.serve.load_prompts import make_workload
 from minillm.structured import StructuredOutput
 
 torch.set_num_threads(1)  # a small model on a shared CPU: one thread avoids fighting over the cores

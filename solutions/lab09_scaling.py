@@ -36,7 +36,7 @@
 # and like `check("9.E")` near the end it runs your parts **inside the real pieces**: two ranks
 # talking over `torch.distributed` (gloo), two engines' KV pools, the cluster simulator, the
 # router's replica picker. The engine's versions are in `minillm/router/policies.py` and
-# `minillm/sim/autoscale.py` (and `minillm/distributed/`): read them after you finish.
+# `minillm/sim/autoscale.py` (and `minillm/tp/`, `minillm/disagg/`): read them after you finish.
 
 # %% tags=["setup"]
 import math

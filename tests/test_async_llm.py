@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from minillm import LLM, AsyncLLM, SamplingParams
-from minillm.structured.spec import StructuredOutput
+from minillm.structured.output_spec import StructuredOutput
 from minillm.testing import wait_until
 
 GREEDY = dict(temperature=0, ignore_eos=True)

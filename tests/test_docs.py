@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from minillm.bench import command_line, run_record
-from minillm.bench.registry import BENCHMARKS
+from minillm.bench.catalog import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

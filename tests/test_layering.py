@@ -1,4 +1,4 @@
-"""The package's layers depend one way (DESIGN.md §2), and the rules an import contract cannot state.
+"""The package's layers depend one way (docs/design.md), and the rules an import contract cannot state.
 
 The layers themselves are import-linter contracts in pyproject.toml ([tool.importlinter], run by
 `make lint`); each contract runs here too, so a broken one fails the suite with import-linter's own
@@ -36,8 +36,8 @@ def test_import_contract_is_kept(contract):
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-ROUTER_MODULES = ["minillm.router.policies", "minillm.router.prefix_index", "minillm.router.state",
-                  "minillm.router.metrics", "minillm.router.app", "minillm.router.fleet", "minillm.router.measure"]
+ROUTER_MODULES = ["minillm.router.policies", "minillm.router.prefix_index", "minillm.router.replica_state",
+                  "minillm.router.replica_metrics", "minillm.router.proxy", "minillm.router.fleet"]
 
 
 @pytest.mark.subprocess
@@ -57,7 +57,7 @@ print(sorted(m for m in sys.modules if m.startswith("minillm.sim")))
     assert run.stdout.strip() == "[]", f"the router loaded the simulator: {run.stdout}"
 
 
-HEAVY = ("minillm.training", "minillm.quant.eval", "minillm.quant.sensitivity", "minillm.quant.cancellation")
+HEAVY = ("minillm.training", "minillm.experiments")
 
 
 @pytest.mark.subprocess
@@ -95,8 +95,8 @@ def runtime_imports(path: Path) -> set[str]:
     return found
 
 
-def test_shared_state_types_import_nothing_of_the_package():
-    assert runtime_imports(PACKAGE / "state.py") == set()
+def test_the_sequence_types_import_nothing_of_the_package():
+    assert runtime_imports(PACKAGE / "sequence.py") == set()
 
 
 def test_the_scheduler_takes_nothing_from_the_runner():

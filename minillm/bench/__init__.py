@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minillm.perf.measure import machine
+from minillm.perf.machine import machine
 
 BIG_MODEL_BYTES = 100 * 2**20  # tiny's weights are 23 MB, SmolLM2-135M's 540 MB (float32)
 

@@ -7,7 +7,7 @@ import argparse
 import inspect
 import sys
 
-from minillm.bench.registry import BENCHMARKS
+from minillm.bench.catalog import BENCHMARKS
 
 
 def positive_int(text: str) -> int:

@@ -18,12 +18,11 @@ from functools import partial
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
-from minillm.distributed.disagg_measure import measure_disaggregation
-from minillm.distributed.measure import measure_tp_communication
-from minillm.distributed.tp_model import tp_sizes
 from minillm.engine.engine import LLMEngine
+from minillm.experiments.disagg_comparison import measure_disaggregation
+from minillm.experiments.routing_trial import measure_routing
+from minillm.experiments.tp_communication import measure_tp_communication
 from minillm.perf import PROFILES, kv_bytes_per_token, model_shape
-from minillm.router.measure import measure_routing
 from minillm.sim import StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, queue_rule
 from minillm.sim.calibrate import (
@@ -41,6 +40,7 @@ from minillm.sim.fleet_replay import replay_fleet
 from minillm.sim.plan import predict, replicas_needed, summary
 from minillm.sim.workloads import agent_sessions
 from minillm.testing import give_memory_back
+from minillm.tp.tp_model import tp_sizes
 
 FIGURES = [("output tok/s", "output_throughput", 1), ("TTFT p50 ms", "ttft_median", 1e3),  # (label, key, scale)
            ("TTFT p99 ms", "ttft_p99", 1e3), ("TPOT p50 ms", "tpot_median", 1e3), ("TPOT p99 ms", "tpot_p99", 1e3)]

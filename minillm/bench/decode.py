@@ -26,8 +26,8 @@ import torch
 from minillm import LLM, EngineConfig, SamplingParams
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
 from minillm.bench.anchors import open_anchors
+from minillm.bench.catalog import SMOLLM_SHAPE
 from minillm.bench.conditions import check_conditions, machine_line
-from minillm.bench.registry import SMOLLM_SHAPE
 from minillm.engine.engine import LLMEngine
 from minillm.models.registry import resolve_model_path
 from minillm.perf import median_time

@@ -17,7 +17,7 @@ from minillm import LLM, SamplingParams
 from minillm.bench import print_table, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.perf import median_time
-from minillm.perf.measure import measure_bandwidth, measure_flops
+from minillm.perf.machine import measure_bandwidth, measure_flops
 
 
 def paged_case(lens: list[int], block_size: int, heads: int, kv_heads: int, d: int, dtype, device, seed: int = 0):
@@ -39,7 +39,15 @@ def paged_case(lens: list[int], block_size: int, heads: int, kv_heads: int, d: i
 
 def smoke(device) -> list[dict]:
     """Every kernel once on small inputs that cross its block edges, against its spec."""
-    from minillm.kernels import int4_matmul, matmul, paged_decode, prefill_attention, rmsnorm, softmax, vector_add
+    from minillm.kernels import (
+        fused_add_rmsnorm,
+        int4_matmul,
+        matmul,
+        paged_decode,
+        prefill_attention,
+        softmax,
+        vector_add,
+    )
     from minillm.quant import codecs
     r = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
     codes, scale, zero = codecs.quantize_int4(r(70, 96), 32)
@@ -49,8 +57,8 @@ def smoke(device) -> list[dict]:
     pq = r(58, 8, 32)
     cases = [
         ("vector add", vector_add.vector_add, vector_add.vector_add_spec, (r(3000), r(3000))),
-        ("rmsnorm + residual", lambda *a: rmsnorm.rmsnorm_residual(*a)[0],
-         lambda *a: rmsnorm.rmsnorm_residual_spec(*a)[0], (r(3, 200), r(3, 200), r(200), 1e-5)),
+        ("rmsnorm + residual", lambda *a: fused_add_rmsnorm.rmsnorm_residual(*a)[0],
+         lambda *a: fused_add_rmsnorm.rmsnorm_residual_spec(*a)[0], (r(3, 200), r(3, 200), r(200), 1e-5)),
         ("softmax (online)", lambda x: softmax.softmax(x, block=64), softmax.softmax_spec, (r(3, 300) * 20,)),
         ("matmul", lambda a, b: matmul.matmul(a, b, 16, 16, 16), matmul.matmul_spec, (r(37, 70), r(70, 45))),
         ("int4 matmul", int4_matmul.int4_linear, int4_matmul.int4_linear_spec, x4),
@@ -123,10 +131,10 @@ def row(name: str, shape: str, triton_s: float, torch_s: float, moved: float, fl
 
 def measure_gpu(device, quick: bool, model: str) -> dict:
     from minillm.cache.paged import paged_decode
-    from minillm.kernels import int4_matmul, matmul, rmsnorm, softmax, vector_add
+    from minillm.kernels import fused_add_rmsnorm, int4_matmul, matmul, softmax, vector_add
     from minillm.kernels import paged_decode as decode
     from minillm.quant import codecs
-    from minillm.quant.linear import int4_linear
+    from minillm.quant.quantized_linear import int4_linear
     bf, reps = torch.bfloat16, 10 if quick else 30
     r = lambda *shape: torch.randn(*shape, device=device, dtype=bf)  # noqa: E731
     peak = peaks(device)
@@ -138,8 +146,10 @@ def measure_gpu(device, quick: bool, model: str) -> dict:
     rows.append(row("vector add", f"{n:,}", timed(lambda: vector_add.vector_add(x, y), reps),
                     timed(lambda: x + y, reps), 3 * n * 2, n, peak))
     a, res, w = r(8192, 4096), r(8192, 4096), r(4096)
-    rows.append(row("rmsnorm + residual", "8192 x 4096", timed(lambda: rmsnorm.rmsnorm_residual(a, res, w, 1e-5), reps),
-                    timed(lambda: rmsnorm.rmsnorm_residual_spec(a, res, w, 1e-5), reps), 4 * a.numel() * 2, 0, peak))
+    rows.append(row("rmsnorm + residual", "8192 x 4096",
+                    timed(lambda: fused_add_rmsnorm.rmsnorm_residual(a, res, w, 1e-5), reps),
+                    timed(lambda: fused_add_rmsnorm.rmsnorm_residual_spec(a, res, w, 1e-5), reps),
+                    4 * a.numel() * 2, 0, peak))
     for cols, block in ((4096, 4096), (65536, 4096)):
         s = r(8192 * 4096 // cols, cols)
         t_kernel = timed(partial(softmax.softmax, s, block=block), reps)

@@ -8,9 +8,9 @@ Contiguous caches reserve either max_model_len per request (what early serving s
 prompt + max_tokens (minillm's `contiguous` baseline); paged reserves whole blocks as tokens come.
 """
 from minillm.bench import print_table, progress, write_json
+from minillm.bench.catalog import BENCHMARKS
 from minillm.bench.conditions import check_conditions, machine_line
-from minillm.bench.registry import BENCHMARKS
-from minillm.bench.workload import Request, chat_workload
+from minillm.bench.synthetic_traffic import Request, chat_workload
 from minillm.cache.allocator import BlockAllocator
 
 

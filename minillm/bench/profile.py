@@ -2,7 +2,7 @@
 
 Replays a calibration workload (a burst, a trickle, then lone prompts: minillm/sim/calibrate.py) through
 the engine and fits t = fixed + tokens(prefill tokens + decoding sequences) + c * context tokens to its steps, with
-tokens(N) a rising curve through step sizes of 2, 3, 4, 8, 16, ... tokens (minillm/sim/profile.py),
+tokens(N) a rising curve through step sizes of 2, 3, 4, 8, 16, ... tokens (minillm/sim/step_profile.py),
 what the steps after an idle pause cost over warm ones, how far the steps stray from their fitted price (the
 spread the simulator draws from), and how alike consecutive steps' strays are (the persistence of its pace).
 `--json PATH` writes a file `StepProfile.load(PATH)` reads.
@@ -14,7 +14,7 @@ from minillm.bench.conditions import check_conditions, machine_line
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.sim.calibrate import CALIBRATION_REQUESTS, measure_profile
-from minillm.sim.profile import LONG_STEP, warmup_bins
+from minillm.sim.step_profile import LONG_STEP, warmup_bins
 
 QUICK_BIG_REQUESTS = 12  # a calibration's burst and trickle with --quick on a big model
 

@@ -3,7 +3,7 @@ which layers and projections are sensitive; and whether quantizing more ever giv
 
 Measured side by side in one run, on the same held-out windows (eval.Reference):
   * the kernels: every candidate matmul of each scheme at the model's own shapes and 1-16 rows of x
-    (quant/kernel_choice.py), the evidence for the fused CPU path QuantizedLinear takes by default;
+    (experiments/quant_kernel_choice.py), the evidence for the fused CPU path QuantizedLinear takes by default;
   * the full-precision model and each scheme (int8; int4 at group sizes 32, 64, 128, with the range
     holding 0 and min-max; AWQ; fp8 where torch has float8_e4m3fn): perplexity, KL(full ||
     quantized), top-1 agreement, the bytes of the quantized matrices (codes, scales and zero points)
@@ -12,7 +12,7 @@ Measured side by side in one run, on the same held-out windows (eval.Reference):
     of each repetition's ratio), the reference kernel beside the fused one;
   * sensitivity: each decoder layer alone and each projection type alone, then growing sets of
     layers in the orders most-sensitive-first, least-sensitive-first and seeded random ones;
-  * the cancellation search (quant/cancellation.py) over every set measured, with every subset of
+  * the cancellation search (experiments/quant_cancellation.py) over every set measured, with every subset of
     layers for the most aggressive scheme when the model has at most 6 layers.
 """
 import copy
@@ -29,14 +29,15 @@ from minillm.bench.anchors import open_anchors
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.decode import minillm_decode
 from minillm.config import EngineConfig
+from minillm.experiments import quant_kernel_choice as kernel_choice
+from minillm.experiments.quant_cancellation import MAX_EXHAUSTIVE_UNITS, Search, paired_difference, search
+from minillm.experiments.quant_quality import Quality, Reference, heldout_windows
+from minillm.experiments.quant_sensitivity import quantized_copy
 from minillm.models.registry import resolve_model_path
-from minillm.quant import QuantConfig, kernel_choice, linear_weight_bytes, quantize_model
+from minillm.quant import QuantConfig, linear_weight_bytes, quantize_model
 from minillm.quant.awq import apply_awq, calibration_rows
-from minillm.quant.cancellation import MAX_EXHAUSTIVE_UNITS, Search, paired_difference, search
 from minillm.quant.codecs import FP8_DTYPE
-from minillm.quant.config import LAYER_PROJECTIONS, PROJECTIONS
-from minillm.quant.eval import Quality, Reference, heldout_windows
-from minillm.quant.sensitivity import quantized_copy
+from minillm.quant.quant_config import LAYER_PROJECTIONS, PROJECTIONS
 
 ANCHOR_KINDS = ("F32", "Q8_0", "Q4_1")  # llama.cpp's files of the same weights (bench/anchors.py)
 ANCHOR_PAIRS = (("full", "llama.cpp F32"), ("int8", "llama.cpp Q8_0"), ("int8+head", "llama.cpp Q8_0"),

@@ -23,8 +23,8 @@ from minillm.bench import SMALLER_QUICK, is_big, print_table, write_json
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.perf.cost import DEFAULT_PRICE_PER_HOUR, best_online_load, online_vs_batch
 from minillm.perf.serving import summarize
+from minillm.serve.load_prompts import make_workload
 from minillm.serve.loadgen import LoadResult, run_load
-from minillm.serve.workload import make_workload
 
 SCHEDULERS = ("continuous", "static", "sequential")
 # An interactive product's SLO: the first token within a second, then faster than a person reads

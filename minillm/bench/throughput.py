@@ -35,9 +35,9 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_json
+from minillm.bench.catalog import SMOLLM_SHAPE
 from minillm.bench.conditions import check_conditions, machine_line
-from minillm.bench.registry import SMOLLM_SHAPE
-from minillm.bench.workload import chat_workload
+from minillm.bench.synthetic_traffic import chat_workload
 from minillm.models.registry import resolve_model_path
 from minillm.testing import SMOLLM2_135M_SHAPE, make_hf_model
 

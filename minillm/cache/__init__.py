@@ -5,9 +5,8 @@ from minillm.cache.base import CacheManager
 from minillm.cache.contiguous import ContiguousCacheManager
 from minillm.cache.paged import PagedCacheManager
 from minillm.cache.pool import block_bytes
-from minillm.config import EngineConfig
-from minillm.models.config import ModelConfig
-from minillm.state import CacheKind
+from minillm.config import CacheKind, EngineConfig
+from minillm.models.model_config import ModelConfig
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 

@@ -9,7 +9,7 @@ the learner's version through `Components.block_allocator`.
 """
 from collections import deque
 
-from minillm.utils import cdiv
+from minillm.arith import cdiv
 
 
 class BlockAllocator:

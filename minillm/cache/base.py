@@ -7,8 +7,10 @@ baseline). Each keeps its per-sequence state in `seq.kv`.
 """
 from typing import Protocol
 
+from minillm.config import CacheKind
 from minillm.layers.attention import AttentionContext
-from minillm.state import CacheKind, KVStats, ScheduledSeq, Sequence
+from minillm.sequence import Sequence
+from minillm.step import KVStats, ScheduledSeq
 
 
 class CacheManager(Protocol):

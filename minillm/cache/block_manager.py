@@ -18,11 +18,11 @@ named blocks are saved there first; and `offload` moves a prefix's evictable blo
 """
 from dataclasses import dataclass, field
 
+from minillm.arith import cdiv
 from minillm.cache.allocator import BlockAllocator
 from minillm.cache.offload import OffloadStore
-from minillm.cache.prefix import CachedBlock, EvictableBlocks, chain_hash, match_prefix
+from minillm.cache.prefix_cache import CachedBlock, EvictableBlocks, chain_hash, match_prefix
 from minillm.config import Components
-from minillm.utils import cdiv
 
 
 @dataclass

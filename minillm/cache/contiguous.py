@@ -5,9 +5,11 @@ the whole request, which is exactly what paged attention (cache/paged.py) fixes.
 """
 import torch
 
+from minillm.config import CacheKind
 from minillm.layers.attention import AttentionContext, causal_attention
-from minillm.models.config import ModelConfig
-from minillm.state import CacheKind, KVStats, ScheduledSeq, Sequence
+from minillm.models.model_config import ModelConfig
+from minillm.sequence import Sequence
+from minillm.step import KVStats, ScheduledSeq
 
 
 class ContiguousKVCache:

@@ -8,15 +8,16 @@ from functools import partial
 
 import torch
 
+from minillm.arith import cdiv
 from minillm.cache.block_manager import BlockManager, BlockTable
 from minillm.cache.offload import OffloadStore
 from minillm.cache.pool import PagedKVPool, block_bytes
-from minillm.config import Components
+from minillm.config import CacheKind, Components
 from minillm.kernels import paged_decode_cpu
 from minillm.layers.attention import AttentionContext, causal_attention, decode_attention
-from minillm.models.config import ModelConfig
-from minillm.state import CacheKind, KVStats, ScheduledSeq, Sequence
-from minillm.utils import cdiv
+from minillm.models.model_config import ModelConfig
+from minillm.sequence import Sequence
+from minillm.step import KVStats, ScheduledSeq
 
 
 class PagedContext(AttentionContext):

@@ -5,7 +5,7 @@ Triton kernels (TritonPagedContext in paged_triton.py), so it lives apart from e
 """
 import torch
 
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 
 
 def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -15,7 +15,8 @@ from typing import Protocol
 
 import torch
 
-from minillm.state import ScheduledSeq, Sequence, Verdict
+from minillm.sequence import Sequence
+from minillm.step import ScheduledSeq, Verdict
 
 
 class Decoding(Protocol):

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
+from minillm.arith import cdiv
 from minillm.cache import make_cache_manager
-from minillm.config import EngineConfig
-from minillm.distributed.driver import TensorParallelDriver
+from minillm.config import CacheKind, EngineConfig
 from minillm.engine.decoding import Decoding, PlainDecoding
 from minillm.engine.input_processor import InputProcessor
 from minillm.engine.model_setup import setup_model
@@ -31,27 +31,17 @@ from minillm.engine.output_processor import OutputProcessor
 from minillm.engine.runner import ModelRunner
 from minillm.engine.sampler import Sampler, first_rows
 from minillm.engine.scheduler import Scheduler
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from minillm.outputs import Completion, StreamChunk
 from minillm.sampling import SamplingParams
+from minillm.sequence import EngineRequest, PrefilledPrompt, Sequence
 from minillm.speculative.proposers import make_proposer
 from minillm.speculative.speculator import Speculator
 from minillm.speculative.target import ProposerTarget
-from minillm.state import (
-    CacheKind,
-    EngineRequest,
-    KVStats,
-    PrefilledPrompt,
-    ScheduledSeq,
-    ScheduledWork,
-    Sequence,
-    SequenceSnapshot,
-    StepEvent,
-    Verification,
-)
+from minillm.step import KVStats, ScheduledSeq, ScheduledWork, SequenceSnapshot, StepEvent, Verification
 from minillm.tokenizer import Tokenizer
-from minillm.utils import cdiv
+from minillm.tp.driver import TensorParallelDriver
 
 
 class LLMEngine:
@@ -145,7 +135,7 @@ class LLMEngine:
             raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.kv_cache.value!r}")
         return self.cache
 
-    # -- disaggregated serving (distributed/disagg.py): one engine prefills, another decodes ----------
+    # -- disaggregated serving (disagg/disaggregated_llm.py): one engine prefills, another decodes ----------
     def hand_off(self, request_id: str, pack: Callable) -> PrefilledPrompt:
         """Give away a request whose prompt was computed in the latest step (its samples have
         their first tokens) so that another engine decodes it: pack(pool, blocks, num_prompt_tokens)

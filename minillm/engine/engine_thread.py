@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from minillm.engine.engine import LLMEngine
 from minillm.outputs import StreamChunk
-from minillm.state import KVStats
+from minillm.step import KVStats
 
 # A thread holding the GIL hands it to a waiting one only every switch interval (5 ms by default).
 # A torch op releases the GIL while it computes, but the Python between ops (scheduling, sampling,

@@ -14,7 +14,7 @@ import torch
 
 from minillm.cache.base import CacheManager
 from minillm.sampling import SamplingParams
-from minillm.state import EngineRequest, Sequence
+from minillm.sequence import EngineRequest, Sequence
 from minillm.structured.grammar import GrammarCompiler, GrammarState
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 

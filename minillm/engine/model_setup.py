@@ -1,5 +1,5 @@
 """The engine's model: loaded (or shared with other engines), quantized as the config says, and
-split across ranks when tensor_parallel_size > 1 (rank 0 is this process: distributed/driver.py)."""
+split across ranks when tensor_parallel_size > 1 (rank 0 is this process: tp/driver.py)."""
 import copy
 from dataclasses import fields
 from pathlib import Path
@@ -7,14 +7,14 @@ from pathlib import Path
 import torch
 
 from minillm.config import Components, EngineConfig
-from minillm.distributed.driver import TensorParallelDriver
 from minillm.layers.linear import streamed
 from minillm.models.huge_pages import to_huge_pages
 from minillm.models.loader import load_model
 from minillm.quant import QuantizedLinear, QuantOps, quantize_model
 from minillm.quant.apply import copy_sharing_weights
 from minillm.quant.awq import apply_awq, calibration_rows
-from minillm.quant.linear import int4_linear_triton
+from minillm.quant.quantized_linear import int4_linear_triton
+from minillm.tp.driver import TensorParallelDriver
 
 
 def setup_model(config: EngineConfig, model_dir: Path, model: torch.nn.Module | None = None) -> torch.nn.Module:

@@ -13,7 +13,7 @@ decides *that* and *why* a sequence stops, and calls `finish` to make it so.
 from collections.abc import Callable
 
 from minillm.outputs import Completion, RequestOutput, StreamChunk
-from minillm.state import FinishReason, Sequence
+from minillm.sequence import FinishReason, Sequence
 
 
 class OutputProcessor:

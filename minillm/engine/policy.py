@@ -25,7 +25,7 @@ the learner's versions through `Components`.
 from collections import deque
 from typing import Protocol
 
-from minillm.state import Sequence
+from minillm.sequence import Sequence
 
 
 class SchedulerOps(Protocol):

@@ -11,7 +11,7 @@ import torch
 from minillm.cache.base import CacheManager
 from minillm.engine.compiled import CompiledDecode
 from minillm.layers.attention import AttentionContext
-from minillm.state import ScheduledSeq
+from minillm.step import ScheduledSeq
 
 
 class ModelRunner:

@@ -14,7 +14,8 @@ import torch
 from minillm.config import Components
 from minillm.logits_processors import history_of, process_logits
 from minillm.sampling import sample_requests, token_logprobs
-from minillm.state import ScheduledSeq, Sequence
+from minillm.sequence import Sequence
+from minillm.step import ScheduledSeq
 from minillm.structured import apply_grammar_mask
 from minillm.structured.grammar import new_bitmask
 

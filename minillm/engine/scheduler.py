@@ -12,9 +12,10 @@ from collections import deque
 from collections.abc import Callable
 
 from minillm.cache.base import CacheManager
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, SchedulerPolicy
 from minillm.engine import policy
-from minillm.state import FinishReason, Phase, ScheduledSeq, SchedulerPolicy, Sequence, SequenceStatus
+from minillm.sequence import FinishReason, Phase, Sequence, SequenceStatus
+from minillm.step import ScheduledSeq
 
 
 class Scheduler:

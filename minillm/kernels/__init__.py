@@ -1,7 +1,7 @@
 """Triton kernels, each beside the plain-PyTorch spec it must match.
 
     vector_add.py       the first kernel: blocks, masks, program ids
-    rmsnorm.py          the residual add fused into RMSNorm (one read of each row, one write)
+    fused_add_rmsnorm.py  the residual add fused into RMSNorm (one read of each row, one write)
     softmax.py          row softmax, numerically stable; online over blocks for long rows
     matmul.py           tiled matmul with a K loop
     int4_format.py      the engine's packed int4 format, read by int4_matmul (plain PyTorch, no triton)

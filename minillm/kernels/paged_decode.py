@@ -13,9 +13,9 @@ parts by exp(lse_s - max lse), the exact softmax over the whole context.
 """
 import torch
 
+from minillm.arith import cdiv
 from minillm.kernels.runtime import INTERPRETED, check_device, next_pow2, tl, triton
 from minillm.layers.attention import decode_attention
-from minillm.utils import cdiv
 
 
 def paged_decode_spec(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, block_tables: torch.Tensor,

@@ -2,7 +2,7 @@
 
 Each program handles elements [pid * BLOCK, pid * BLOCK + BLOCK); the last block sticks out past
 the end of the tensor, so every load and store is masked (`offsets < n`). Drop the mask and the
-last program reads and writes memory that is not the tensor's (tests/test_kernels.py shows it).
+last program reads and writes memory that is not the tensor's (tests/kernels/test_kernels.py shows it).
 The sum is taken in float32: the interpreter has no bfloat16 arithmetic, and a GPU adds in fp32 too.
 """
 import torch

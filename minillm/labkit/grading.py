@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from minillm.labkit.loader import Lab
+from minillm.labkit.cell_loader import Lab
 
 DEFAULT_TIMEOUT_S = 60
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 from minillm.config import Components
-from minillm.labkit.loader import Lab, load_notebook
+from minillm.labkit.cell_loader import Lab, load_notebook
 
 # Components field -> (exercise, the name the notebook defines). Which lab builds which part.
 PARTS = {
@@ -58,7 +58,7 @@ SERVING_PARTS = {
     "LoopBreaker": "8.8",
 }
 # Parts of lab 09 plugged into the scaling pieces: the tensor-parallel layers' weight cuts
-# (distributed/parallel_linear.py) and an MLP over simulated ranks, the KV transfer between two engines'
+# (tp/parallel_linear.py) and an MLP over simulated ranks, the KV transfer between two engines'
 # pools, a routing policy (a class: the simulator and the router make their own), the simulator's
 # autoscaling rule.
 SCALING_PARTS = {

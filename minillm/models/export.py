@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from minillm.models.config import ModelConfig
 from minillm.models.loader import FUSED, _shard_sizes
+from minillm.models.model_config import ModelConfig
 
 
 def hf_state_dict(model: torch.nn.Module, cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -21,8 +21,8 @@ from minillm.layers.linear import Linear
 from minillm.layers.mlp import SwiGLUMLP
 from minillm.layers.rmsnorm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
-from minillm.models.config import ModelConfig
 from minillm.models.cpu_decode import cpu_decode
+from minillm.models.model_config import ModelConfig
 
 
 class DecoderLayer(nn.Module):

@@ -12,8 +12,8 @@ from safetensors import SafetensorError, safe_open
 
 from minillm.layers.linear import cpu_paths, streamed
 from minillm.layers.rotary import RotaryEmbedding
-from minillm.models.config import ModelConfig
 from minillm.models.huge_pages import to_huge_pages
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import MODEL_CLASSES
 from minillm.quant.checkpoint import load_quantized, quant_config_of
 

@@ -3,8 +3,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from minillm.models.config import SUPPORTED_ARCHITECTURES
 from minillm.models.llama import LlamaForCausalLM
+from minillm.models.model_config import SUPPORTED_ARCHITECTURES
 
 # Llama, Qwen2 and Mistral (without a sliding window) share one decoder; ModelConfig holds the
 # differences (q/k/v biases, tied embeddings, head_dim).

@@ -5,7 +5,7 @@
     predicted_time(PROFILES["H100 SXM"], cost, "bfloat16")      # seconds per decode step
 """
 from minillm.perf.hardware import PROFILES, HardwareProfile
-from minillm.perf.measure import machine, measure_bandwidth, measure_engine, measure_flops, measure_machine
+from minillm.perf.machine import machine, measure_bandwidth, measure_engine, measure_flops, measure_machine
 from minillm.perf.roofline import (
     OpCost,
     attainable_flops,

@@ -12,7 +12,7 @@ left out: they are a few percent of the FLOPs and bytes of these models.
 """
 from dataclasses import dataclass
 
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.perf.hardware import HardwareProfile
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}

@@ -1,6 +1,6 @@
 """Model shapes for the roofline: the bundled models (read from their config.json) and a few
 public checkpoints (figures copied from their published config.json), no weights needed."""
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import bundled_models, resolve_model_path
 
 

@@ -10,8 +10,8 @@ import copy
 
 from torch import nn
 
-from minillm.quant.config import QuantConfig
-from minillm.quant.linear import QuantizedLinear, QuantOps, StackedLinear
+from minillm.quant.quant_config import QuantConfig
+from minillm.quant.quantized_linear import QuantizedLinear, QuantOps, StackedLinear
 
 
 def fused_parts(layer: nn.Module) -> dict[str, list[tuple[str, int]]]:

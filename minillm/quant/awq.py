@@ -18,7 +18,7 @@ import torch
 from minillm.corpus import corpus_tokens, spread_rows
 from minillm.layers.attention import PackedRows
 from minillm.quant.codecs import dequantize_int4, quantize_int4, quantize_int4_minmax
-from minillm.quant.config import QuantConfig
+from minillm.quant.quant_config import QuantConfig
 
 GRID = 20  # alphas tried: 0, 1/GRID, ..., 1 - 1/GRID
 

@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from minillm.quant.apply import quantize_model
-from minillm.quant.config import QuantConfig
+from minillm.quant.quant_config import QuantConfig
 
 COPIED = ("tokenizer.json", "generation_config.json")
 

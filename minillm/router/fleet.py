@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from minillm.router.app import build_router
-from minillm.router.state import RouterState
+from minillm.router.proxy import build_router
+from minillm.router.replica_state import RouterState
 from minillm.serve.server import ThreadedApp, app_in_thread, bind_socket
 
 

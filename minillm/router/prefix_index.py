@@ -1,6 +1,6 @@
 """The router's guess at what one replica's prefix cache holds, without asking the replica.
 
-The engine names each full KV block by a hash chain of its tokens (cache/prefix.py): the name of
+The engine names each full KV block by a hash chain of its tokens (cache/prefix_cache.py): the name of
 block i stands for every token up to the end of block i. The router computes the same names for
 every prompt it sends to a replica and remembers them; a new prompt's estimated hit is then
 
@@ -12,7 +12,7 @@ bounded: past `capacity` names the least recently used are forgotten.
 """
 from collections import OrderedDict
 
-from minillm.cache.prefix import block_hashes
+from minillm.cache.prefix_cache import block_hashes
 
 
 class PrefixIndex:

@@ -33,10 +33,10 @@ from minillm.serve.chat import chat_complete
 from minillm.serve.completions import complete
 from minillm.serve.errors import APIError, error_body, install_error_handlers
 from minillm.serve.generation import Generation
-from minillm.serve.metrics import CountRequests, ServerMetrics
 from minillm.serve.openapi import GENERATION, LISTING, MODEL, PROMETHEUS, drop_422
 from minillm.serve.protocol import ChatRequest, CommonRequest, CompletionRequest
 from minillm.serve.responses import new_id, sse
+from minillm.serve.server_metrics import CountRequests, ServerMetrics
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 

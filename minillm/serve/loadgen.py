@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from minillm.perf.serving import RequestRecord
 from minillm.serve.arrivals import arrival_times
+from minillm.serve.load_prompts import WorkItem
 from minillm.serve.sse import DONE
 from minillm.serve.sse import parse_sse as default_parse_sse
-from minillm.serve.workload import WorkItem
 
 ParseSSE = Callable[[Iterable[str]], Iterator[dict | str]]
 Arrivals = Callable[[int, float, int, float], list[float]]

@@ -1,5 +1,5 @@
 """What the server's OpenAPI schema (/openapi.json) says it answers, so that a client generated from
-it, or a fuzzer checking every response against it (tests/test_serve_fuzz.py), reads the truth.
+it, or a fuzzer checking every response against it (tests/serve/test_serve_fuzz.py), reads the truth.
 
 FastAPI documents a 422 for every body it validates; this server answers 400 in OpenAI's error
 shape instead (serve/errors.py), so the 422 is dropped and the errors each endpoint can send are

@@ -8,8 +8,8 @@ prefill tokens, decoding sequences and context tokens costs (times a ratio drawn
 measured steps strayed from that price); the replicas batch continuously as the engine does. So
 fleets no laptop runs can be planned, and checked against a real run of one or two.
 """
-from minillm.sim.cluster import SimResult, SimSession, simulate
-from minillm.sim.profile import StepProfile
 from minillm.sim.replica import Replica, SimRequest
+from minillm.sim.simulate import SimResult, SimSession, simulate
+from minillm.sim.step_profile import StepProfile
 
 __all__ = ["Replica", "SimRequest", "SimResult", "SimSession", "StepProfile", "simulate"]

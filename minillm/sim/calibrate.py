@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from minillm.engine.engine import LLMEngine
 from minillm.sampling import SamplingParams
-from minillm.sim.profile import WARMUP_BINS, StepProfile
+from minillm.sequence import Phase
 from minillm.sim.replica import SimRequest, copies
-from minillm.state import Phase, StepEvent
+from minillm.sim.step_profile import WARMUP_BINS, StepProfile
+from minillm.step import StepEvent
 
 Step = tuple[int, int, int, float]  # (prefill tokens, decode seqs, context tokens, seconds) of one engine step
 STEP_PHASES = ("schedule", "prepare", "model", "sample", "update")  # LLMEngine.step's timed work

@@ -8,9 +8,9 @@ median figures of several.
 import statistics
 
 from minillm.perf.serving import RequestRecord, summarize
-from minillm.sim.cluster import simulate
-from minillm.sim.profile import StepProfile
 from minillm.sim.replica import SimRequest, copies
+from minillm.sim.simulate import simulate
+from minillm.sim.step_profile import StepProfile
 
 
 def records(requests: list[SimRequest]) -> list[RequestRecord]:

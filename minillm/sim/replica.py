@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from minillm.sim.profile import StepProfile
-from minillm.utils import cdiv
+from minillm.arith import cdiv
+from minillm.sim.step_profile import StepProfile
 
 
 @dataclass

@@ -7,7 +7,7 @@ start with gamma-distributed gaps (burstiness < 1: bursty; 1: Poisson).
 """
 import random
 
-from minillm.sim.cluster import SimSession
+from minillm.sim.simulate import SimSession
 
 
 def agent_sessions(n: int, rate: float, seed: int = 0, tenants: int = 16, burstiness: float = 0.5,

@@ -22,10 +22,11 @@ from minillm.models.huge_pages import to_huge_pages
 from minillm.models.loader import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.quant.apply import copy_sharing_weights, quantize_lm_head, quantize_model
-from minillm.quant.config import QuantConfig
+from minillm.quant.quant_config import QuantConfig
+from minillm.sequence import Phase, Sequence
 from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
-from minillm.state import Phase, ScheduledSeq, Sequence
+from minillm.step import ScheduledSeq
 from minillm.tokenizer import Tokenizer
 
 DRAFT_BLOCK_SIZE = 16

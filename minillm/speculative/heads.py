@@ -18,9 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from minillm.sequence import Sequence
 from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
-from minillm.state import Sequence
 
 HEADS_FILE = "spec_heads.safetensors"
 

@@ -28,10 +28,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from minillm.layers.rmsnorm import RMSNorm
+from minillm.sequence import Sequence
 from minillm.speculative.heads import fingerprint
 from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
-from minillm.state import Sequence
 
 SPECULATOR_FILE = "spec_mlp.safetensors"
 BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "speculators"

@@ -4,12 +4,12 @@ prompt lookup (the proposer with no state)."""
 import torch
 
 from minillm.config import Components, SpeculativeConfig
+from minillm.sequence import Sequence
 from minillm.speculative.draft import DraftProposer
 from minillm.speculative.heads import HeadsProposer
 from minillm.speculative.mlp_speculator import MLPProposer
 from minillm.speculative.ngram import propose_ngram
 from minillm.speculative.target import ProposerTarget
-from minillm.state import Sequence
 
 
 class NgramProposer:

@@ -23,8 +23,9 @@ import torch
 
 from minillm.config import Components, SpeculativeConfig
 from minillm.logits_processors import history_of, process_logits
+from minillm.sequence import Sequence
 from minillm.speculative.verify import verify
-from minillm.state import ScheduledSeq, Sequence, Verdict, Verification
+from minillm.step import ScheduledSeq, Verdict, Verification
 
 
 class Proposer(Protocol):

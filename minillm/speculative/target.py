@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 
 from minillm.cache.base import CacheManager
-from minillm.state import ScheduledSeq
+from minillm.step import ScheduledSeq
 from minillm.tokenizer import Tokenizer
 
 

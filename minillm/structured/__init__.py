@@ -7,6 +7,6 @@ its own matcher, and before each draw masks the logits of the tokens the grammar
 the mask is a bitmask with one bit per vocabulary token (`mask.py`).
 """
 from minillm.structured.mask import apply_grammar_mask
-from minillm.structured.spec import StructuredOutput
+from minillm.structured.output_spec import StructuredOutput
 
 __all__ = ["StructuredOutput", "apply_grammar_mask"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.structured.spec import StructuredOutput
+from minillm.structured.output_spec import StructuredOutput
 
 
 def _vocab_type(tokenizer_json: dict):

@@ -19,9 +19,9 @@ from tqdm.auto import tqdm
 
 from minillm.corpus import EOT, corpus_split, encode_corpus
 from minillm.layers.attention import PackedRows
-from minillm.models.config import ModelConfig
 from minillm.models.export import save_checkpoint
 from minillm.models.llama import LlamaForCausalLM
+from minillm.models.model_config import ModelConfig
 from minillm.perf import machine
 from minillm.training.modelcard import write_card
 

@@ -72,7 +72,7 @@ learning rate {p['lr']}, 100 warm-up steps then cosine decay to 10%, gradient cl
 ## Quality
 Held-out per-token perplexity over non-overlapping {p['seq_len']}-token windows of the whole held-out set:
 **{log['heldout_perplexity']:.2f}**. A unigram model (token frequencies of the training split) scores
-{log['unigram_perplexity']:.1f} on the same tokens. `tests/test_bundled_models.py` recomputes both from the
+{log['unigram_perplexity']:.1f} on the same tokens. `tests/models/test_bundled_models.py` recomputes both from the
 committed weights.
 
 ## Greedy samples

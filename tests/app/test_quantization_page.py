@@ -9,12 +9,12 @@ from conftest import APP, errors, figures
 
 from minillm import LLM, SamplingParams
 from minillm.cache.pool import block_bytes
+from minillm.experiments.quant_quality import Reference, heldout_windows
+from minillm.experiments.quant_sensitivity import measure
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import PARTS
 from minillm.models.registry import resolve_model_path
 from minillm.quant import QuantConfig, QuantizedLinear
-from minillm.quant.eval import Reference, heldout_windows
-from minillm.quant.sensitivity import measure
 from minillm_visualizer.quantization.charts import FIRST_DIFFERENT, parted_text
 from minillm_visualizer.quantization.run import WINDOW_TOKENS, WINDOWS, first_difference
 

@@ -1,15 +1,16 @@
 """The speculative, quantization and serving pages on the real model (SmolLM2-135M-Instruct): each starts on its
 small load, says what a run costs, offers only what exists for that model, and a press draws figures that agree
-with the engine run apart from the page (the plain engine's greedy tokens, minillm.quant.eval's quality)."""
+with the engine run apart from the page (the plain engine's greedy tokens, the quality that
+minillm.experiments.quant_quality measures)."""
 import math
 
 import pytest
 from conftest import APP, errors, figures
 
 from minillm import LLM, SamplingParams
+from minillm.experiments.quant_quality import Reference, heldout_windows
 from minillm.labkit import REAL_MODEL, real_model_installed
 from minillm.models.registry import PACKAGED_MODELS, resolve_model_path
-from minillm.quant.eval import Reference, heldout_windows
 from minillm_visualizer.quantization.run import REAL_WINDOW_TOKENS, REAL_WINDOWS
 from minillm_visualizer.serving.run import server
 from minillm_visualizer.speculative.run import SELF_DRAFT
@@ -80,7 +81,8 @@ def test_the_speculative_page_runs_prompt_lookup_on_the_real_model_and_keeps_its
 
 def test_the_quantization_page_measures_the_real_model_on_a_short_held_out_text(real):
     """int8 (one scale per row) barely moves SmolLM2's next-token distributions; the figures are
-    minillm.quant.eval's on the same windows, and the text side by side is the engines' own greedy output."""
+    minillm.experiments.quant_quality's on the same windows, and the text side by side is the engines' own greedy
+    output."""
     at = page("quantization/quantization.py", {"k_quant_model": REAL_MODEL, "k_quant_scheme": "int8"})
     assert not figures(at), "a real model is scored on a press, not as the page draws"
     assert any("Press **Measure int8**" in i.value for i in at.info)

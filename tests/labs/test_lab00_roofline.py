@@ -14,8 +14,8 @@ import torch
 
 from minillm.cache.contiguous import ContiguousKVCache
 from minillm.labkit import exercise
-from minillm.models.config import ModelConfig
 from minillm.models.llama import LlamaForCausalLM
+from minillm.models.model_config import ModelConfig
 
 EXERCISES = {"0.1": "matmul_cost", "0.2": "roofline_time", "0.3": "attention_cost", "0.4": "kv_cache_bytes",
              "0.5": "decode_step_cost", "0.6": "decode_tokens_per_s"}

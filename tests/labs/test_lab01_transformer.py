@@ -19,7 +19,7 @@ from transformers.models.llama import modeling_llama as hf_llama
 
 from minillm.labkit import exercise
 from minillm.labkit.fixtures import assert_close, checkpoint, one_thread, randn
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 
 EXERCISES = {"1.1": "rms_norm", "1.2": "rope_cos_sin", "1.3": "apply_rope", "1.4": "causal_gqa_attention",
              "1.5": "swiglu", "1.6": "decoder_block", "1.7": "transformer_forward"}

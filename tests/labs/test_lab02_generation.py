@@ -18,7 +18,7 @@ from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_components
 from minillm.layers.attention import AttentionContext
 from minillm.sampling import sample as reference_sample
-from minillm.state import RequestMetrics
+from minillm.sequence import RequestMetrics
 
 EXERCISES = {"2.1": "KVCache", "2.2": "forward_step", "2.3": "top_k_filter", "2.4": "top_p_filter",
              "2.5": "sample", "2.6": "generate", "2.7": "latency_metrics", "2.E": "your sampler in the real engine"}

@@ -9,15 +9,15 @@ from functools import cache
 import torch
 
 from minillm import LLM
-from minillm.cache import prefix as reference
+from minillm.arith import cdiv
+from minillm.cache import prefix_cache as reference
 from minillm.cache.allocator import BlockAllocator as ReferenceAllocator
-from minillm.cache.prefix import chain_hash
+from minillm.cache.prefix_cache import chain_hash
 from minillm.labkit import exercise
 from minillm.labkit.endtoend import check_against_reference
 from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_components
 from minillm.layers.attention import AttentionContext, causal_attention
-from minillm.utils import cdiv
 
 EXERCISES = {"3.1": "BlockAllocator", "3.2": "slot_mapping", "3.3": "paged_attention", "3.4": "block_hashes",
              "3.5": "match_prefix", "3.6": "EvictableBlocks", "3.E": "your parts in the real engine"}

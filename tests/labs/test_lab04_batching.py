@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from minillm.arith import cdiv
 from minillm.cache.block_manager import BlockTable
 from minillm.cache.paged import PagedCacheManager
 from minillm.engine import policy
@@ -21,10 +22,10 @@ from minillm.labkit import exercise
 from minillm.labkit.endtoend import check_against_reference
 from minillm.labkit.fixtures import one_thread
 from minillm.labkit.plug import lab_components
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.sampling import SamplingParams
-from minillm.state import Phase, ScheduledSeq, Sequence, SequenceStatus
-from minillm.utils import cdiv
+from minillm.sequence import Phase, Sequence, SequenceStatus
+from minillm.step import ScheduledSeq
 
 EXERCISES = {"4.1": "static_step", "4.2": "prefill_chunks", "4.3": "continuous_step", "4.4": "make_room",
              "4.5": "flatten_batch", "4.E": "your step policy in the real engine"}

@@ -3,7 +3,7 @@
 Oracles: minillm's codecs and quantized linear layer (minillm/quant/codecs.py, linear.py), whose
 formulas the exercises state, checked bit for bit where the formula fixes every rounding; fixed
 cases computed by hand (ties at .5, one-signed and constant groups, nibble order); the round-trip
-bound |w - dequant(w)| <= scale / 2; minillm's own sensitivity sweep (minillm/quant/sensitivity.py);
+bound |w - dequant(w)| <= scale / 2; minillm's own sensitivity sweep (minillm/experiments/quant_sensitivity.py);
 a brute-force search written here for the cancelling pairs; and for 6.E the real engine with the
 notebook's codecs against the engine with its own.
 """
@@ -19,14 +19,14 @@ import torch
 
 from minillm import LLM
 from minillm.config import Components
+from minillm.experiments.quant_quality import Quality, Reference
+from minillm.experiments.quant_sensitivity import layer_sensitivity as reference_layer_sensitivity
 from minillm.labkit import exercise
 from minillm.labkit.endtoend import check_against_reference
 from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_components
 from minillm.quant import QuantConfig, QuantizedLinear, codecs
-from minillm.quant.eval import Quality, Reference
-from minillm.quant.linear import int4_linear as reference_int4_linear
-from minillm.quant.sensitivity import layer_sensitivity as reference_layer_sensitivity
+from minillm.quant.quantized_linear import int4_linear as reference_int4_linear
 
 EXERCISES = {"6.1": "quantize_int8", "6.2": "quantize_int4", "6.3": "pack_int4", "6.4": "unpack_int4",
              "6.5": "int4_linear", "6.6": "layer_sensitivity", "6.7": "find_cancellations",

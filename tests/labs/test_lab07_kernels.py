@@ -22,11 +22,11 @@ import torch  # noqa: E402
 from triton.runtime.errors import InterpreterError  # noqa: E402
 
 from minillm import LLM, SamplingParams  # noqa: E402
+from minillm.kernels.fused_add_rmsnorm import rmsnorm_residual_spec  # noqa: E402
 from minillm.kernels.guard import Guarded, guarded, no_nan  # noqa: E402
 from minillm.kernels.int4_matmul import int4_linear_spec  # noqa: E402
 from minillm.kernels.matmul import matmul_spec  # noqa: E402
 from minillm.kernels.paged_decode import paged_decode_spec  # noqa: E402
-from minillm.kernels.rmsnorm import rmsnorm_residual_spec  # noqa: E402
 from minillm.kernels.softmax import softmax_spec  # noqa: E402
 from minillm.kernels.vector_add import vector_add_spec  # noqa: E402
 from minillm.labkit import exercise  # noqa: E402

@@ -31,9 +31,9 @@ from minillm.labkit.plug import calls, lab_components, lab_parts
 from minillm.perf.serving import RequestMetrics, RequestRecord, goodput, request_metrics
 from minillm.serve.admission import admit
 from minillm.serve.arrivals import arrival_times
+from minillm.serve.load_prompts import make_workload
 from minillm.serve.loadgen import run_load
 from minillm.serve.server import serve_in_thread
-from minillm.serve.workload import make_workload
 from minillm.structured import StructuredOutput
 
 xgr = pytest.importorskip("xgrammar")

@@ -1,10 +1,10 @@
 """Grader of lab 09, scaling out.
 
 Oracles: torch.tensor_split (shards), the unsharded SwiGLU MLP and the real model's layers, the
-engine's communication formulas (minillm/distributed/comm.py), the pool's own slots read one by one, and
+engine's communication formulas (minillm/tp/comm.py), the pool's own slots read one by one, and
 the engine's reference parts (minillm/router/policies.py's PrefixAware, the spec of the autoscaling rule
 written out here). For 9.E the learner's parts run inside the real pieces: a tensor-parallel shard of
-the bundled model (minillm/distributed/tp_model.py) on two ranks in threads, two engines' KV pools, the
+the bundled model (minillm/tp/tp_model.py) on two ranks in threads, two engines' KV pools, the
 cluster simulator and the router's replica picker.
 """
 import contextlib
@@ -18,20 +18,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minillm.distributed.parallel_linear as parallel_linear
+import minillm.tp.parallel_linear as parallel_linear
 from minillm import LLM, SamplingParams
-from minillm.distributed.comm import allreduce_bytes_per_token, ring_bytes_per_rank
-from minillm.distributed.tp_model import shard_model
 from minillm.labkit import exercise
 from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_parts
 from minillm.perf import PROFILES, model_shape
 from minillm.router.policies import PrefixAware, ReplicaView
-from minillm.router.state import RouterState
+from minillm.router.replica_state import RouterState
 from minillm.sim import SimRequest, StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, FleetState
 from minillm.sim.plan import summary
 from minillm.sim.workloads import agent_sessions
+from minillm.tp.comm import allreduce_bytes_per_token, ring_bytes_per_rank
+from minillm.tp.tp_model import shard_model
 
 EXERCISES = {"9.1": "shard_columns, shard_rows", "9.2": "tp_mlp_forward", "9.3": "pack_kv, unpack_kv",
              "9.4": "PrefixAware", "9.5": "autoscale_rule", "9.6": "allreduce_bytes_per_token",
@@ -359,7 +359,7 @@ def test_autoscale_rule_matches_the_spec_on_random_states(lab):
 def test_allreduce_bytes_match_the_engines_formulas(lab):
     """for the public model shapes and 40 seeded ones (hidden 8 to 16384, 1 to 120 layers), world 1 to 16 and
     1-, 2- or 4-byte values: the ring bytes per rank of the engine's per-token all-reduce payload
-    (minillm/distributed/comm.py)"""
+    (minillm/tp/comm.py)"""
     rng = random.Random(906)
     shapes = [(name, model_shape(name)) for name in ("SmolLM2-135M", "Qwen2.5-0.5B", "Llama-3.1-8B", "Llama-3.1-70B",
                                                      "tiny")]
@@ -427,7 +427,7 @@ def learner_shards(parts: dict):
 
 @exercise("9.E", timeout=120)
 def test_your_shards_build_a_real_tensor_parallel_model(lab):
-    ("tiny sharded over 2 ranks by the engine's tensor-parallel model (minillm/distributed/tp_model.py) with your "
+    ("tiny sharded over 2 ranks by the engine's tensor-parallel model (minillm/tp/tp_model.py) with your "
      "shard_columns and shard_rows, the ranks running in two threads with a real all-reduce between them: "
      "the logits of a 12-token prompt equal the unsharded model's, after 2 all-reduces per layer")
     parts = lab_parts(lab, "09")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from minillm.labkit.cell_loader import load_notebook
 from minillm.labkit.grading import graded_tests, grader_module, property_of, run_graded
-from minillm.labkit.loader import load_notebook
 from minillm.labkit.notebook import lab_sources, learner_copy, read_source, to_json
 from minillm.testing import give_memory_back
 

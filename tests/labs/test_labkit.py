@@ -13,8 +13,8 @@ import pytest
 
 from minillm.labkit import check
 from minillm.labkit.build import build, fresh
+from minillm.labkit.cell_loader import load_notebook
 from minillm.labkit.grading import graded_tests, grader_module, run_graded
-from minillm.labkit.loader import load_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB00 = next((ROOT / "solutions").glob("lab00_*.ipynb"))

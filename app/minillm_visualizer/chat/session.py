@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from minillm import EngineConfig, SamplingParams
+from minillm.arith import cdiv
 from minillm.chat_template import ChatTemplate
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import resolve_model_path
-from minillm.state import KVStats
-from minillm.utils import cdiv
+from minillm.step import KVStats
 from minillm_visualizer.shared.engines import build_engine
 
 CONTEXT = 1024  # tokens a conversation may reach (the model's own context when it is shorter)

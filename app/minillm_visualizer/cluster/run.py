@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from minillm import EngineConfig
+from minillm.arith import cdiv
 from minillm.perf import PROFILES, kv_bytes_per_token, model_shape, param_count
 from minillm.perf.serving import percentile, request_metrics
 from minillm.sim import StepProfile, simulate
@@ -30,7 +31,6 @@ from minillm.sim.calibrate import (
 from minillm.sim.fleet_replay import replay_fleet
 from minillm.sim.plan import predict, records, summary
 from minillm.sim.workloads import agent_sessions
-from minillm.utils import cdiv
 from minillm_visualizer.shared.engines import build_engine
 
 THIS_MACHINE = "This machine (measured)"

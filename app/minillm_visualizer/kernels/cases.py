@@ -93,7 +93,7 @@ def run_case(kernel: str, v: dict[str, int]) -> CaseRun:
         out, launches = record(lambda: vector_add(x, y, block=v["block"]))
         ref, spec = vector_add_spec(x, y), "vector_add_spec"
     elif kernel == "RMSNorm":
-        from minillm.kernels.rmsnorm import rmsnorm_residual, rmsnorm_residual_spec
+        from minillm.kernels.fused_add_rmsnorm import rmsnorm_residual, rmsnorm_residual_spec
         args = (r(v["rows"], v["hidden"]), r(v["rows"], v["hidden"]), r(v["hidden"]), 1e-5)
         (out, _), launches = record(lambda: rmsnorm_residual(*args))
         ref, spec = rmsnorm_residual_spec(*args)[0], "rmsnorm_residual_spec"

@@ -14,7 +14,7 @@ SIZES = {"vector add": "2^26 elements", "RMSNorm": "8192 x 4096", "softmax": "81
 def _case(kernel: str, device: torch.device):
     """-> (the kernel as a call, its torch reference as a call, bytes it must move at least, FLOPs)"""
     from minillm.bench.kernels import paged_case
-    from minillm.kernels import int4_matmul, matmul, paged_decode, rmsnorm, softmax, vector_add
+    from minillm.kernels import fused_add_rmsnorm, int4_matmul, matmul, paged_decode, softmax, vector_add
     from minillm.quant import codecs
     bf = torch.bfloat16
     r = lambda *shape: torch.randn(*shape, device=device, dtype=bf)  # noqa: E731
@@ -24,7 +24,8 @@ def _case(kernel: str, device: torch.device):
     if kernel == "RMSNorm":
         a, res, w = r(8192, 4096), r(8192, 4096), r(4096)
         args = (a, res, w, 1e-5)
-        return (partial(rmsnorm.rmsnorm_residual, *args), partial(rmsnorm.rmsnorm_residual_spec, *args),
+        return (partial(fused_add_rmsnorm.rmsnorm_residual, *args),
+                partial(fused_add_rmsnorm.rmsnorm_residual_spec, *args),
                 4 * a.numel() * 2, 0)
     if kernel == "softmax":
         s = r(8192, 4096)

@@ -1,7 +1,7 @@
 """Plotly figures of the live engine: the memory gauge, latency and throughput."""
 import plotly.graph_objects as go
 
-from minillm.state import KVStats
+from minillm.step import KVStats
 from minillm_visualizer.shared.engine_run import SampleView, StepRecord
 from minillm_visualizer.shared.style import CACHED, FREE, MIB
 

@@ -2,9 +2,9 @@
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from minillm.arith import cdiv
 from minillm.bench.memory import concurrency, contiguous_waste, paged_waste
-from minillm.bench.workload import Request
-from minillm.utils import cdiv
+from minillm.bench.synthetic_traffic import Request
 from minillm_visualizer.shared.engine_run import SampleView, StepRecord
 from minillm_visualizer.shared.style import CACHED, FREE
 

@@ -5,7 +5,7 @@ import math
 
 import plotly.graph_objects as go
 
-from minillm.quant.config import LAYER_PROJECTIONS
+from minillm.quant.quant_config import LAYER_PROJECTIONS
 from minillm_visualizer.shared.style import BOX, FREE, MIB
 
 WEIGHTS, KV = "#4c72b0", "#55a868"

@@ -5,7 +5,7 @@ import streamlit as st
 from minillm.labkit.plug import LabPartError
 from minillm.quant import PROJECTIONS, SCHEMES
 from minillm.quant.codecs import FP8_DTYPE
-from minillm.quant.config import LAYER_PROJECTIONS, QuantConfig
+from minillm.quant.quant_config import LAYER_PROJECTIONS, QuantConfig
 from minillm_visualizer.quantization.charts import LEGEND, budget_chart, parted_text, sensitivity_heatmap
 from minillm_visualizer.quantization.run import (
     engine_config,

@@ -13,16 +13,16 @@ import streamlit as st
 import torch
 
 from minillm import EngineConfig, SamplingParams
+from minillm.arith import cdiv
 from minillm.cache.pool import block_bytes
 from minillm.config import Components
 from minillm.engine.engine import LLMEngine
-from minillm.models.config import ModelConfig
+from minillm.experiments.quant_quality import Quality, Reference, heldout_windows
+from minillm.experiments.quant_sensitivity import quantized_copy, sensitivity_grid
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from minillm.quant import QuantConfig, linear_weight_bytes
-from minillm.quant.config import LAYER_PROJECTIONS
-from minillm.quant.eval import Quality, Reference, heldout_windows
-from minillm.quant.sensitivity import quantized_copy, sensitivity_grid
-from minillm.utils import cdiv
+from minillm.quant.quant_config import LAYER_PROJECTIONS
 from minillm_visualizer.shared.engines import load_weights
 from minillm_visualizer.shared.sizing import is_real
 

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from minillm import EngineConfig
+from minillm.arith import cdiv
 from minillm.models.registry import bundled_models
 from minillm.perf import (
     PROFILES,
@@ -20,7 +21,6 @@ from minillm.perf import (
     prefill_cost,
 )
 from minillm.perf.shapes import shape_names
-from minillm.utils import cdiv
 from minillm_visualizer.shared.controls import intro
 from minillm_visualizer.shared.engines import build_engine
 from minillm_visualizer.shared.roofline_chart import roofline_chart

@@ -26,9 +26,9 @@ from minillm.labkit.plug import lab_components, lab_parts
 from minillm.perf.serving import RequestRecord, summarize
 from minillm.serve import ServerHandle, serve_in_thread
 from minillm.serve.arrivals import arrival_times
+from minillm.serve.load_prompts import make_workload
 from minillm.serve.loadgen import run_load
 from minillm.serve.sse import parse_sse
-from minillm.serve.workload import make_workload
 from minillm_visualizer.shared.engines import build_engine
 
 SCRAPE_EVERY_S = 0.5

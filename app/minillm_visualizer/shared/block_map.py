@@ -5,7 +5,7 @@ import math
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from minillm.state import KVStats
+from minillm.step import KVStats
 from minillm_visualizer.shared.style import CACHED, FREE, SHARED
 
 PALETTE = qualitative.Set2 + qualitative.Pastel1 + qualitative.Set3

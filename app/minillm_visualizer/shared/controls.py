@@ -5,7 +5,7 @@ import torch
 
 from minillm import EngineConfig
 from minillm.cache.pool import block_bytes
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from minillm_visualizer.shared.engine_run import EngineRun
 from minillm_visualizer.shared.engines import app_models, build_engine

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from minillm import SamplingParams
 from minillm.engine.engine import LLMEngine
 from minillm.outputs import StreamChunk
-from minillm.state import KVStats, StepEvent
+from minillm.step import KVStats, StepEvent
 
 
 @dataclass

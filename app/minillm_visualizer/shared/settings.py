@@ -9,10 +9,10 @@ import torch
 
 import minillm
 from minillm import EngineConfig, SamplingParams
-from minillm.bench.workload import chat_workload
+from minillm.bench.synthetic_traffic import chat_workload
 from minillm.cache.pool import block_bytes
 from minillm.config import Components
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from minillm.tokenizer import Tokenizer
 from minillm_visualizer.shared.engine_run import RequestSpec

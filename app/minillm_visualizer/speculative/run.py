@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minillm import EngineConfig, SamplingParams
+from minillm.arith import cdiv
 from minillm.config import Components, SpeculativeConfig
 from minillm.engine.engine import LLMEngine
-from minillm.models.config import ModelConfig
+from minillm.models.model_config import ModelConfig
 from minillm.models.registry import resolve_model_path
 from minillm.speculative.draft import check_same_vocabulary, quantized_self_draft
 from minillm.speculative.heads import HEADS_FILE
 from minillm.speculative.speculator import SpecStats
 from minillm.speculative.theory import expected_tokens_per_forward
-from minillm.state import StepEvent, Verification
+from minillm.step import StepEvent, Verification
 from minillm.tokenizer import Tokenizer
-from minillm.utils import cdiv
 from minillm_visualizer.shared.sizing import is_real, sequence_bound
 
 _FUNCTION = '''def count_words(text):
