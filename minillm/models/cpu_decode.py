@@ -8,12 +8,12 @@ allocator. Each is a few microseconds; a layer makes about ten, and a step thirt
 step, the largest part of what kept decode under 90% of its bare loop of products. llama.cpp runs a step as a
 compiled graph and pays none of it.
 
-Here the same C++ operators run in the same order, inside one call a layer: the hidden states are equal to the bit
-to the layer's own path (tests/models/test_cpu_decode.py), which stays the reference and runs everywhere else. Its
-products are the ones the layer's modules would take: the few-row float32 product, or a quantized layer's own int8 / int4
-kernel (quant/fused_matvec.cpp, called by address). It applies to a step of 1 to cpu_ops.MAX_ROWS rows (fused.MAX_ROWS
-where a layer is quantized), each a decode token on the paged pool's C++ kernel (one of a sequence's, or a few
-consecutive ones: a speculative verification, a short prompt; the context says so:
+Here the same C++ operators run in the same order, inside one call a layer: the hidden states are equal to the bit to
+the layer's own path (tests/models/test_cpu_decode.py), which stays the reference and runs everywhere else. Its
+products are the ones the layer's modules would take: the few-row float32 product, or a quantized layer's own int8 /
+int4 kernel (quant/fused_matvec.cpp, called by address). It applies to a step of 1 to cpu_ops.MAX_ROWS rows
+(fused.MAX_ROWS where a layer is quantized), each a decode token on the paged pool's C++ kernel (one of a sequence's,
+or a few consecutive ones: a speculative verification, a short prompt; the context says so:
 `AttentionContext.cpu_decode_rows`), float32 on a CPU, without autograd or torch.compile, on layers built of the plain
 modules (an fp8, tensor-parallel or otherwise replaced layer runs its own path). On SmolLM2 it took batch-1 decode
 from 89% to 99-101% of its bare loop of products, and a verification of 4 draft tokens from 60 to 52 ms (one thread,
