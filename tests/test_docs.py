@@ -40,6 +40,17 @@ def anchors(page: Path) -> set[str]:
     return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h).strip().lower()) for h in headings}
 
 
+def test_the_design_page_names_every_layer_of_the_import_contract():
+    """docs/design.md's table of layers is the `layers` contract of pyproject.toml, in the same order: a layer
+    added, removed or moved in the contract must be so on the page too."""
+    import tomllib
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["id"] == "layers")["layers"]
+    rows = [line for line in (ROOT / "docs" / "design.md").read_text().splitlines() if line.startswith("| `")]
+    named = [re.findall(r"`(\w+)`", row.split("|")[1]) for row in rows]
+    assert named == [[name.strip() for name in layer.split("|")] for layer in layers]
+
+
 def test_the_readme_stays_within_200_lines_and_shows_a_picture():
     lines = README.read_text().splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; keep it to 200 and move the rest into docs/"

@@ -1,6 +1,6 @@
 """Serving metrics from a load test's per-request records: TTFT, TPOT, ITL, E2E and goodput.
 
-The definitions of vLLM's serving benchmark (DESIGN.md section 6), for one request sent at
+The definitions of vLLM's serving benchmark (docs/design.md, Measuring), for one request sent at
 `start` whose streamed chunks arrived at times c_1 < c_2 < ... < c_m and which ended at `end`:
 
     TTFT = c_1 - start                        time to first token: queueing + prefill
