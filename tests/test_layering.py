@@ -115,3 +115,22 @@ def test_nothing_outside_the_engine_reads_its_internals():
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in outside
             for i, line in enumerate(p.read_text().splitlines(), 1) if INTERNALS.search(line)]
     assert not hits, "\n".join(hits)
+
+
+def test_no_two_modules_share_a_file_name():
+    """A name says one thing: `spec.py` cannot be a benchmark in one folder and a grammar in another. Package
+    markers (`__init__.py`, `__main__.py`) aside, every source file of the package has a name of its own."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*"):
+        if path.suffix in (".py", ".cpp", ".h") and path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not shared, f"file names used twice or more: {shared}"
+
+
+def test_the_tests_mirror_the_package():
+    """tests/NAME/ holds the tests of minillm/NAME/ (tests/labs and tests/app: the labs and the visualizer,
+    which live outside the package); the tests of minillm's top-level modules sit in tests/ itself."""
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    strays = folders - {p.name for p in PACKAGE.iterdir() if p.is_dir()} - {"labs", "app"}
+    assert not strays, f"test folders with no package folder of that name: {sorted(strays)}"
