@@ -222,6 +222,6 @@ class EngineThread:
         self.snapshot = self._snapshot()
 
     def _snapshot(self) -> Snapshot:
-        engine = self.engine
-        return Snapshot(engine.view.kv_stats(), engine.view.num_waiting, engine.view.num_running, self._taken,
-                        engine.view.num_waiting_seqs, self._taken_seqs)
+        view = self.engine.view
+        return Snapshot(view.kv_stats(), view.num_waiting, view.num_running, self._taken, view.num_waiting_seqs,
+                        self._taken_seqs)
