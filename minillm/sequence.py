@@ -164,7 +164,8 @@ class EngineRequest:
 
 class PrefilledPrompt(NamedTuple):
     """A request whose prompt one engine computed, on its way to another that decodes it
-    (LLMEngine.hand_off -> LLMEngine.add_prefilled; disagg/handoff.py moves it between processes)."""
+    (engine.handoff.give -> engine.handoff.take: engine/prefill_handoff.py; disagg/handoff.py moves it
+    between processes)."""
     prompt_ids: list[int]
     first_tokens: list[int]                        # per sample: the token sampled after the prompt
     kv: Any                                        # the prompt's K/V, as the caller's pack returned them

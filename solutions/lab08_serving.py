@@ -618,7 +618,7 @@ check("8.8")
 # Every call of an agent session starts with the whole previous call, so the prefix cache could
 # skip all of it: if the blocks are still in the pool. While the agent waits for its tool, other
 # sessions' calls fill the pool and evict them, and the next call computes its long prompt again.
-# A second tier (`llm.engine.attach_offload("host", capacity)`, `minillm/cache/offload.py`)
+# A second tier (`llm.engine.kv_offload.attach("host", capacity)`, `minillm/cache/offload.py`)
 # keeps those blocks in host memory: the harness moves a waiting session's blocks out
 # (`offload=True`) and the next call copies them back instead of recomputing them. Below, six
 # seeded sessions with your breaker share a small pool, once without and once with the tier. Read
@@ -633,7 +633,7 @@ sessions = agent_workload(corpus, num_sessions=6, seed=0, system_tokens=48, task
 for offload in (False, True):
     engine = LLM("tiny", num_kv_blocks=24, block_size=8, max_num_seqs=4)
     if offload:
-        engine.engine.attach_offload("host", capacity=256)
+        engine.engine.kv_offload.attach("host", capacity=256)
     run = run_sessions(engine, sessions, max_tokens=4, offload=offload,
                        breaker=lambda: LoopBreaker(max_calls=6, max_tokens=2_000, repeat_window=3, max_repeats=3))
     later = run.followups()

@@ -107,8 +107,8 @@ INTERNALS = re.compile(r"\.(scheduler|cache_manager)\.|(?<!minillm\.)\bengine\.(
 
 
 def test_nothing_outside_the_engine_reads_its_internals():
-    """The app, benchmarks, labs, tests and the rest of the package use StepEvents and the
-    engine's public methods (kv_stats, sequences, num_waiting, ...), not its scheduler or cache."""
+    """The app, benchmarks, labs, tests and the rest of the package use StepEvents and the engine's
+    public faces (engine.view, engine.kv_offload, engine.handoff), not its scheduler or cache."""
     outside = [p for p in ROOT.glob("**/*.py") if ".venv" not in p.parts and "negatives" not in p.parts
                and not p.is_relative_to(PACKAGE / "engine") and not p.is_relative_to(PACKAGE / "cache")
                and p != Path(__file__)]

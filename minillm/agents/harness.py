@@ -5,7 +5,7 @@ fill the pool. The loop, on the wall clock:
 
     sessions whose tool finished submit their next call -> engine.step() -> each finished call:
     record TTFT and prefix hits, ask the breaker, then (offload=True) move the session's cached
-    blocks to the second tier with engine.offload_prefix, and wait for the tool
+    blocks to the second tier with engine.kv_offload.offload_prefix, and wait for the tool
 
 A session ends after its planned calls, when the breaker says stop, or when its next prompt
 would no longer fit the model's context ("context"). Nothing is held after a run: a finished
@@ -38,7 +38,7 @@ class CallRecord:
 class AgentRun:
     calls: list[CallRecord] = field(default_factory=list)
     stop_reasons: dict[int, str] = field(default_factory=dict)  # session id -> why it ended
-    blocks_offloaded: int = 0  # blocks engine.offload_prefix freed in the pool
+    blocks_offloaded: int = 0  # blocks engine.kv_offload.offload_prefix freed in the pool
     seconds: float = 0.0
 
     def followups(self) -> list[CallRecord]:
@@ -77,7 +77,7 @@ def run_sessions(llm, workload: AgentWorkload, max_tokens: int = 8, breaker: Cal
             if state.request_id is None and state.ready_at <= now:
                 state.request_id = engine.add_request(state.prompt, params, request_id=f"s{sid}c{state.call}")
                 owner[state.request_id] = sid
-        if not engine.has_unfinished():  # every live session waits for its tool
+        if not engine.view.has_unfinished():  # every live session waits for its tool
             time.sleep(max(0.0, min(s.ready_at for s in live.values()) - time.perf_counter()))
             continue
         for chunk in engine.step():
@@ -110,7 +110,7 @@ def _next_call(engine, state: _Live, session, out, params: SamplingParams, offlo
     if reason is not None:
         return reason
     if offload:
-        run.blocks_offloaded += engine.offload_prefix(full)
+        run.blocks_offloaded += engine.kv_offload.offload_prefix(full)
     state.ready_at = time.perf_counter() + session.pauses[state.call]
     state.prompt, state.previous, state.call, state.request_id = prompt, len(full), state.call + 1, None
     return None

@@ -29,7 +29,7 @@ CONTEXT = 256  # tokens a session may grow to: sessions end ("context") sooner, 
 def measure(llm: LLM, workload, max_tokens: int, offload_blocks: int | None, bar) -> dict:
     llm.generate([list(range(1, 9))], SamplingParams(max_tokens=2), use_tqdm=False)  # warm up (no full block)
     if offload_blocks:
-        llm.engine.attach_offload("host", offload_blocks)
+        llm.engine.kv_offload.attach("host", offload_blocks)
     run = run_sessions(llm, workload, max_tokens=max_tokens, offload=bool(offload_blocks),
                        on_call=lambda _: bar.update())
     follow = run.followups()
@@ -38,12 +38,12 @@ def measure(llm: LLM, workload, max_tokens: int, offload_blocks: int | None, bar
     for c in run.calls:
         footprint[c.session_id] = max(footprint.get(c.session_id, 0), c.prompt_tokens // BLOCK_SIZE)
     whole = [c.cached_tokens >= (c.previous_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE for c in follow]
-    tier = llm.engine.offload_stats() or {"bytes_moved": 0, "seconds_moving": 0.0, "blocks": 0}
+    tier = llm.engine.kv_offload.stats() or {"bytes_moved": 0, "seconds_moving": 0.0, "blocks": 0}
     return {"calls": len(run.calls), "ttft_median_ms": statistics.median(ttfts), "ttft_p90_ms": percentile(ttfts, 90),
             "hit_rate": sum(c.cached_tokens for c in follow) / sum(c.prompt_tokens for c in follow),
             "whole_prefix_share": sum(whole) / len(whole), "bytes_moved": tier["bytes_moved"],
             "seconds_moving": tier["seconds_moving"], "tier_blocks": tier["blocks"],
-            "pool_used_after": llm.engine.kv_stats().used_blocks, "seconds": run.seconds,
+            "pool_used_after": llm.engine.view.kv_stats().used_blocks, "seconds": run.seconds,
             "footprint_blocks": statistics.mean(footprint.values())}
 
 

@@ -37,7 +37,7 @@ def measure(llm: LLM, prompts: list[list[int]], new_tokens: int, bar) -> dict:
         bar.update()
     ttfts = [o.metrics["ttft"] for o in outs[1:]]  # the first request only fills the cache
     return {"prompt_tokens": sum(map(len, prompts)), "computed_prompt_tokens": sum(computed),
-            "ttft_median_ms": statistics.median(ttfts) * 1e3, "hit_rate": llm.engine.kv_stats().prefix_hit_rate,
+            "ttft_median_ms": statistics.median(ttfts) * 1e3, "hit_rate": llm.engine.view.kv_stats().prefix_hit_rate,
             "outputs": [o.token_ids for o in outs]}
 
 

@@ -83,7 +83,7 @@ def run_minillm(model: str, prompts, workload, observer=None, metrics: list | No
     if metrics is not None:
         metrics.extend(o.metrics for o in outs)
     if preemptions is not None:
-        preemptions.append(llm.engine.num_preemptions)
+        preemptions.append(llm.engine.view.num_preemptions)
     return sum(len(o.token_ids) for o in outs) / elapsed, [o.token_ids for o in outs]
 
 
@@ -156,14 +156,14 @@ def decode_sweep(model: str, batches: tuple[int, ...], context: int = 64, steps:
         for i in range(b):
             engine.add_request(list(range(10 + i, 10 + i + context)),
                                SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True))
-        while engine.num_waiting or any(s.num_output_tokens == 0 for s in engine.sequences()):
+        while engine.view.num_waiting or any(s.num_output_tokens == 0 for s in engine.view.sequences()):
             engine.step()  # the prefills
         times = []
         for _ in range(steps):
             start = time.perf_counter()
             engine.step()
             times.append(time.perf_counter() - start)
-        while engine.has_unfinished():
+        while engine.view.has_unfinished():
             engine.step()
         step = statistics.median(times)
         rows.append({"batch": b, "step ms": step * 1e3, "tok/s": b / step,

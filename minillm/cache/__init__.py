@@ -34,5 +34,5 @@ def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtyp
                                 cpu_decode=config.cpu_decode_kernel and config.tensor_parallel_size == 1,
                                 cpu_layers=config.cpu_decode_layers)
     if config.kv_offload is not None:
-        manager.attach_offload(config.kv_offload, config.kv_offload_blocks, config.kv_offload_dir)
+        manager.offload.attach(config.kv_offload, config.kv_offload_blocks, config.kv_offload_dir)
     return manager

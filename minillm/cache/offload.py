@@ -15,16 +15,49 @@ moves only the blocks that call added. It holds `capacity` blocks, least recentl
 
 Each slot holds one block's K and V for every layer:
     slots: [capacity, 2, layers, block_size, kv_heads, head_dim]   (index 0: K, 1: V)
+
+KVOffload is the tier's one public handle on a paged cache (LLMEngine.kv_offload): attach a tier,
+move a prefix to it, read its counters.
 """
+from __future__ import annotations
+
 import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from minillm.config import OFFLOAD_KINDS
+
+if TYPE_CHECKING:  # the block manager imports this module: the names are for annotations only
+    from minillm.cache.block_manager import BlockManager
+    from minillm.cache.pool import PagedKVPool
+
+
+class KVOffload:
+    """A paged cache's second tier, as its callers drive it: attach(kind, capacity) gives the pool a
+    tier (prompts restore their prefix from it where the pool's match ends, evicted cached blocks
+    are saved to it), offload_prefix moves a prefix there, stats reads its counters."""
+    def __init__(self, blocks: BlockManager, pool: PagedKVPool) -> None:
+        self._blocks, self._pool = blocks, pool
+
+    def attach(self, kind: str, capacity: int, directory: str | None = None) -> None:
+        """A tier of `capacity` blocks: "host" (CPU memory) or "disk" (a file in `directory`)."""
+        self._blocks.tier = OffloadStore(self._pool, kind, capacity, directory)
+
+    def offload_prefix(self, token_ids: list[int]) -> int:
+        """Move the pool's cached blocks of this prefix to the tier (an agent waiting on a tool): its
+        next call restores them. -> blocks freed in the pool."""
+        if self._blocks.tier is None:
+            raise ValueError("this paged cache has no offload tier: call kv_offload.attach(kind, capacity) first")
+        return self._blocks.offload(token_ids)
+
+    def stats(self) -> dict | None:
+        """The tier's blocks, bytes, offloads, restores, misses and seconds moving; None without one."""
+        return None if self._blocks.tier is None else self._blocks.tier.stats()
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch
 
 from minillm.arith import cdiv
 from minillm.cache.block_manager import BlockManager, BlockTable
-from minillm.cache.offload import OffloadStore
+from minillm.cache.offload import KVOffload
 from minillm.cache.pool import PagedKVPool, block_bytes
 from minillm.config import CacheKind, Components
 from minillm.kernels import paged_decode_cpu
@@ -119,20 +119,7 @@ class PagedCacheManager:
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.bytes_per_block = block_bytes(cfg, block_size, dtype)
         self.decode_group = decode_group
-
-    def attach_offload(self, kind: str, capacity: int, directory: str | None = None) -> None:
-        """A second tier for cached blocks (cache/offload.py): prompts restore their prefix from it
-        where the pool's match ends, and evicted cached blocks are saved to it."""
-        self.blocks.tier = OffloadStore(self.pool, kind, capacity, directory)
-
-    def offload_prefix(self, token_ids: list[int]) -> int:
-        """Move the pool's cached blocks of this prefix to the second tier. -> blocks freed in the pool."""
-        if self.blocks.tier is None:
-            raise ValueError("this paged cache has no offload tier: call attach_offload(kind, capacity) first")
-        return self.blocks.offload(token_ids)
-
-    def offload_stats(self) -> dict | None:
-        return None if self.blocks.tier is None else self.blocks.tier.stats()
+        self.offload = KVOffload(self.blocks, self.pool)  # a second tier, once attached (cache/offload.py)
 
     def blocks_needed(self, prompt_len: int, total_len: int, n: int) -> int:
         """Most blocks a request can hold: its n samples share the prompt's full blocks."""

@@ -68,7 +68,7 @@ def serve_prefill(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
     sender = HandoffSender()
     send(conn, ("ready",))
     while True:
-        if not engine.has_unfinished():
+        if not engine.view.has_unfinished():
             conn.poll(None)  # idle: sleep until the facade writes (EOF raises in recv)
         while conn.poll():
             message = receive(conn)
@@ -90,7 +90,7 @@ def serve_prefill(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
             if any(c.request is not None for c in chunks):  # every sample stopped at its first token
                 send(conn, ("chunks", chunks))
                 continue
-            prefilled = engine.hand_off(rid, pack_kv)
+            prefilled = engine.handoff.give(rid, pack_kv)
             # this record first: the facade reads it when the decode worker reports the K/V's arrival (disagg.py)
             send(conn, ("handoff", int(rid), {"sent_sha256": digest(prefilled.kv)} if check_kv else {}))
             sender.put(int(rid), prefilled)
@@ -102,7 +102,7 @@ def serve_decode(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
     pending: deque = deque()  # handoffs received, waiting for room in the pool
     send(conn, ("ready",))
     while True:
-        arrived = receiver.get(timeout=0 if engine.has_unfinished() or pending else IDLE_POLL)
+        arrived = receiver.get(timeout=0 if engine.view.has_unfinished() or pending else IDLE_POLL)
         while conn.poll():  # after the wire: a request is announced here before its prompt reaches prefill
             message = receive(conn)
             if message[0] == "stop":
@@ -122,7 +122,7 @@ def serve_decode(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
                 continue
             prompt, params = requests[number]
             unpack = _checked(unpack_kv, record) if check_kv else unpack_kv
-            chunks = engine.add_prefilled(prefilled, params, str(number), unpack,
+            chunks = engine.handoff.take(prefilled, params, str(number), unpack,
                                           prompt=prompt if isinstance(prompt, str) else None)
             if chunks is None:
                 break  # no room yet: it waits for running sequences to finish
@@ -130,7 +130,7 @@ def serve_decode(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
             del requests[number]
             send(conn, ("handoff", number, record))
             send(conn, ("chunks", chunks))
-        if engine.has_unfinished():
+        if engine.view.has_unfinished():
             chunks = engine.step()
             if chunks:
                 send(conn, ("chunks", chunks))

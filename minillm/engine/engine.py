@@ -1,8 +1,8 @@
-"""LLMEngine: the engine core's step loop, and the engine's public face.
+"""LLMEngine: the engine core: requests in, the step loop, chunks out.
 
     engine = LLMEngine(EngineConfig(model="tiny"))
     engine.add_request("def fib(n):", SamplingParams(max_tokens=20))
-    while engine.has_unfinished():
+    while engine.view.has_unfinished():
         for chunk in engine.step():
             print(chunk.text, end="")
 
@@ -12,42 +12,47 @@ its decoding strategy verify proposals (decoding.py: plain, or speculative), sam
 and advances the sequences. The output processor (output_processor.py) turns the tokens into
 text, stops and outputs. The model itself is set up by model_setup.py.
 
-Synchronous on purpose: every step is one visible, testable unit of work. Observers (the
-visualizer, benchmarks) read the engine through its StepEvents and the public methods below.
+Synchronous on purpose: every step is one visible, testable unit of work. The core keeps only what
+makes steps happen; three parts beside it are its other faces. `view` (engine_view.py) reads the
+queues and the KV pool: observers (the visualizer, benchmarks) read the engine through it and the
+StepEvents. `kv_offload` is the paged cache's second tier (cache/offload.py); `handoff`
+(prefill_handoff.py) moves a computed prompt between engines, for disaggregated serving.
 """
 import functools
 import time
-from collections.abc import Callable
 
 import torch
 
-from minillm.arith import cdiv
 from minillm.cache import make_cache_manager
-from minillm.config import CacheKind, EngineConfig
+from minillm.cache.offload import KVOffload
+from minillm.config import EngineConfig
 from minillm.engine.decoding import Decoding, PlainDecoding
-from minillm.engine.input_processor import InputProcessor
+from minillm.engine.engine_view import EngineView
+from minillm.engine.input_processor import InputProcessor, ServedModel
 from minillm.engine.model_setup import setup_model
 from minillm.engine.output_processor import OutputProcessor
+from minillm.engine.prefill_handoff import PrefillHandoff
 from minillm.engine.runner import ModelRunner
 from minillm.engine.sampler import Sampler, first_rows
 from minillm.engine.scheduler import Scheduler
 from minillm.models.model_config import ModelConfig
 from minillm.models.registry import resolve_model_path
-from minillm.outputs import Completion, StreamChunk
+from minillm.outputs import StreamChunk
 from minillm.sampling import SamplingParams
-from minillm.sequence import EngineRequest, PrefilledPrompt, Sequence
+from minillm.sequence import EngineRequest
 from minillm.speculative.proposers import make_proposer
 from minillm.speculative.speculator import Speculator
 from minillm.speculative.target import ProposerTarget
-from minillm.step import KVStats, ScheduledSeq, ScheduledWork, SequenceSnapshot, StepEvent, Verification
+from minillm.step import ScheduledSeq, ScheduledWork, StepEvent, Verification
 from minillm.tokenizer import Tokenizer
 from minillm.tp.driver import TensorParallelDriver
 
 
 class LLMEngine:
-    """The engine: requests in (add_request), one step at a time (step), chunks out. It owns the input
+    """The engine core: requests in (add_request), one step at a time (step), chunks out. It owns the input
     processor, the scheduler, the cache, the model runner, the decoding strategy, the sampler and the output
-    processor, and tells its observers (subscribe) a StepEvent after every step."""
+    processor, and tells its observers (subscribe) a StepEvent after every step. Each part receives the
+    config and the parts it reads. Its other faces: view, kv_offload, handoff."""
     def __init__(self, config: EngineConfig, model: torch.nn.Module | None = None) -> None:
         """model: weights already loaded from config.model (on config's device and dtype), to
         share one copy between engines with different knobs; None loads them."""
@@ -70,12 +75,14 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention, config.compile_decode)
         self.speculator = None if config.speculative is None else self._speculator()
         self.decoding: Decoding = self.speculator or PlainDecoding()
-        speculative = config.speculative is not None
-        self.input_processor = InputProcessor(self.tokenizer, self.model_dir, self.model_config.vocab_size,
-                                              self.eos_token_ids, self.max_model_len, self.cache, self.device,
-                                              config.seed, speculative, self.scheduler.max_num_seqs)
-        self.sampler = Sampler(config.components)
-        self.output_processor = OutputProcessor(self.scheduler.finish, speculative)
+        served = ServedModel(self.model_dir, self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
+                             self.max_model_len)
+        self.input_processor = InputProcessor(config, served, self.cache, self.scheduler)
+        self.sampler = Sampler(config)
+        self.output_processor = OutputProcessor(config, self.scheduler.finish)
+        self.view = EngineView(self.scheduler, self.cache)
+        self.handoff = PrefillHandoff(config, self.cache, self.scheduler, self.input_processor,
+                                      self.output_processor, self.abort)
         self._observers = []
         self.last_step_timings: dict[str, float] = {}  # seconds per phase of the latest step (see _record)
         self.num_steps = 0
@@ -115,134 +122,22 @@ class LLMEngine:
         self.output_processor.forget(request_id)
         return bool(self.scheduler.abort(request_id))
 
-    # -- KV offload (cache/offload.py): a second tier for the blocks of agents waiting on tools --
-    def attach_offload(self, kind: str, capacity: int, directory: str | None = None) -> None:
-        """Give the pool a second tier of `capacity` blocks, "host" (CPU memory) or "disk" (a file
-        in `directory`): prompts restore their prefix from it, evicted cached blocks go to it."""
-        self._offload_cache().attach_offload(kind, capacity, directory)
-
-    def offload_prefix(self, token_ids: list[int]) -> int:
-        """Move the pool's cached blocks of this prefix to the tier (an agent waiting on a tool):
-        its next call restores them. -> blocks freed in the pool."""
-        return self._offload_cache().offload_prefix(token_ids)
-
-    def offload_stats(self) -> dict | None:
-        """The tier's blocks, bytes, offloads, restores, misses and seconds moving; None without one."""
-        return self._offload_cache().offload_stats()
-
-    def _offload_cache(self):
-        if not hasattr(self.cache, "offload_prefix"):
+    @property
+    def kv_offload(self) -> KVOffload:
+        """The KV cache's second tier, for the blocks of agents waiting on tools (cache/offload.py):
+        attach(kind, capacity), offload_prefix(token_ids), stats(). The paged cache has one."""
+        offload = getattr(self.cache, "offload", None)
+        if offload is None:
             raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.kv_cache.value!r}")
-        return self.cache
+        return offload
 
-    # -- disaggregated serving (disagg/disaggregated_llm.py): one engine prefills, another decodes ----------
-    def hand_off(self, request_id: str, pack: Callable) -> PrefilledPrompt:
-        """Give away a request whose prompt was computed in the latest step (its samples have
-        their first tokens) so that another engine decodes it: pack(pool, blocks, num_prompt_tokens)
-        copies its prompt's K/V out of this pool, then the request leaves this engine (its blocks
-        go back; with prefix caching, its full ones stay cached for later prompts)."""
-        samples = [s for s in self.scheduler.running if s.request_id == request_id]
-        if not samples or any(len(s.token_ids) != s.num_prompt_tokens + 1 or not s.is_decoding for s in samples):
-            raise ValueError(f"request {request_id!r} is not a prompt just computed, with its first token and "
-                             f"nothing else: {samples or 'it is not running'}")
-        self._check_handoff("hand_off moves", samples[0].params)
-        head, by_index = samples[0], {s.index: s for s in samples}
-        done = {c.index: c for c in self.output_processor.finished_samples(request_id)}  # stopped at their first token
-        kv = pack(self.cache.pool, self.cache.block_table(head), head.num_prompt_tokens)
-        prefilled = PrefilledPrompt(
-            head.prompt_token_ids, [by_index[i].token_ids[-1] if i in by_index else done[i].token_ids[0]
-                                    for i in range(head.params.n)], kv,
-            [by_index[i].generator.get_state() if i in by_index else None for i in range(head.params.n)],
-            head.metrics.arrival_time, head.metrics.first_scheduled_time)
-        self.abort(request_id)
-        return prefilled
-
-    def add_prefilled(self, prefilled: PrefilledPrompt, params: SamplingParams, request_id: str, unpack: Callable,
-                      prompt: str | None = None) -> list[StreamChunk] | None:
-        """Admit a request whose prompt another engine computed (hand_off there): fresh blocks that
-        unpack(kv, pool, blocks) fills with the prompt's K/V (kv: [2, layers, prompt tokens, kv_heads,
-        head_dim]), the prompt counted as computed, then each sample appends its first token as if it
-        had sampled it here (its generator continues from the state the other engine left).
-        -> the first tokens' chunks; None when the scheduler cannot start it now (max_num_seqs
-        reached, sequences waiting ahead of it, or no free blocks): nothing changed, offer it again later."""
-        self._check_handoff("add_prefilled takes", params)
-        if len(prefilled.first_tokens) != params.n:
-            raise ValueError(f"got {len(prefilled.first_tokens)} first tokens for n = {params.n} samples")
-        request = self.process_request(prefilled.prompt_ids, params, request_id)
-        for seq in request.samples:  # it arrived at the other engine: its clock and its text come with it
-            seq.prompt, seq.metrics.arrival_time = prompt, prefilled.arrival_time
-
-        def fill(head: Sequence) -> None:  # the prefix cache's hits hold their K/V already
-            cached, bs = head.num_computed_tokens, self.cache.block_size
-            unpack(prefilled.kv[:, :, cached:], self.cache.pool,
-                   self.cache.block_table(head)[cached // bs:cdiv(len(prefilled.prompt_ids), bs)])
-
-        self.output_processor.track(request_id)
-        samples = self.scheduler.admit_prefilled(request.samples[0], prefilled.first_scheduled_time, fill)
-        if samples is None:
-            self.output_processor.forget(request_id)
-            return None
-        now, chunks = time.perf_counter(), []
-        for seq, token, state in zip(samples, prefilled.first_tokens, prefilled.generator_states):
-            if state is not None:
-                seq.generator.set_state(state)
-            chunks.append(self.output_processor.append(seq, [token], now))
-        return chunks
-
-    def _check_handoff(self, what: str, params: SamplingParams) -> None:
-        config = self.config
-        if config.kv_cache != CacheKind.PAGED or config.speculative is not None or params.logprobs is not None:
-            raise ValueError(f"{what} paged blocks and tokens only: it needs kv_cache='paged', no speculative "
-                             f"decoding and no logprobs")
-
-    # -- what observers may read ------------------------------------------------------------
+    # -- observers --------------------------------------------------------------------------
     def subscribe(self, observer) -> None:
         """Call observer(StepEvent) after every step."""
         self._observers.append(observer)
 
     def unsubscribe(self, observer) -> None:
         self._observers.remove(observer)
-
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    @property
-    def num_waiting_seqs(self) -> int:
-        """Sequences queued: a waiting request's samples fork once it runs, so it counts n."""
-        return sum(1 + len(s.forks) for s in self.scheduler.waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
-
-    @property
-    def num_preemptions(self) -> int:
-        return self.scheduler.num_preemptions
-
-    @property
-    def uses_cpu_decode_kernel(self) -> bool:
-        """Whether decode rows attend through the C++ paged kernel (kernels/paged_decode_cpu.py) this run."""
-        return bool(getattr(self.cache, "cpu_decode", False))
-
-    def kv_stats(self) -> KVStats:
-        """The KV pool now: blocks used, cached and free, bytes, fragmentation, prefix hits."""
-        return self.cache.stats(self.scheduler.running)
-
-    def sequences(self) -> list[SequenceSnapshot]:
-        """Every live sample now: running ones in admission order, then the waiting queue."""
-        return [SequenceSnapshot(
-            request_id=s.request_id, index=s.index, status=s.status, num_prompt_tokens=s.num_prompt_tokens,
-            num_computed_tokens=s.num_computed_tokens, num_cached_prompt_tokens=s.num_cached_prompt_tokens,
-            num_output_tokens=len(s.token_ids) - s.num_prompt_tokens, num_preemptions=s.num_preemptions,
-            block_table=tuple(self.cache.block_table(s)), arrival_time=s.metrics.arrival_time)
-            for s in [*self.scheduler.running, *self.scheduler.waiting]]
-
-    def completion_of(self, seq: Sequence) -> Completion:
-        return self.output_processor.completion_of(seq)
 
     # -- the core ---------------------------------------------------------------------------
     def step(self) -> list[StreamChunk]:
@@ -277,12 +172,13 @@ class LLMEngine:
         self.last_step_timings = {"schedule": scheduled - start, **self.runner.last_timings,
                                   "sample": now - executed, "update": updated - now}
         if self._observers:
+            view = self.view
             event = StepEvent(
                 step=self.num_steps, start=start, duration=now - start,
                 scheduled=[ScheduledWork(b.seq.request_id, b.seq.index, b.num_tokens, b.phase) for b in batch],
                 finished=[c.request_id for c in chunks if c.request is not None],
-                waiting=self.num_waiting, running=self.num_running, kv=self.kv_stats(), sequences=self.sequences(),
-                preempted=list(self.scheduler.preempted_now), num_preemptions=self.num_preemptions,
+                waiting=view.num_waiting, running=view.num_running, kv=view.kv_stats(), sequences=view.sequences(),
+                preempted=list(self.scheduler.preempted_now), num_preemptions=view.num_preemptions,
                 output_tokens=sum(len(c.token_ids) for c in chunks), timings=dict(self.last_step_timings),
                 verifications=verifications)
             for observer in self._observers:

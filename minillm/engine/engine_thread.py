@@ -131,7 +131,7 @@ class EngineThread:
     def _run(self) -> None:
         try:
             while self._take_messages():
-                if self.engine.has_unfinished():
+                if self.engine.view.has_unfinished():
                     try:
                         chunks = self.engine.step()
                     except Exception as e:  # a broken step fails every open stream, loudly
@@ -150,7 +150,7 @@ class EngineThread:
 
     def _take_messages(self) -> bool:
         """Handle the inbox's messages (when idle, wait for the first); -> False at STOP."""
-        replies, block, stopping, handled = [], not self.engine.has_unfinished(), False, False
+        replies, block, stopping, handled = [], not self.engine.view.has_unfinished(), False, False
         while not stopping:
             try:
                 message = self.inbox.get(block)
@@ -205,7 +205,7 @@ class EngineThread:
     def _fail_all(self, error: BaseException) -> None:
         streams, self._routes = self._routes, {}
         with contextlib.suppress(Exception):  # best effort: the engine may be what failed
-            for request_id in {*streams, *(s.request_id for s in self.engine.sequences())}:
+            for request_id in {*streams, *(s.request_id for s in self.engine.view.sequences())}:
                 self.engine.abort(request_id)  # every live request, so no step retries the failure
             self._publish()
         self._push([(stream, error) for stream in streams.values()])
@@ -222,6 +222,6 @@ class EngineThread:
         self.snapshot = self._snapshot()
 
     def _snapshot(self) -> Snapshot:
-        engine = self.engine
-        return Snapshot(engine.kv_stats(), engine.num_waiting, engine.num_running, self._taken,
-                        engine.num_waiting_seqs, self._taken_seqs)
+        view = self.engine.view
+        return Snapshot(view.kv_stats(), view.num_waiting, view.num_running, self._taken, view.num_waiting_seqs,
+                        self._taken_seqs)

@@ -8,31 +8,42 @@ request while a step runs: the engine thread then queues it (LLMEngine.enqueue).
 """
 import itertools
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from minillm.cache.base import CacheManager
+from minillm.config import EngineConfig
+from minillm.engine.scheduler import Scheduler
 from minillm.sampling import SamplingParams
 from minillm.sequence import EngineRequest, Sequence
 from minillm.structured.grammar import GrammarCompiler, GrammarState
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """The loaded model as a request meets it: fixed once the engine is built."""
+    model_dir: Path                 # its files: the grammar compiler reads the tokenizer's vocabulary there
+    tokenizer: Tokenizer
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]  # what stops a sample unless ignore_eos
+    max_model_len: int              # prompt + max_tokens may not exceed it
+
+
 class InputProcessor:
     """Turns a prompt and its SamplingParams into an EngineRequest: validated, tokenized, its grammar
     compiled and its seed drawn, with one Sequence per sample. Touches no queue."""
-    def __init__(self, tokenizer: Tokenizer, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_model_len: int, cache: CacheManager, device: torch.device, seed: int,
-                 speculative: bool, max_num_seqs: int) -> None:
-        """cache: read for its size only (cache.fits), never changed here. max_num_seqs: the
-        scheduler's (a request's n samples run at once, so n above it could never be admitted)."""
-        self.max_num_seqs = max_num_seqs
-        self.tokenizer, self.model_dir, self.vocab_size = tokenizer, model_dir, vocab_size
-        self.eos_token_ids, self.max_model_len, self.cache = eos_token_ids, max_model_len, cache
-        self.device, self.speculative = device, speculative
+    def __init__(self, config: EngineConfig, model: ServedModel, cache: CacheManager, scheduler: Scheduler) -> None:
+        """cache: read for its size only (cache.fits), never changed here. scheduler: read for its
+        max_num_seqs only (a request's n samples run at once, so n above it could never be admitted)."""
+        self.max_num_seqs = scheduler.max_num_seqs
+        self.tokenizer, self.model_dir, self.vocab_size = model.tokenizer, model.model_dir, model.vocab_size
+        self.eos_token_ids, self.max_model_len, self.cache = model.eos_token_ids, model.max_model_len, cache
+        self.device, self.speculative = config.torch_device, config.speculative is not None
         self._grammars: GrammarCompiler | None = None  # built at the first structured request
-        self._seed_rng = torch.Generator().manual_seed(seed)
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._ids = itertools.count()
         self._lock = threading.Lock()  # the counters and the compiler, for callers on several threads
 

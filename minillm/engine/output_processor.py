@@ -12,6 +12,7 @@ decides *that* and *why* a sequence stops, and calls `finish` to make it so.
 """
 from collections.abc import Callable
 
+from minillm.config import EngineConfig
 from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.sequence import FinishReason, Sequence
 
@@ -19,9 +20,10 @@ from minillm.sequence import FinishReason, Sequence
 class OutputProcessor:
     """Turns each sequence's new tokens into StreamChunks: incremental text, stop checks, and the
     Completion and RequestOutput of what finished."""
-    def __init__(self, finish: Callable[[Sequence, FinishReason], None], speculative: bool) -> None:
-        """finish: the scheduler's transition to FINISHED; speculative: completions report the proposals."""
-        self._finish, self._speculative = finish, speculative
+    def __init__(self, config: EngineConfig, finish: Callable[[Sequence, FinishReason], None]) -> None:
+        """finish: the scheduler's transition to FINISHED. With speculative decoding, completions report the
+        proposals."""
+        self._finish, self._speculative = finish, config.speculative is not None
         self._done: dict[str, list[Completion]] = {}  # per live request: its finished samples
 
     # -- the live requests ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ import itertools
 
 import torch
 
-from minillm.config import Components
+from minillm.config import EngineConfig
 from minillm.logits_processors import history_of, process_logits
 from minillm.sampling import sample_requests, token_logprobs
 from minillm.sequence import Sequence
@@ -30,7 +30,8 @@ def first_rows(batch: list[ScheduledSeq]) -> list[int]:
 class Sampler:
     """Draws the step's new tokens: each emitting row masked by its grammar, then sampled with its own
     params and generator (or the verified tokens of a speculating sequence); logprobs when asked for."""
-    def __init__(self, components: Components) -> None:
+    def __init__(self, config: EngineConfig) -> None:
+        components = config.components
         self._sample = components.sample
         self._grammar_mask = components.grammar_mask or apply_grammar_mask
 

@@ -56,7 +56,7 @@ def run(components: Components | None = None, sampled: bool = False, **config) -
     outs = llm.generate([p for p, _ in reqs], [sp for _, sp in reqs], use_tqdm=False)
     longest = max(len(p) for p, _ in reqs)
     return Run(tokens=[[c.token_ids for c in o.outputs] for o in outs],
-               used_blocks_at_end=llm.engine.kv_stats().used_blocks, preemptions=llm.engine.num_preemptions,
+               used_blocks_at_end=llm.engine.view.kv_stats().used_blocks, preemptions=llm.engine.view.num_preemptions,
                cached_prompt_tokens=sum(c.metrics["cached_prompt_tokens"] for o in outs for c in o.outputs),
                chunked_prefills=sum(1 for n in prefill_tokens if n < longest), forked=sum(sp.n > 1 for _, sp in reqs),
                calls=calls(components) if components else {})

@@ -87,11 +87,11 @@ def test_with_a_tier_every_next_call_hits_its_whole_previous_prefix(workload):
     for name in ("recompute", "offload"):
         llm = LLM("tiny", block_size=BS, num_kv_blocks=10)
         if name == "offload":
-            llm.engine.attach_offload("host", 64)
+            llm.engine.kv_offload.attach("host", 64)
         runs[name] = run_sessions(llm, workload, max_tokens=4, breaker=THREE_CALLS, offload=name == "offload")
-        assert llm.engine.kv_stats().used_blocks == 0  # nothing leaks
+        assert llm.engine.view.kv_stats().used_blocks == 0  # nothing leaks
         if name == "offload":
-            stats = llm.engine.offload_stats()
+            stats = llm.engine.kv_offload.stats()
             assert 0 < stats["blocks"] <= 64 and stats["restores"] > 0 and runs[name].blocks_offloaded > 0
     offload = runs["offload"].followups()
     assert offload and all(c.cached_tokens >= (c.previous_tokens - 1) // BS * BS for c in offload)

@@ -89,16 +89,16 @@ def test_next_call_restores_its_whole_prefix_after_the_pool_was_filled(kind, cor
     variants = {"offload": LLM("tiny", **SMALL)}
     if kind == "host":  # once is enough to show that the pressure is real
         variants["recompute"] = LLM("tiny", **SMALL)
-    variants["offload"].engine.attach_offload(kind, 32, tmp_path if kind == "disk" else None)
+    variants["offload"].engine.kv_offload.attach(kind, 32, tmp_path if kind == "disk" else None)
     outs, firsts = {}, {}
     for name, llm in variants.items():
         firsts[name] = llm.generate([first], GREEDY, use_tqdm=False)[0].token_ids
         if name == "offload":
-            assert llm.engine.offload_prefix(first + firsts[name]) == 5  # (40 + 4 - 1) // 8 blocks computed
-            assert llm.engine.kv_stats().cached_blocks == 0
+            assert llm.engine.kv_offload.offload_prefix(first + firsts[name]) == 5  # (40 + 4 - 1) // 8 blocks computed
+            assert llm.engine.view.kv_stats().cached_blocks == 0
         fill_pool(llm, corpus)
         outs[name] = llm.generate([second(firsts[name])], LOGPROBS, use_tqdm=False)[0]
-        assert llm.engine.kv_stats().used_blocks == 0
+        assert llm.engine.view.kv_stats().used_blocks == 0
     unpressured.generate([first], GREEDY, use_tqdm=False)  # computes the prefix blocks as the first call did
     reference = unpressured.generate([second(firsts["offload"])], LOGPROBS, use_tqdm=False)[0]
     assert outs["offload"].metrics["cached_prompt_tokens"] == reference.metrics["cached_prompt_tokens"] == 5 * 8
@@ -106,7 +106,7 @@ def test_next_call_restores_its_whole_prefix_after_the_pool_was_filled(kind, cor
     # give the same logits to the last bit (a wrong block order or slot would not)
     assert outs["offload"].token_ids == reference.token_ids
     assert outs["offload"].outputs[0].logprobs == reference.outputs[0].logprobs
-    assert variants["offload"].engine.offload_stats()["restores"] == 5
+    assert variants["offload"].engine.kv_offload.stats()["restores"] == 5
     if "recompute" in outs:
         assert outs["recompute"].metrics["cached_prompt_tokens"] == 0
         assert outs["recompute"].token_ids == reference.token_ids
@@ -117,33 +117,33 @@ def test_evicted_blocks_are_saved_and_a_tier_smaller_than_the_prefix_restores_it
     part of the 5-block prefix, and what comes back must still give the right output."""
     first, second = session_call(corpus)
     llm = LLM("tiny", **SMALL)
-    llm.engine.attach_offload("host", 3)
+    llm.engine.kv_offload.attach("host", 3)
     out = llm.generate([first], GREEDY, use_tqdm=False)[0]
     fill_pool(llm, corpus)
-    assert llm.engine.offload_stats()["offloads"] >= 5 and llm.engine.offload_stats()["blocks"] == 3
+    assert llm.engine.kv_offload.stats()["offloads"] >= 5 and llm.engine.kv_offload.stats()["blocks"] == 3
     again = llm.generate([second(out.token_ids)], GREEDY, use_tqdm=False)[0]
     reference = unpressured.generate([second(out.token_ids)], GREEDY, use_tqdm=False)[0]
     assert again.token_ids == reference.token_ids
     assert again.metrics["cached_prompt_tokens"] % 8 == 0 and again.metrics["cached_prompt_tokens"] <= 3 * 8
-    assert llm.engine.kv_stats().used_blocks == 0 and llm.engine.offload_stats()["blocks"] == 3
+    assert llm.engine.view.kv_stats().used_blocks == 0 and llm.engine.kv_offload.stats()["blocks"] == 3
 
 
 def test_offload_without_a_tier_is_refused_by_name():
     llm = LLM("tiny", num_kv_blocks=8)
-    with pytest.raises(ValueError, match="attach_offload"):
-        llm.engine.offload_prefix([1, 2, 3])
+    with pytest.raises(ValueError, match=r"call kv_offload\.attach\(kind, capacity\) first"):
+        llm.engine.kv_offload.offload_prefix([1, 2, 3])
     with pytest.raises(ValueError, match="KV offload needs kv_cache='paged', got 'contiguous'"):
-        LLM("tiny", kv_cache="contiguous").engine.attach_offload("host", 4)
+        LLM("tiny", kv_cache="contiguous").engine.kv_offload.attach("host", 4)
     with pytest.raises(ValueError, match="kind must be one of host, disk, got 'ssd'"):
-        llm.engine.attach_offload("ssd", 4)
+        llm.engine.kv_offload.attach("ssd", 4)
     with pytest.raises(ValueError, match="capacity must be a positive number of blocks, got 0"):
-        llm.engine.attach_offload("host", 0)
+        llm.engine.kv_offload.attach("host", 0)
 
 
 def test_engine_config_attaches_the_tier_and_refuses_what_cannot_hold_one():
     from minillm.config import EngineConfig
     llm = LLM("tiny", kv_offload="host", kv_offload_blocks=7)
-    assert llm.engine.offload_stats()["capacity_blocks"] == 7
+    assert llm.engine.kv_offload.stats()["capacity_blocks"] == 7
     with pytest.raises(ValueError, match="kv_offload must be None or one of host, disk, got 'ssd'"):
         EngineConfig(kv_offload="ssd")
     with pytest.raises(ValueError, match="needs kv_cache='paged' and enable_prefix_caching=True"):

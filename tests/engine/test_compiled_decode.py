@@ -30,7 +30,7 @@ def test_compiled_greedy_decode_equals_eager_for_one_and_for_rows_of_unequal_len
         assert ([o.token_ids for o in compiled.generate(batch, params, use_tqdm=False)]
                 == [o.token_ids for o in eager.generate(batch, params, use_tqdm=False)])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # one row, then rows of unequal length
-    assert compiled.engine.kv_stats().used_blocks == 0
+    assert compiled.engine.view.kv_stats().used_blocks == 0
 
 
 def test_compiled_logprobs_equal_eager_with_mixed_steps_between_decodes(engines):

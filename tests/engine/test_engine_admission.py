@@ -89,11 +89,11 @@ def prefilled():
     engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, num_kv_blocks=32))
     engine.add_request(prompt, params, "colocated")
     want = []
-    while engine.has_unfinished():
+    while engine.view.has_unfinished():
         want += [t for c in engine.step() for t in c.token_ids]
     engine.add_request(prompt, params, "moved")
     engine.step()
-    return engine.hand_off("moved", pack_kv), params, want
+    return engine.handoff.give("moved", pack_kv), params, want
 
 
 @pytest.mark.parametrize("why", ["max_num_seqs", "waiting", "blocks"])
@@ -104,15 +104,15 @@ def test_add_prefilled_waits_for_the_scheduler_then_decodes_as_one_engine_would(
     engine.add_request(list(range(1, 41)), SamplingParams(max_tokens=4, **GREEDY), "holder")  # 3 blocks at most
     if why != "waiting":
         engine.step()
-    before = (engine.num_waiting, engine.num_running, engine.kv_stats().used_blocks)
-    assert engine.add_prefilled(handoff, params, "moved", unpack_kv) is None
-    assert (engine.num_waiting, engine.num_running, engine.kv_stats().used_blocks) == before
+    before = (engine.view.num_waiting, engine.view.num_running, engine.view.kv_stats().used_blocks)
+    assert engine.handoff.take(handoff, params, "moved", unpack_kv) is None
+    assert (engine.view.num_waiting, engine.view.num_running, engine.view.kv_stats().used_blocks) == before
     chunks = None
     while chunks is None:  # offered again after each step, as the decode worker does
         engine.step()
-        chunks = engine.add_prefilled(handoff, params, "moved", unpack_kv)
+        chunks = engine.handoff.take(handoff, params, "moved", unpack_kv)
     tokens = [t for c in chunks for t in c.token_ids]
-    while engine.has_unfinished():
+    while engine.view.has_unfinished():
         tokens += [t for c in engine.step() if c.request_id == "moved" for t in c.token_ids]
     assert tokens == want
 
@@ -126,7 +126,7 @@ def test_samples_that_fork_after_prefill_never_run_past_max_num_seqs():
     for i in range(8):
         engine.add_request(list(range(1 + i, 20 + i)), SamplingParams(max_tokens=6, n=4, seed=i, temperature=1.0))
     finished = set()
-    while engine.has_unfinished():
+    while engine.view.has_unfinished():
         for chunk in engine.step():
             if chunk.request is not None:
                 finished.add(chunk.request_id)
@@ -137,4 +137,4 @@ def test_a_request_with_more_samples_than_max_num_seqs_is_refused_by_name():
     engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, max_num_seqs=2))
     with pytest.raises(ValueError, match=r"n \(3\) exceeds max_num_seqs \(2\)"):
         engine.add_request("def f():", SamplingParams(max_tokens=4, n=3))
-    assert not engine.has_unfinished()
+    assert not engine.view.has_unfinished()

@@ -4,12 +4,15 @@ import pytest
 import torch
 
 from minillm import SamplingParams
+from minillm.config import EngineConfig, SpeculativeConfig
 from minillm.engine.output_processor import OutputProcessor
 from minillm.models.registry import resolve_model_path
 from minillm.sequence import FinishReason, Sequence, SequenceStatus
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TOKENIZER = Tokenizer(resolve_model_path("tiny"))
+PLAIN = EngineConfig(model="tiny")
+SPECULATIVE = EngineConfig(model="tiny", speculative=SpeculativeConfig(method="ngram"))
 PROMPT = TOKENIZER.encode("x = ")
 
 
@@ -34,7 +37,7 @@ def feed(outputs: OutputProcessor, seq: Sequence, text: str):
 
 
 def test_text_that_could_start_a_stop_string_is_held_back_until_it_cannot():
-    outputs = OutputProcessor(finish, speculative=False)
+    outputs = OutputProcessor(PLAIN, finish)
     outputs.track("r")
     seq = sample(SamplingParams(max_tokens=64, stop=["STOP", "<|x|>"]))
     shown = ""
@@ -47,7 +50,7 @@ def test_text_that_could_start_a_stop_string_is_held_back_until_it_cannot():
 
 
 def test_a_stop_string_cuts_the_text_before_it_and_finishes_the_sample():
-    outputs = OutputProcessor(finish, speculative=False)
+    outputs = OutputProcessor(PLAIN, finish)
     outputs.track("r")
     seq = sample(SamplingParams(max_tokens=64, stop=["STOP"]))
     chunks = list(feed(outputs, seq, "hello world STOP and then more"))
@@ -58,7 +61,7 @@ def test_a_stop_string_cuts_the_text_before_it_and_finishes_the_sample():
 
 
 def test_a_stop_token_and_max_tokens_flush_the_whole_text():
-    outputs = OutputProcessor(finish, speculative=False)
+    outputs = OutputProcessor(PLAIN, finish)
     outputs.track("r")
     seq = sample(SamplingParams(max_tokens=64, stop=["never appears"]), eos=(7,))
     chunks = [*feed(outputs, seq, "a b c"), outputs.append(seq, [7], 0.0)]  # the stop token
@@ -73,7 +76,7 @@ def test_a_stop_token_and_max_tokens_flush_the_whole_text():
 
 def test_tokens_after_the_one_that_stops_a_sample_are_dropped():
     """Speculation emits several tokens a step: the sample ends at the first that stops it."""
-    outputs = OutputProcessor(finish, speculative=True)
+    outputs = OutputProcessor(SPECULATIVE, finish)
     outputs.track("r")
     seq = sample(SamplingParams(max_tokens=64), eos=(9,))
     chunk = outputs.append(seq, [20, 9, 21, 22], 0.0)
@@ -82,7 +85,7 @@ def test_tokens_after_the_one_that_stops_a_sample_are_dropped():
 
 
 def test_the_request_output_waits_for_every_sample_in_index_order():
-    outputs = OutputProcessor(finish, speculative=False)
+    outputs = OutputProcessor(PLAIN, finish)
     outputs.track("r")
     params = SamplingParams(max_tokens=1, n=2)
     second, first = sample(params, index=1), sample(params, index=0)
@@ -95,7 +98,7 @@ def test_the_request_output_waits_for_every_sample_in_index_order():
 
 
 def test_an_id_still_live_is_refused():
-    outputs = OutputProcessor(finish, speculative=False)
+    outputs = OutputProcessor(PLAIN, finish)
     outputs.track("r")
     with pytest.raises(ValueError, match="'r' is already in use"):
         outputs.track("r")

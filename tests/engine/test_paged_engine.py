@@ -25,7 +25,7 @@ def test_paged_generation_is_token_identical_to_contiguous(block_size, hf_llama,
     params = SamplingParams(max_tokens=30, **GREEDY)
     assert ([o.token_ids for o in paged.generate(batch, params)]
             == [o.token_ids for o in contiguous.generate(batch, params)])
-    assert paged.engine.kv_stats().used_blocks == 0
+    assert paged.engine.view.kv_stats().used_blocks == 0
 
 
 def test_prefix_hit_gives_identical_output_and_skips_prefill_tokens(hf_llama):
@@ -42,7 +42,7 @@ def test_prefix_hit_gives_identical_output_and_skips_prefill_tokens(hf_llama):
     assert warm_b.token_ids == cold_b.token_ids
     assert warm_b.metrics["cached_prompt_tokens"] == 32  # four full 8-token blocks of the shared 37
     assert computed[0] == len(b) - 32
-    assert llm.engine.kv_stats().prefix_hit_rate > 0
+    assert llm.engine.view.kv_stats().prefix_hit_rate > 0
 
 
 def test_forced_hash_collision_never_reuses_wrong_blocks(hf_llama):
@@ -53,7 +53,7 @@ def test_forced_hash_collision_never_reuses_wrong_blocks(hf_llama):
     out = llm.generate([second], params)[0]
     reference = LLM(str(hf_llama[0]), enable_prefix_caching=False).generate([second], params)[0]
     assert out.token_ids == reference.token_ids
-    assert out.metrics["cached_prompt_tokens"] == 0 and llm.engine.kv_stats().prefix_collisions >= 1
+    assert out.metrics["cached_prompt_tokens"] == 0 and llm.engine.view.kv_stats().prefix_collisions >= 1
 
 
 def test_n_samples_share_the_prompt_blocks_and_match_separate_seeded_requests(hf_llama):
@@ -69,14 +69,14 @@ def test_n_samples_share_the_prompt_blocks_and_match_separate_seeded_requests(hf
                                                         ignore_eos=True))[0].token_ids for i in range(3)]
     assert [c.token_ids for c in out.outputs] == separate
     assert [c.index for c in out.outputs] == [0, 1, 2]
-    assert llm.engine.kv_stats().used_blocks == 0
+    assert llm.engine.view.kv_stats().used_blocks == 0
 
 
 def test_request_that_cannot_fit_the_pool_is_rejected_up_front(hf_llama):
     llm = LLM(str(hf_llama[0]), block_size=16, num_kv_blocks=4)
     with pytest.raises(ValueError, match="could never fit in the KV pool of 4 blocks"):
         llm.generate([[1] * 60], SamplingParams(max_tokens=10))
-    assert not llm.engine.has_unfinished()
+    assert not llm.engine.view.has_unfinished()
 
 
 def test_budget_smaller_than_one_block_is_rejected(hf_llama):

@@ -38,7 +38,7 @@ def test_every_policy_gives_the_same_greedy_outputs(config, hf_llama, reference)
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
     most = max(len(e.scheduled) for e in events)
     assert most == 1 if config["scheduler"] == "sequential" else 1 < most <= config.get("max_num_seqs", 64)
-    assert llm.engine.kv_stats().used_blocks == 0
+    assert llm.engine.view.kv_stats().used_blocks == 0
 
 
 def test_static_batches_admit_no_one_until_they_drain(hf_llama):
@@ -70,10 +70,10 @@ def test_preemption_under_a_small_pool_keeps_outputs_and_leaks_nothing(hf_llama,
     llm.engine.subscribe(events.append)
     prompts, params = workload()
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
-    assert llm.engine.num_preemptions > 0
-    assert sum(len(e.preempted) for e in events) == events[-1].num_preemptions == llm.engine.num_preemptions
+    assert llm.engine.view.num_preemptions > 0
+    assert sum(len(e.preempted) for e in events) == events[-1].num_preemptions == llm.engine.view.num_preemptions
     assert sum(e.output_tokens for e in events) == sum(p.max_tokens for p in params)
-    kv = llm.engine.kv_stats()
+    kv = llm.engine.view.kv_stats()
     assert kv.used_blocks == 0 and kv.free_blocks + kv.cached_blocks == 40 and not kv.blocks_per_request
 
 
@@ -84,15 +84,15 @@ def test_abort_mid_generation_frees_every_block_of_that_request(hf_llama):
     ids = [engine.add_request(p, SamplingParams(max_tokens=30, **GREEDY)) for p in prompts]
     for _ in range(5):
         engine.step()
-    owned = lambda rid: sum(len(s.block_table) for s in engine.sequences() if s.request_id == rid)  # noqa: E731
-    used_before, victim_blocks = engine.kv_stats().used_blocks, owned(ids[1])
+    owned = lambda rid: sum(len(s.block_table) for s in engine.view.sequences() if s.request_id == rid)  # noqa: E731
+    used_before, victim_blocks = engine.view.kv_stats().used_blocks, owned(ids[1])
     assert victim_blocks > 0
     assert engine.abort(ids[1])
-    assert engine.kv_stats().used_blocks == used_before - victim_blocks
-    assert all(s.request_id != ids[1] for s in engine.sequences())
-    while engine.has_unfinished():
+    assert engine.view.kv_stats().used_blocks == used_before - victim_blocks
+    assert all(s.request_id != ids[1] for s in engine.view.sequences())
+    while engine.view.has_unfinished():
         engine.step()
-    assert engine.kv_stats().used_blocks == 0
+    assert engine.view.kv_stats().used_blocks == 0
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -111,7 +111,7 @@ def test_bad_request_is_rejected_without_disturbing_running_ones(bad, message, h
         for chunk in llm.engine.step():
             if chunk.request is not None:
                 outputs[chunk.request_id] = chunk.request.token_ids
-        if not llm.engine.has_unfinished():
+        if not llm.engine.view.has_unfinished():
             break
     assert [outputs[i] for i in ids] == reference
 

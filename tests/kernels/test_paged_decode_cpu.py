@@ -113,7 +113,7 @@ def test_the_engine_with_the_kernel_makes_the_tokens_of_the_gather_path(block_si
     for kernel in (True, False):
         llm = LLM("tiny", cpu_decode_kernel=kernel, block_size=block_size, max_num_seqs=4,
                   max_num_batched_tokens=64)
-        assert llm.engine.uses_cpu_decode_kernel is kernel
+        assert llm.engine.view.uses_cpu_decode_kernel is kernel
         outputs[kernel] = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert outputs[True] == outputs[False]
 
@@ -123,7 +123,7 @@ def test_the_kernel_stays_out_where_it_cannot_run():
     from minillm.config import EngineConfig
     from minillm.engine.engine import LLMEngine
     for config in (EngineConfig(model="tiny", cpu_decode_kernel=False), EngineConfig(model="tiny", dtype="bfloat16")):
-        assert not LLMEngine(config).uses_cpu_decode_kernel
+        assert not LLMEngine(config).view.uses_cpu_decode_kernel
     with pytest.raises(TypeError, match="cpu_decode_kernel must be True or False"):
         EngineConfig(model="tiny", cpu_decode_kernel="yes")
 

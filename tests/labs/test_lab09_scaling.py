@@ -491,8 +491,8 @@ def by_block(pool) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prefill_then_transfer(pack, unpack, prompt: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
-    """Engine A prefills the prompt and hands it off (LLMEngine.hand_off) with its K/V packed by `pack`;
-    engine B, whose blocks are partly held by another request, admits it (LLMEngine.add_prefilled) with
+    """Engine A prefills the prompt and hands it off (engine.handoff.give) with its K/V packed by `pack`;
+    engine B, whose blocks are partly held by another request, admits it (engine.handoff.take) with
     `unpack` writing the K/V into its own blocks, and decodes it greedily without ever computing the prompt.
     -> (the colocated engine's tokens, B's tokens)"""
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -502,15 +502,15 @@ def prefill_then_transfer(pack, unpack, prompt: list[int], max_tokens: int) -> t
     b.step()
     a.add_request(prompt, params, request_id="moved")
     a.step()  # the prefill: the prompt's K/V in A's pool, and the first token
-    sent_from = next(s.block_table for s in a.sequences() if s.request_id == "moved")
-    prefilled = a.hand_off("moved", lambda pool, blocks, n: pack(*by_block(pool), blocks, n))
-    chunks = b.add_prefilled(prefilled, params, "moved", lambda buffer, pool, blocks: unpack(buffer, *by_block(pool),
-                                                                                              blocks))
+    sent_from = next(s.block_table for s in a.view.sequences() if s.request_id == "moved")
+    prefilled = a.handoff.give("moved", lambda pool, blocks, n: pack(*by_block(pool), blocks, n))
+    chunks = b.handoff.take(prefilled, params, "moved", lambda buffer, pool, blocks: unpack(buffer, *by_block(pool),
+                                                                                             blocks))
     assert chunks is not None, "engine B had room for the transferred request"
-    received_in = next(s.block_table for s in b.sequences() if s.request_id == "moved")
+    received_in = next(s.block_table for s in b.view.sequences() if s.request_id == "moved")
     assert received_in[:len(sent_from)] != sent_from, "the test needs other block ids in the receiving engine"
     tokens = [t for c in chunks for t in c.token_ids]
-    while b.has_unfinished():
+    while b.view.has_unfinished():
         tokens += [t for c in b.step() if c.request_id == "moved" for t in c.token_ids]
     return colocated.token_ids, tokens
 

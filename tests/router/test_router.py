@@ -42,7 +42,7 @@ def test_two_prompts_sharing_three_blocks_hit_48_tokens_as_in_the_engine():
     llm = LLM("tiny")                  # the engine's own prefix cache: the same 48 tokens hit
     llm.generate([a], SamplingParams(max_tokens=1))
     llm.generate([b], SamplingParams(max_tokens=1))
-    assert llm.engine.kv_stats().prefix_hit_rate == pytest.approx(48 / (len(a) + len(b)))
+    assert llm.engine.view.kv_stats().prefix_hit_rate == pytest.approx(48 / (len(a) + len(b)))
 
 
 def test_index_forgets_least_recent_leaves_first_within_its_bound():

@@ -68,10 +68,10 @@ def test_greedy_speculation_is_token_identical_inside_a_preempting_batch(method,
     llm = LLM("tiny", speculative=spec_config(method, k, heads_file, mlp_file), block_size=4, num_kv_blocks=48)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in outs] == reference
-    assert llm.engine.num_preemptions > 0, "the small pool was meant to force preemption"
+    assert llm.engine.view.num_preemptions > 0, "the small pool was meant to force preemption"
     stats = llm.engine.speculator.stats
     assert stats.proposed > 0 and 0 <= stats.accepted <= stats.proposed
-    assert llm.engine.kv_stats().used_blocks == 0
+    assert llm.engine.view.kv_stats().used_blocks == 0
     if method == "draft":
         proposer = llm.engine.speculator.proposer
         assert not proposer.shadows and proposer.cache.stats([]).used_blocks == 0, "the draft's cache leaked"
@@ -96,7 +96,7 @@ def test_an_int4_copy_of_the_target_drafts_for_it_exactly_and_leaves_it_untouche
     execute = runner.execute
     runner.execute = lambda batch: draft_tokens.extend(item.num_tokens for item in batch) or execute(batch)
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == reference
-    assert llm.engine.num_preemptions > 0, "the small pool was meant to force preemption"
+    assert llm.engine.view.num_preemptions > 0, "the small pool was meant to force preemption"
     stats, proposer = llm.engine.speculator.stats, llm.engine.speculator.proposer
     assert stats.proposed > stats.accepted > 0.8 * stats.proposed, (stats.accepted, stats.proposed)
     assert max(draft_tokens) <= 2, "the self draft computed a prompt again instead of taking the target's K/V"
@@ -353,4 +353,4 @@ def test_after_every_rollback_no_block_outlives_the_tokens_it_holds(method, tiny
     params = SamplingParams(max_tokens=40, temperature=1.0, seed=2, ignore_eos=True)
     llm.generate(workload(tiny), params, use_tqdm=False)
     assert sum(seen) > 0, "no proposal was ever rejected: nothing was rolled back"
-    assert llm.engine.kv_stats().used_blocks == 0
+    assert llm.engine.view.kv_stats().used_blocks == 0

@@ -109,7 +109,7 @@ def test_structured_output_survives_preemption():
     params = SamplingParams(max_tokens=40, temperature=1.0, seed=3, structured=StructuredOutput(json_schema=schema))
     outs = small.generate(["def f(x):\n" * 6] * 4, [SamplingParams(max_tokens=40, seed=s, temperature=1.0,
                           structured=params.structured) for s in range(4)], use_tqdm=False)
-    assert small.engine.num_preemptions > 0
+    assert small.engine.view.num_preemptions > 0
     for out in outs:
         jsonschema.validate(json.loads(out.text), schema)
 
@@ -131,7 +131,7 @@ def test_an_uncompilable_schema_is_refused_before_anything_is_queued(llm):
         llm.engine.add_request("x", SamplingParams(structured=StructuredOutput(json_schema={"type": "objectx"})))
     with pytest.raises(ValueError, match="regex cannot be compiled"):
         llm.engine.add_request("x", SamplingParams(structured=StructuredOutput(regex="a(b")))
-    assert not llm.engine.has_unfinished()
+    assert not llm.engine.view.has_unfinished()
 
 
 def test_speculative_decoding_refuses_structured_requests():

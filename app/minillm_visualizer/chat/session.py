@@ -91,15 +91,15 @@ class ChatSession:
         turn.answer, turn.finish_reason = "".join(parts), done.finish_reason
         turn.cached_tokens, turn.ttft, turn.tpot = m["cached_prompt_tokens"], m["ttft"], m["tpot"]
         turn.output_tokens = m["output_tokens"]
-        turn.kv = turn.kv or self.engine.kv_stats()  # answered in one step: no picture while it ran
+        turn.kv = turn.kv or self.engine.view.kv_stats()  # answered in one step: no picture while it ran
         self.turns.append(turn)
 
     def _picture(self, rid: str, turn: Turn) -> None:
         """While the request runs: the pool, with its blocks marked HIT (the prefix cache's) or NEW."""
-        seq = next((s for s in self.engine.sequences() if s.request_id == rid), None)
+        seq = next((s for s in self.engine.view.sequences() if s.request_id == rid), None)
         if seq is None:
             return
-        kv = self.engine.kv_stats()
+        kv = self.engine.view.kv_stats()
         owner, hits = list(kv.block_owner), seq.num_cached_prompt_tokens // kv.block_size
         for i, block in enumerate(seq.block_table):
             owner[block] = HIT if i < hits else NEW

@@ -119,8 +119,8 @@ class EngineRun:
         status = "finished"
         try:
             while self._next_turn():
-                self._admit(self._clock(), force=self.status == "paused" and not self.engine.has_unfinished())
-                if not self.engine.has_unfinished():
+                self._admit(self._clock(), force=self.status == "paused" and not self.engine.view.has_unfinished())
+                if not self.engine.view.has_unfinished():
                     if not self._pending:
                         break
                     self._idle_until(self._pending[0].arrival)
@@ -170,7 +170,7 @@ class EngineRun:
             except ValueError as exc:
                 self.rejected.append(f"{spec.request_id}: {exc}")
                 continue
-            seq = next(s for s in self.engine.sequences() if s.request_id == spec.request_id)
+            seq = next(s for s in self.engine.view.sequences() if s.request_id == spec.request_id)
             n = spec.params.n
             with self._lock:
                 for i in range(n):
@@ -225,6 +225,6 @@ class EngineRun:
                         if sample.request_id == request_id and sample.finish_reason is None:
                             sample.finish_reason = "abort"
         try:
-            self.final_kv = self.engine.kv_stats()
+            self.final_kv = self.engine.view.kv_stats()
         except Exception as exc:
             self._fail(exc)
