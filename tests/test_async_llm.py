@@ -56,7 +56,7 @@ def test_abort_frees_blocks_at_once_and_ends_the_stream(hf_llama):
 
     got = asyncio.run(main())
     assert 3 <= len(got) < 200
-    assert llm.engine.view.kv_stats().used_blocks == 0 and not llm.engine.view.has_unfinished()
+    assert llm.engine.view.kv_stats().used_blocks == 0 and not llm.engine.has_unfinished()
 
 
 def test_leaving_a_stream_early_aborts_the_request(hf_llama):
@@ -69,7 +69,7 @@ def test_leaving_a_stream_early_aborts_the_request(hf_llama):
         await stream.aclose()
 
     asyncio.run(main())
-    assert not llm.engine.view.has_unfinished() and llm.engine.view.kv_stats().used_blocks == 0
+    assert not llm.engine.has_unfinished() and llm.engine.view.kv_stats().used_blocks == 0
 
 
 def test_bad_request_raises_before_queueing(hf_llama):
@@ -81,7 +81,7 @@ def test_bad_request_raises_before_queueing(hf_llama):
 
     with pytest.raises(ValueError, match="prompt is empty"):
         asyncio.run(main())
-    assert not llm.engine.view.has_unfinished()
+    assert not llm.engine.has_unfinished()
 
 
 def engine_threads() -> list[threading.Thread]:
@@ -129,7 +129,7 @@ def test_start_abort_and_stats_answer_while_a_step_runs(hf_llama):
     assert not held.timed_out  # nothing above waited for the step to end
     assert (waiting, used) == (2, 0)  # a not yet scheduled, b in the inbox; no blocks yet
     assert aborted and len(first) == 8
-    assert llm.engine.view.kv_stats().used_blocks == 0 and not llm.engine.view.has_unfinished()
+    assert llm.engine.view.kv_stats().used_blocks == 0 and not llm.engine.has_unfinished()
 
 
 def test_a_slow_reader_loses_no_chunk(hf_llama):
@@ -170,7 +170,7 @@ def test_shutdown_ends_every_stream_and_the_engine_thread(hf_llama):
 
     again, mine = asyncio.run(main())
     assert len(again) == 3 and len(mine) == 2 and not any(t.is_alive() for t in mine)
-    assert not llm.engine.view.has_unfinished()
+    assert not llm.engine.has_unfinished()
 
 
 # (the exception's class and argument: an instance made here would live in the module, and once raised its
@@ -218,7 +218,7 @@ def test_one_llm_serves_one_event_loop_after_another(hf_llama):
     # Closing the stream queues the abort; asyncio.run's teardown cancels the wait for its reply, and the
     # engine thread takes it between two steps, maybe after asyncio.run has returned.
     assert wait_until(lambda: aborted, 10) and aborted == [("open", True)]
-    assert not llm.engine.view.has_unfinished() and llm.engine.view.kv_stats().used_blocks == 0
+    assert not llm.engine.has_unfinished() and llm.engine.view.kv_stats().used_blocks == 0
     assert len(asyncio.run(tokens_of(llm.generate([1, 2, 3], SamplingParams(max_tokens=5, **GREEDY), "open")))) == 5
 
 

@@ -184,7 +184,7 @@ def measure(model_dir: str) -> dict:
     steps = slow_steps(llm.engine)
     got = burst_with_aborts_and_scrapes(llm, long_tokens=200, burst_tokens=24)
     return {**got, "aborted": sorted(got["aborted"]), "steps": steps,
-            "used_blocks": llm.engine.view.kv_stats().used_blocks, "unfinished": llm.engine.view.has_unfinished()}
+            "used_blocks": llm.engine.view.kv_stats().used_blocks, "unfinished": llm.engine.has_unfinished()}
 
 
 @pytest.mark.subprocess

@@ -98,7 +98,7 @@ def test_a_list_of_conversations_gives_one_output_each_in_order(tiny):
     assert [len(o.token_ids) for o in outs] == [3, 5]
     with pytest.raises(ValueError, match="non-empty list"):  # rendered before any is queued
         tiny.chat([CONVERSATIONS[0], []])
-    assert not tiny.engine.view.has_unfinished()
+    assert not tiny.engine.has_unfinished()
 
 
 def test_stream_chat_streams_the_answer_chat_gives(tiny):

@@ -77,7 +77,7 @@ def test_unknown_model_name(tmp_path):
 def test_bad_requests_are_rejected_before_any_compute(llama_llm, prompt, params, message):
     with pytest.raises(ValueError, match=message):
         llama_llm.generate([prompt], params)
-    assert not llama_llm.engine.view.has_unfinished()
+    assert not llama_llm.engine.has_unfinished()
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -75,7 +75,7 @@ def test_breaking_out_of_a_stream_aborts_and_frees_the_cache(llama_llm):
     stream = llama_llm.stream([1, 2, 3], SamplingParams(max_tokens=50, **GREEDY))
     next(stream), next(stream)
     stream.close()
-    assert not llama_llm.engine.view.has_unfinished()
+    assert not llama_llm.engine.has_unfinished()
     assert llama_llm.engine.view.kv_stats().used_blocks == 0
 
 
@@ -93,4 +93,4 @@ def test_generate_returns_its_own_requests_while_another_is_in_flight(llama_llm)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 6)]
     outs = llama_llm.generate([[4, 5], [6, 7, 8]], params)
     assert [len(o.token_ids) for o in outs] == [3, 6] and other not in {o.request_id for o in outs}
-    assert not llama_llm.engine.view.has_unfinished() and llama_llm.engine.view.kv_stats().used_blocks == 0
+    assert not llama_llm.engine.has_unfinished() and llama_llm.engine.view.kv_stats().used_blocks == 0

@@ -77,7 +77,7 @@ def run_sessions(llm, workload: AgentWorkload, max_tokens: int = 8, breaker: Cal
             if state.request_id is None and state.ready_at <= now:
                 state.request_id = engine.add_request(state.prompt, params, request_id=f"s{sid}c{state.call}")
                 owner[state.request_id] = sid
-        if not engine.view.has_unfinished():  # every live session waits for its tool
+        if not engine.has_unfinished():  # every live session waits for its tool
             time.sleep(max(0.0, min(s.ready_at for s in live.values()) - time.perf_counter()))
             continue
         for chunk in engine.step():

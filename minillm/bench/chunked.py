@@ -28,7 +28,7 @@ def scenario(model: str, decoders: int, long_prompts: int, every: int, long_len:
                 for i in range(long_prompts)}
     done, steps, tokens = {}, 0, 0
     start = time.perf_counter()
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         if steps in arrivals:
             engine.add_request(arrivals[steps], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         for chunk in engine.step():

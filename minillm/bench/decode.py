@@ -99,7 +99,7 @@ def steps_against_bare_loop(llms: list[LLM], prompt: list[int], rounds: int,
             rates.append(chunk / (time.perf_counter() - start))
         rounds_out.append((*rates, bare_loop(llms[0].model, chunk)))
     for engine in engines:
-        while engine.view.has_unfinished():
+        while engine.has_unfinished():
             engine.step()
     return rounds_out
 
@@ -125,7 +125,7 @@ def timed_steps(engine: LLMEngine, prompt: list[int], steps: int, watched: bool)
     engine.add_request(prompt, SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True))
     engine.step()  # the prefill
     phases, totals = [], []
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         start = time.perf_counter()
         engine.step()
         totals.append(time.perf_counter() - start)

@@ -163,7 +163,7 @@ def decode_sweep(model: str, batches: tuple[int, ...], context: int = 64, steps:
             start = time.perf_counter()
             engine.step()
             times.append(time.perf_counter() - start)
-        while engine.view.has_unfinished():
+        while engine.has_unfinished():
             engine.step()
         step = statistics.median(times)
         rows.append({"batch": b, "step ms": step * 1e3, "tok/s": b / step,

@@ -68,7 +68,7 @@ def serve_prefill(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
     sender = HandoffSender()
     send(conn, ("ready",))
     while True:
-        if not engine.view.has_unfinished():
+        if not engine.has_unfinished():
             conn.poll(None)  # idle: sleep until the facade writes (EOF raises in recv)
         while conn.poll():
             message = receive(conn)
@@ -102,7 +102,7 @@ def serve_decode(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
     pending: deque = deque()  # handoffs received, waiting for room in the pool
     send(conn, ("ready",))
     while True:
-        arrived = receiver.get(timeout=0 if engine.view.has_unfinished() or pending else IDLE_POLL)
+        arrived = receiver.get(timeout=0 if engine.has_unfinished() or pending else IDLE_POLL)
         while conn.poll():  # after the wire: a request is announced here before its prompt reaches prefill
             message = receive(conn)
             if message[0] == "stop":
@@ -130,7 +130,7 @@ def serve_decode(engine: LLMEngine, conn: Connection, check_kv: bool) -> None:
             del requests[number]
             send(conn, ("handoff", number, record))
             send(conn, ("chunks", chunks))
-        if engine.view.has_unfinished():
+        if engine.has_unfinished():
             chunks = engine.step()
             if chunks:
                 send(conn, ("chunks", chunks))

@@ -2,7 +2,7 @@
 
     engine = LLMEngine(EngineConfig(model="tiny"))
     engine.add_request("def fib(n):", SamplingParams(max_tokens=20))
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         for chunk in engine.step():
             print(chunk.text, end="")
 
@@ -140,6 +140,10 @@ class LLMEngine:
         self._observers.remove(observer)
 
     # -- the core ---------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        """Whether a request is still queued or running: the driving loop's `while`."""
+        return self.scheduler.has_unfinished()
+
     def step(self) -> list[StreamChunk]:
         """One step: propose, schedule, run the model, verify and sample, advance, append the
         tokens (the output processor), tell the observers. Its phases: last_step_timings."""

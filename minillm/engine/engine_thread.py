@@ -131,7 +131,7 @@ class EngineThread:
     def _run(self) -> None:
         try:
             while self._take_messages():
-                if self.engine.view.has_unfinished():
+                if self.engine.has_unfinished():
                     try:
                         chunks = self.engine.step()
                     except Exception as e:  # a broken step fails every open stream, loudly
@@ -150,7 +150,7 @@ class EngineThread:
 
     def _take_messages(self) -> bool:
         """Handle the inbox's messages (when idle, wait for the first); -> False at STOP."""
-        replies, block, stopping, handled = [], not self.engine.view.has_unfinished(), False, False
+        replies, block, stopping, handled = [], not self.engine.has_unfinished(), False, False
         while not stopping:
             try:
                 message = self.inbox.get(block)

@@ -16,10 +16,6 @@ class EngineView:
     def __init__(self, scheduler: Scheduler, cache: CacheManager) -> None:
         self._scheduler, self._cache = scheduler, cache
 
-    def has_unfinished(self) -> bool:
-        """Whether a request is still queued or running: the driving loop's `while`."""
-        return self._scheduler.has_unfinished()
-
     @property
     def num_waiting(self) -> int:
         return len(self._scheduler.waiting)

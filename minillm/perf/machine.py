@@ -80,14 +80,14 @@ def measure_engine(engine, batch: int, context: int, decode_steps: int = 16) -> 
     gen = torch.Generator().manual_seed(0)
     vocab = engine.model_config.vocab_size
     engine.add_request([1] * 8, SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up, unmeasured
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         engine.step()
     steps = []
     engine.subscribe(lambda event: steps.append(event))
     for _ in range(batch):
         prompt = torch.randint(1, vocab, (context,), generator=gen).tolist()
         engine.add_request(prompt, SamplingParams(max_tokens=decode_steps + 1, temperature=0, ignore_eos=True))
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         engine.step()
     prefill = [e.duration for e in steps if any(w.phase == "prefill" for w in e.scheduled)]
     decode = sorted(e.duration for e in steps if all(w.phase == "decode" for w in e.scheduled)

@@ -65,7 +65,7 @@ def replay(engine: LLMEngine, requests: list[SimRequest], seed: int = 0,
     live: dict[str, SimRequest] = {}
     start = time.perf_counter() if start is None else start
     queue = list(pending)
-    while queue or engine.view.has_unfinished():
+    while queue or engine.has_unfinished():
         now = time.perf_counter() - start
         while queue and queue[0].arrival <= now:
             r = queue.pop(0)
@@ -73,7 +73,7 @@ def replay(engine: LLMEngine, requests: list[SimRequest], seed: int = 0,
             engine.add_request(prompt, SamplingParams(max_tokens=r.output_tokens, temperature=0, ignore_eos=True),
                                request_id=f"replay-{r.request_id}")
             live[f"replay-{r.request_id}"] = r
-        if not engine.view.has_unfinished():
+        if not engine.has_unfinished():
             time.sleep(max(queue[0].arrival - now, 0.0))
             continue
         for chunk in engine.step():

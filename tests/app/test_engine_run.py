@@ -40,7 +40,7 @@ def test_stop_aborts_the_rest_and_empties_the_pool():
     run = EngineRun(engine(), specs(4, max_tokens=200), pace=0.05)
     time.sleep(0.3)
     run.stop()
-    assert run.status == "stopped" and not run.engine.view.has_unfinished()
+    assert run.status == "stopped" and not run.engine.has_unfinished()
     assert run.final_kv.used_blocks == 0
     assert {s.finish_reason for s in run.samples.values()} == {"abort"}
 

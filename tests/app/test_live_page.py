@@ -45,7 +45,7 @@ def test_stop_ends_the_run_and_frees_every_block(app):
     time.sleep(0.5)
     app.button(key="b_stop").click().run()
     assert run.status == "stopped"
-    assert not run.engine.view.has_unfinished()
+    assert not run.engine.has_unfinished()
     assert run.final_kv.used_blocks == 0
     assert any(s.finish_reason == "abort" for s in run.samples.values())
     block_map = next(f for t, f in figures(app).items() if t.startswith("KV pool"))

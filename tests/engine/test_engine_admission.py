@@ -89,7 +89,7 @@ def prefilled():
     engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, num_kv_blocks=32))
     engine.add_request(prompt, params, "colocated")
     want = []
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         want += [t for c in engine.step() for t in c.token_ids]
     engine.add_request(prompt, params, "moved")
     engine.step()
@@ -112,7 +112,7 @@ def test_add_prefilled_waits_for_the_scheduler_then_decodes_as_one_engine_would(
         engine.step()
         chunks = engine.handoff.take(handoff, params, "moved", unpack_kv)
     tokens = [t for c in chunks for t in c.token_ids]
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         tokens += [t for c in engine.step() if c.request_id == "moved" for t in c.token_ids]
     assert tokens == want
 
@@ -126,7 +126,7 @@ def test_samples_that_fork_after_prefill_never_run_past_max_num_seqs():
     for i in range(8):
         engine.add_request(list(range(1 + i, 20 + i)), SamplingParams(max_tokens=6, n=4, seed=i, temperature=1.0))
     finished = set()
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         for chunk in engine.step():
             if chunk.request is not None:
                 finished.add(chunk.request_id)
@@ -137,4 +137,4 @@ def test_a_request_with_more_samples_than_max_num_seqs_is_refused_by_name():
     engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, max_num_seqs=2))
     with pytest.raises(ValueError, match=r"n \(3\) exceeds max_num_seqs \(2\)"):
         engine.add_request("def f():", SamplingParams(max_tokens=4, n=3))
-    assert not engine.view.has_unfinished()
+    assert not engine.has_unfinished()

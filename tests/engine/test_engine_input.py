@@ -21,7 +21,7 @@ def engine():
 def run(engine: LLMEngine) -> dict[str, list[int]]:
     """Step until idle; -> each finished request's tokens."""
     done = {}
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         done.update({c.request_id: c.request.token_ids for c in engine.step() if c.request is not None})
     return done
 
@@ -40,7 +40,7 @@ def test_bad_input_is_refused_before_anything_is_queued(engine, prompt, params, 
         engine.process_request(prompt, params, "bad")
     with pytest.raises(error, match=match):
         engine.add_request(prompt, params, "bad")
-    assert engine.view.num_waiting == engine.view.num_running == 0 and not engine.view.has_unfinished()
+    assert engine.view.num_waiting == engine.view.num_running == 0 and not engine.has_unfinished()
     assert engine.add_request("ok", SamplingParams(max_tokens=2), "bad") == "bad"  # the id was never taken
     assert set(run(engine)) == {"bad"}
 
@@ -50,7 +50,7 @@ def test_process_request_builds_the_samples_and_queues_nothing(engine):
     assert (request.request_id, request.prompt) == ("r1", "def f(x):")
     assert request.prompt_token_ids == engine.tokenizer.encode("def f(x):")
     assert [s.index for s in request.samples] == [0, 1, 2] and request.samples[0].forks == request.samples[1:]
-    assert engine.view.num_waiting == 0 and not engine.view.has_unfinished()
+    assert engine.view.num_waiting == 0 and not engine.has_unfinished()
     assert engine.enqueue(request) == "r1" and engine.view.num_waiting == 1
     with pytest.raises(ValueError, match="'r1' is already in use"):
         engine.enqueue(engine.process_request("x", SamplingParams(max_tokens=1), "r1"))

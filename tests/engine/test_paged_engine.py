@@ -76,7 +76,7 @@ def test_request_that_cannot_fit_the_pool_is_rejected_up_front(hf_llama):
     llm = LLM(str(hf_llama[0]), block_size=16, num_kv_blocks=4)
     with pytest.raises(ValueError, match="could never fit in the KV pool of 4 blocks"):
         llm.generate([[1] * 60], SamplingParams(max_tokens=10))
-    assert not llm.engine.view.has_unfinished()
+    assert not llm.engine.has_unfinished()
 
 
 def test_budget_smaller_than_one_block_is_rejected(hf_llama):

@@ -90,7 +90,7 @@ def test_abort_mid_generation_frees_every_block_of_that_request(hf_llama):
     assert engine.abort(ids[1])
     assert engine.view.kv_stats().used_blocks == used_before - victim_blocks
     assert all(s.request_id != ids[1] for s in engine.view.sequences())
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         engine.step()
     assert engine.view.kv_stats().used_blocks == 0
 
@@ -111,7 +111,7 @@ def test_bad_request_is_rejected_without_disturbing_running_ones(bad, message, h
         for chunk in llm.engine.step():
             if chunk.request is not None:
                 outputs[chunk.request_id] = chunk.request.token_ids
-        if not llm.engine.view.has_unfinished():
+        if not llm.engine.has_unfinished():
             break
     assert [outputs[i] for i in ids] == reference
 

@@ -510,7 +510,7 @@ def prefill_then_transfer(pack, unpack, prompt: list[int], max_tokens: int) -> t
     received_in = next(s.block_table for s in b.view.sequences() if s.request_id == "moved")
     assert received_in[:len(sent_from)] != sent_from, "the test needs other block ids in the receiving engine"
     tokens = [t for c in chunks for t in c.token_ids]
-    while b.view.has_unfinished():
+    while b.has_unfinished():
         tokens += [t for c in b.step() if c.request_id == "moved" for t in c.token_ids]
     return colocated.token_ids, tokens
 

@@ -131,7 +131,7 @@ def test_an_uncompilable_schema_is_refused_before_anything_is_queued(llm):
         llm.engine.add_request("x", SamplingParams(structured=StructuredOutput(json_schema={"type": "objectx"})))
     with pytest.raises(ValueError, match="regex cannot be compiled"):
         llm.engine.add_request("x", SamplingParams(structured=StructuredOutput(regex="a(b")))
-    assert not llm.engine.view.has_unfinished()
+    assert not llm.engine.has_unfinished()
 
 
 def test_speculative_decoding_refuses_structured_requests():

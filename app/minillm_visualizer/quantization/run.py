@@ -136,7 +136,7 @@ def greedy(make_engine: Callable[[EngineConfig], LLMEngine], config: EngineConfi
     engine = make_engine(config)
     engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     tokens, start = [], time.perf_counter()
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         for chunk in engine.step():
             tokens += chunk.token_ids
     seconds = time.perf_counter() - start

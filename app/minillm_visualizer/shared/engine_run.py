@@ -119,8 +119,8 @@ class EngineRun:
         status = "finished"
         try:
             while self._next_turn():
-                self._admit(self._clock(), force=self.status == "paused" and not self.engine.view.has_unfinished())
-                if not self.engine.view.has_unfinished():
+                self._admit(self._clock(), force=self.status == "paused" and not self.engine.has_unfinished())
+                if not self.engine.has_unfinished():
                     if not self._pending:
                         break
                     self._idle_until(self._pending[0].arrival)

@@ -185,7 +185,7 @@ def run_prompts(make_engine: Callable[[EngineConfig], LLMEngine], config: Engine
                                                   ignore_eos=True), request_id=rid)
     events: list[StepEvent] = []
     engine.subscribe(events.append)
-    while engine.view.has_unfinished():
+    while engine.has_unfinished():
         start = time.perf_counter()
         chunks = engine.step()
         run.seconds += time.perf_counter() - start  # the engine's time only, not the page's drawing
