@@ -17,15 +17,19 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 async def echoes(server, body: CompletionRequest) -> list[EchoedPrompt] | None:
-    """The prompts as echo returns them (None without echo or scoring); a prompt over the context -> 400."""
+    """The prompts as echo returns them (None without echo or scoring); a prompt over the context -> 400.
+    Their forwards are work the engine's queue never sees, so they are admitted like a generation: the
+    request's prompts x n sequences wait (for admission) until they are scored."""
     if not body.echo and body.max_tokens != 0:
         return None
+    prompts = body.prompts()
     out = []
-    for i, prompt in enumerate(body.prompts()):
-        try:
-            out.append(await echo_prompt(server.llm, prompt, body.logprobs if body.echo else None))
-        except ValueError as e:
-            raise APIError(400, f"prompt {i}: {e}", param="prompt") from None
+    async with server.admitted(len(prompts) * body.samples):
+        for i, prompt in enumerate(prompts):
+            try:
+                out.append(await echo_prompt(server.llm, prompt, body.logprobs if body.echo else None))
+            except ValueError as e:
+                raise APIError(400, f"prompt {i}: {e}", param="prompt") from None
     return out
 
 
@@ -33,8 +37,7 @@ def _choice(server, index: int, echoed: EchoedPrompt | None, text: str, logprobs
             finish_reason: str | None) -> dict:
     """One choice; with echo, the prompt's text and logprobs come first."""
     if echoed is not None:
-        prompt_lp = echoed.choice_logprobs(server.tokenizer) if echoed.logprobs is not None else None
-        text, logprobs = echoed.text + text, join_logprobs(prompt_lp, logprobs)
+        text, logprobs = echoed.text + text, join_logprobs(echoed.logprobs, logprobs)
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -62,6 +65,7 @@ def scored(server, body: CompletionRequest, prompts: list[EchoedPrompt]):
     n, rid = body.samples, new_id("cmpl")
     choices = [_choice(server, i * n + j, p if body.echo else None, "", None, "length")
                for i, p in enumerate(prompts) for j in range(n)]
+    server.drain.record(len(choices))  # finished sequences, as admission counted them
     total = usage(sum(len(p.ids) for p in prompts), 0)
     if not body.stream:
         return envelope(rid, "text_completion", server.model_name, choices, usage=total)
