@@ -186,3 +186,10 @@ def test_a_non_loopback_bind_without_the_flag_and_a_key_is_refused(argv, missing
 def test_loopback_addresses():
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.3.2.1", "::1", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+def test_a_grammar_dead_end_is_a_400_naming_the_grammar_and_min_tokens(server):
+    r = post(server, "/v1/completions", {**OK, "max_tokens": 8, "guided_regex": "a", "min_tokens": 5})
+    assert r.status_code == 400, r.text
+    assert "regex" in r.json()["error"]["message"] and "min_tokens (5)" in r.json()["error"]["message"]
+    assert post(server, "/v1/completions", OK).status_code == 200  # the server goes on
