@@ -182,6 +182,9 @@ class BatchRun:
         job = self.pending.pop(cid)
         outputs = [job["done"][rid] for rid in job["ids"]]
         rid = new_id("cmpl" if job["url"] == "/v1/completions" else "chatcmpl")
+        errors = [c.error for o in outputs for c in o.outputs if c.error is not None]
+        if errors:  # a sample's constraints left it no token: the server's 400 (serve/generation.py)
+            return self.write(cid, {"status_code": 400, "request_id": rid, "body": error_body(400, errors[0])}, None)
         self.answer(cid, rid, completion_body(rid, self.model, job["url"], job["body"], outputs, self.engine.tokenizer,
                                               job["shown"]))
 

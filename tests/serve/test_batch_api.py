@@ -85,11 +85,12 @@ def close(a, b) -> bool:
     return a == b
 
 
-def test_echo_and_scoring_answer_as_the_server_does(tmp_path, server):
+def test_echo_scoring_and_a_dead_end_answer_as_the_server_does(tmp_path, server):
     asked = {"score": {"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 0, "echo": True, "logprobs": 1, "n": 2},
              "echo": {"prompt": "def fib(n):", "max_tokens": 3, "echo": True, "logprobs": 2},
              "bare": {"prompt": "x = [", "max_tokens": 0},  # scored without echo: empty choices
-             "long": {"prompt": [1] * 600, "max_tokens": 0, "echo": True}}
+             "long": {"prompt": [1] * 600, "max_tokens": 0, "echo": True},
+             "dead-end": {"prompt": "x = ", "max_tokens": 8, "guided_regex": "a", "min_tokens": 5}}
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(line(cid, **body) for cid, body in asked.items()) + "\n")
     run_batch(inp, out)
