@@ -9,9 +9,10 @@ class Completion:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" (EOS, stop token or string), "length" (max_tokens), "abort"
+    finish_reason: str | None  # "stop" (EOS, stop token or string), "length" (max_tokens), "abort", "error"
     metrics: dict = field(default_factory=dict)
     logprobs: list[dict[int, float]] | None = None  # per output token, with SamplingParams(logprobs=k)
+    error: str | None = None  # with finish_reason "error": which of its constraints left no token to draw
 
 
 @dataclass

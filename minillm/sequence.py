@@ -42,6 +42,7 @@ class FinishReason(Label):
     STOP = "stop"          # an end-of-sequence token, a stop token or a stop string
     LENGTH = "length"      # max_tokens reached
     ABORT = "abort"        # the caller gave up on it
+    ERROR = "error"        # its own constraints left no token to draw (Sequence.error says which)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class Sequence:
         self.emitted_chars = 0  # how much of output_text has been streamed to the caller
         self.stop_text_from = 0  # a stop string counts only if it ends past here (params.min_tokens holds it back)
         self.finish_reason: FinishReason | None = None
+        self.error: str | None = None  # why it ended with FinishReason.ERROR
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.grammar: Any = None  # structured output: this sample's structured.grammar.GrammarState
         # Speculative decoding: this step's proposals (computed after the last token, then verified),

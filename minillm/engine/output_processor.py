@@ -44,7 +44,12 @@ class OutputProcessor:
     # -- a step's tokens -------------------------------------------------------------------------
     def append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
         """Add a step's tokens to their sequence (one, or several when speculating), detokenize
-        them, and finish the sequence at the first that stops it (the rest are dropped)."""
+        them, and finish the sequence at the first that stops it (the rest are dropped). No tokens and
+        an error: the sampler found no token its constraints allow, and the sequence ends here."""
+        if seq.error is not None:
+            seq.metrics.finished_time = now
+            self._finish(seq, FinishReason.ERROR)
+            return self._chunk(seq, [])
         for n, token in enumerate(tokens, 1):
             seq.token_ids.append(token)
             seq.metrics.token_times.append(now)
@@ -90,7 +95,7 @@ class OutputProcessor:
         if self._speculative:
             metrics.update(spec_proposed=seq.num_proposed, spec_accepted=seq.num_accepted)
         return Completion(seq.index, seq.output_text, seq.output_token_ids, seq.finish_reason, metrics,
-                          None if seq.logprobs is None else list(seq.logprobs))
+                          None if seq.logprobs is None else list(seq.logprobs), seq.error)
 
 
 def cut_at_stop_string(seq: Sequence) -> bool:

@@ -27,6 +27,19 @@ def first_rows(batch: list[ScheduledSeq]) -> list[int]:
     return list(itertools.accumulate((b.num_logits for b in batch), initial=0))
 
 
+def dead_end(seq: Sequence) -> str:
+    """Why no token is left for seq: its grammar allows only its end, which min_tokens holds back (or,
+    without min_tokens pending, nothing its other controls leave)."""
+    kind = seq.params.structured.key()[0].replace("_", " ") if seq.params.structured else "no constraint"
+    made, least = len(seq.output_token_ids), seq.params.min_tokens
+    if made < least:
+        return (f"no token can come next: the {kind} allows only its end after these {made} tokens, and "
+                f"min_tokens ({least}) holds the end back until there are {least}; ask for fewer min_tokens "
+                f"or a {kind} whose outputs are that long")
+    return (f"no token can come next after {made} tokens: the {kind} allows none that logit_bias and the "
+            f"penalties leave")
+
+
 class Sampler:
     """Draws the step's new tokens: each emitting row masked by its grammar, then sampled with its own
     params and generator (or the verified tokens of a speculating sequence); logprobs when asked for."""
@@ -44,8 +57,16 @@ class Sampler:
         if any(seq.params.processes_logits for seq, _ in drawn):  # else not even a History is built
             drawn_logits = process_logits(drawn_logits, [history_of(seq) for seq, _ in drawn])
         masked = self._constrain(drawn_logits, [seq for seq, _ in drawn])
-        tokens = sample_requests(masked, [s.params for s, _ in drawn], [s.generator for s, _ in drawn], self._sample)
-        emitted = [(seq, [token], row) for (seq, row), token in zip(drawn, tokens)]
+        # A row with no finite logit has no token to draw (its grammar and min_tokens disagree): sampling it
+        # would raise, failing every sequence of the step. It ends alone, with the reason, and draws nothing.
+        alive = torch.isfinite(masked).any(-1).tolist()
+        for (seq, _), ok in zip(drawn, alive):
+            if not ok:
+                seq.error = dead_end(seq)
+        live = [j for j, ok in enumerate(alive) if ok]
+        tokens = iter(sample_requests(masked[live], [drawn[j][0].params for j in live],
+                                      [drawn[j][0].generator for j in live], self._sample))
+        emitted = [(seq, [next(tokens)] if ok else [], row) for (seq, row), ok in zip(drawn, alive)]
         emitted += [(seq, verified[seq], rows[i]) for seq, i in emitting if seq in verified]
         for seq, new, row in emitted:
             if seq.logprobs is not None:

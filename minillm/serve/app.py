@@ -11,7 +11,8 @@ mid-stream closes its response's generator (Starlette listens for the disconnect
 which aborts its engine requests at once (serve/generation.py); a non-streaming request watches
 for its client's disconnect while it waits, and aborts the same way. With `max_waiting`, a request
 whose sequences (prompts x n) would queue past that many is refused with 429 and a Retry-After from
-`admission(num_waiting, max_waiting, drain_rate)`. Bodies over `max_body_bytes` get 413 before
+`admission(num_waiting, max_waiting, drain_rate)`; a request that only scores its prompts (max_tokens 0)
+counts the same, as waiting while it is scored. Bodies over `max_body_bytes` get 413 before
 they are read whole. At shutdown, `end_streams()` (called as the grace period runs out) ends every
 open stream with an error event and `[DONE]`.
 """
@@ -80,18 +81,24 @@ class OpenAIServer:
             params = body.sampling_params(max_tokens, logprobs, self.vocab_size)
         except ValueError as e:
             raise APIError(400, str(e)) from None
-        sequences = len(prompts) * params.n
-        self.admit(sequences)
-        self.admitting += sequences  # counted as waiting while they are tokenized, before the engine has them
-        try:
+        async with self.admitted(len(prompts) * params.n):  # waiting while tokenized, before the engine has them
             gen = await Generation(self.llm, new_id(prefix), self.on_chunk).start(prompts, params)
-        finally:
-            self.admitting -= sequences
         self.generations.add(gen)
         return gen
 
+    @asynccontextmanager
+    async def admitted(self, sequences: int):
+        """Admit the sequences (or raise 400/429), and count them as waiting until the block ends: the
+        engine's queue does not hold them yet (being tokenized) or ever (a prompt scored by a forward)."""
+        self.admit(sequences)
+        self.admitting += sequences
+        try:
+            yield
+        finally:
+            self.admitting -= sequences
+
     def admit(self, sequences: int) -> None:
-        """Admission counts sequences: a request brings one per prompt and sample."""
+        """Admission counts sequences: a request brings one per prompt and sample, scored or generated."""
         if self.max_waiting is None:
             return
         if sequences > self.max_waiting:

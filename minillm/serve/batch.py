@@ -11,7 +11,9 @@ status_code 400 and an error body, as it would over HTTP; a line that is no requ
 JSON, no custom_id, a wrong url) gets "response": null and an error {code, message, line}.
 
 Every valid request goes into one LLMEngine before the first step, so the scheduler always has
-a full batch: no arrival gaps, no latency target, the cheapest tokens this hardware makes.
+a full batch: no arrival gaps, no latency target, the cheapest tokens this hardware makes. `echo`
+and `max_tokens: 0` (prompt scoring) answer as /v1/completions does (serve/echo.py): the prompts
+are scored by one forward each as their line is read, and a scoring-only request is answered then.
 An output line is written and flushed as its request finishes, so a killed run loses only the
 requests in flight; a rerun skips every custom_id (or bad line) already in the output.
 """
@@ -27,10 +29,11 @@ from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput
-from minillm.serve.completions import DEFAULT_MAX_TOKENS
+from minillm.serve.completions import DEFAULT_MAX_TOKENS, generated_choices, scored_choices
+from minillm.serve.echo import EchoedPrompt, echo_now
 from minillm.serve.errors import error_body, validation_message
 from minillm.serve.protocol import ChatRequest, CompletionRequest
-from minillm.serve.responses import chat_choice, completion_choice, envelope, new_id, usage
+from minillm.serve.responses import chat_choice, envelope, new_id, usage
 
 URLS = ("/v1/completions", "/v1/chat/completions")
 
@@ -104,12 +107,14 @@ def validated(url: str, raw: dict, model: str) -> CompletionRequest | ChatReques
     return body
 
 
-def completion_body(rid: str, model: str, url: str, body, outputs: list[RequestOutput], tokenizer) -> dict:
-    """The JSON the server's non-streaming endpoint answers, from the finished prompts' outputs."""
+def completion_body(rid: str, model: str, url: str, body, outputs: list[RequestOutput], tokenizer,
+                    shown: list[EchoedPrompt | None]) -> dict:
+    """The JSON the server's non-streaming endpoint answers, from the finished prompts' outputs (and on
+    /v1/completions, shown[i]: prompt i as echoed, None without echo)."""
     if url == "/v1/completions":
         kind = "text_completion"
-        choices = [completion_choice(tokenizer, i * body.samples + c.index, c)
-                   for i, o in enumerate(outputs) for c in o.outputs]
+        choices = generated_choices(tokenizer, body, shown, {(i, c.index): c for i, o in enumerate(outputs)
+                                                             for c in o.outputs})
     else:
         kind = "chat.completion"
         choices = [chat_choice(tokenizer, c.index, c, body.top_logprobs or 0) for o in outputs for c in o.outputs]
@@ -134,12 +139,17 @@ class BatchRun:
         self.counts["succeeded" if response and response["status_code"] == 200 else "failed"] += 1
 
     def queue(self, cid: str, url: str, body) -> None:
-        """Add the request's prompts to the engine; a prompt it refuses refuses the whole request."""
+        """Add the request's prompts to the engine (a prompt it refuses refuses the whole request); one
+        that only scores its prompts is answered at once."""
+        shown = None
         if url == "/v1/completions":
-            if body.echo or body.max_tokens == 0:
-                raise Refused(400, "echo and max_tokens 0 (prompt scoring) are served by the server, not in a batch")
             prompts, logprobs = body.prompts(), body.logprobs
             max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+            shown = self.echoes(body) if body.echo or max_tokens == 0 else None
+            if max_tokens == 0:  # nothing to generate: answered now
+                rid = new_id("cmpl")
+                return self.answer(cid, rid, envelope(rid, "text_completion", self.model, scored_choices(body, shown),
+                                                      usage=usage(sum(len(p.ids) for p in shown), 0)))
         else:
             try:
                 prompt = self.template.render(body.template_messages())
@@ -156,13 +166,30 @@ class BatchRun:
             for rid in ids:
                 self.engine.abort(rid)
             raise Refused(400, str(e)) from None
-        self.pending[cid] = {"url": url, "body": body, "ids": ids, "done": {}}
+        self.pending[cid] = {"url": url, "body": body, "ids": ids, "done": {}, "shown": shown or [None] * len(ids)}
+
+    def echoes(self, body: CompletionRequest) -> list[EchoedPrompt]:
+        """The prompts as echo returns them, scored now (a forward each) when logprobs are asked."""
+        out = []
+        for i, prompt in enumerate(body.prompts()):
+            try:
+                out.append(echo_now(self.engine, prompt, body.logprobs if body.echo else None))
+            except ValueError as e:
+                raise Refused(400, f"prompt {i}: {e}") from None
+        return out
 
     def finish(self, cid: str) -> None:
         job = self.pending.pop(cid)
         outputs = [job["done"][rid] for rid in job["ids"]]
         rid = new_id("cmpl" if job["url"] == "/v1/completions" else "chatcmpl")
-        body = completion_body(rid, self.model, job["url"], job["body"], outputs, self.engine.tokenizer)
+        errors = [c.error for o in outputs for c in o.outputs if c.error is not None]
+        if errors:  # a sample's constraints left it no token: the server's 400 (serve/generation.py)
+            return self.write(cid, {"status_code": 400, "request_id": rid, "body": error_body(400, errors[0])}, None)
+        self.answer(cid, rid, completion_body(rid, self.model, job["url"], job["body"], outputs, self.engine.tokenizer,
+                                              job["shown"]))
+
+    def answer(self, cid: str, rid: str, body: dict) -> None:
+        """Write a request's 200 answer, and count its tokens."""
         self.counts["prompt_tokens"] += body["usage"]["prompt_tokens"]
         self.counts["output_tokens"] += body["usage"]["completion_tokens"]
         self.write(cid, {"status_code": 200, "request_id": rid, "body": body}, None)

@@ -6,7 +6,8 @@ separate from streaming so that bad input (a prompt too long for the context, an
 is refused with a 400 before a streaming response has started.
 
 Whoever stops reading early (a client that disconnects, a server shutting down) closes the stream,
-and every request still running is aborted at once, so its KV blocks go back to the pool. `cut()`
+and every request still running is aborted at once, so its KV blocks go back to the pool. A sample
+whose constraints left it no token (finish_reason "error") ends the whole HTTP request with a 400. `cut()`
 ends the stream from outside (the grace period of a shutdown is over): the reader gets the error.
 """
 import asyncio
@@ -70,6 +71,8 @@ class Generation:
                     raise APIError(503, "the request was aborted: the server is shutting down")
                 elif isinstance(item, BaseException):
                     raise item
+                elif item.output is not None and item.output.error is not None:  # its constraints dead-ended
+                    raise APIError(400, item.output.error)
                 else:
                     self._count(item)
                     yield i, item

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import post
 
 from minillm import LLM, SamplingParams
 from minillm.serve.batch import run_batch
@@ -71,6 +72,38 @@ def test_good_and_bad_lines_each_get_their_own_answer_and_greedy_equals_generate
     assert ok["ok-1"]["body"]["usage"]["completion_tokens"] == TOKENS
     assert stats["output_tokens"] == sum(r["body"]["usage"]["completion_tokens"] for r in ok.values())
     assert stats["output_throughput"] > 0
+
+
+def close(a, b) -> bool:
+    """Equal JSON, floats within 1e-4 (the batch's forwards and the server's run in two engines)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, abs=1e-4)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(close, a, b))
+    return a == b
+
+
+def test_echo_scoring_and_a_dead_end_answer_as_the_server_does(tmp_path, server):
+    asked = {"score": {"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 0, "echo": True, "logprobs": 1, "n": 2},
+             "echo": {"prompt": "def fib(n):", "max_tokens": 3, "echo": True, "logprobs": 2},
+             "bare": {"prompt": "x = [", "max_tokens": 0},  # scored without echo: empty choices
+             "long": {"prompt": [1] * 600, "max_tokens": 0, "echo": True},
+             "dead-end": {"prompt": "x = ", "max_tokens": 8, "guided_regex": "a", "min_tokens": 5}}
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(line(cid, **body) for cid, body in asked.items()) + "\n")
+    run_batch(inp, out)
+    answers = {r["custom_id"]: r["response"] for r in read(out)}
+    for cid, body in asked.items():
+        online = post(server, "/v1/completions", {"model": "tiny", "temperature": 0, **body})
+        assert answers[cid]["status_code"] == online.status_code, (cid, answers[cid])
+        batch = answers[cid]["body"]
+        if online.status_code != 200:
+            assert batch["error"]["message"] == online.json()["error"]["message"]
+            continue
+        assert close(batch["choices"], online.json()["choices"]), (cid, batch, online.json())
+        assert batch["usage"] == online.json()["usage"] and batch["object"] == "text_completion"
 
 
 @pytest.mark.subprocess

@@ -111,11 +111,9 @@ def test_workload_is_seeded_with_the_asked_lengths(source):
 
 # -- against the live in-process server ---------------------------------------------------------
 @pytest.fixture(scope="module")
-def server():
+def llm():
     from minillm.async_llm import AsyncLLM
-    from minillm.serve.server import serve_in_thread
-    with serve_in_thread(AsyncLLM("tiny", max_num_seqs=8)) as handle:
-        yield handle
+    return AsyncLLM("tiny", max_num_seqs=8)
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:

@@ -20,28 +20,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from minillm import LLM, AsyncLLM, SamplingParams
+from minillm import LLM, SamplingParams
 from minillm.serve import serve_in_thread
 from minillm.testing import wait_until
 
 PROMPTS = ["def fib(n):", "import os\n", "class Stack:", "for i in range(10):", "def parse(text):\n    ",
            "# sort a list\n", "x = [", "async def fetch(url):"]
-
-
-@pytest.fixture(scope="module")
-def offline():
-    return LLM("tiny")
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serve_in_thread(AsyncLLM("tiny")) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
 
 
 def greedy(max_tokens: int, **extra) -> SamplingParams:

@@ -11,18 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from minillm import LLM, AsyncLLM
+from minillm import LLM
 from minillm.models.registry import resolve_model_path
-from minillm.serve import serve_in_thread
 
 TINY = str(resolve_model_path("tiny"))
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serve_in_thread(AsyncLLM("tiny")) as handle:
-        yield handle
 
 
 @pytest.mark.slow

@@ -5,30 +5,10 @@ logits), GET /v1/models/{id} through the official client, and HEAD on /health an
 import httpx
 import openai
 import pytest
+from conftest import post
 
-from minillm import LLM, AsyncLLM, SamplingParams
-from minillm.serve import serve_in_thread
+from minillm import SamplingParams
 from minillm.serve.protocol import CompletionRequest
-
-
-@pytest.fixture(scope="module")
-def offline():
-    return LLM("tiny")
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serve_in_thread(AsyncLLM("tiny")) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.base_url + path, json=body, timeout=60)
 
 
 def test_text_parts_are_joined_in_order_and_a_tool_calling_turn_may_have_no_content(client):

@@ -4,33 +4,16 @@ out-of-range values, a prompt too long for the context and an invalid schema; 40
 model; 401 without the API key; 429 with Retry-After when the queue is full. Never a 500."""
 import asyncio
 import math
+import threading
 
 import httpx
 import openai
 import pytest
+from conftest import post, reached
 
 from minillm import AsyncLLM
 from minillm.cli import is_loopback, main
 from minillm.serve import admit, serve_in_thread
-
-
-@pytest.fixture(scope="module")
-def llm():
-    return AsyncLLM("tiny")
-
-
-@pytest.fixture(scope="module")
-def server(llm):
-    with serve_in_thread(llm) as handle:
-        yield handle
-
-
-def post(server, path: str, content: str | dict, **headers) -> httpx.Response:
-    if isinstance(content, dict):
-        return httpx.post(server.base_url + path, json=content, headers=headers, timeout=30)
-    return httpx.post(server.base_url + path, content=content, timeout=30,
-                      headers={"content-type": "application/json", **headers})
-
 
 OK = {"model": "tiny", "prompt": "def f():", "max_tokens": 2}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -154,6 +137,41 @@ def test_a_full_queue_answers_429_with_retry_after():
         assert busy.kv_stats().used_blocks == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_scoring_request_counts_against_admission_like_a_generation():
+    """max_tokens 0 queues no engine request but runs a forward per prompt: it brings prompts x n sequences
+    too, counted as waiting while it is scored, and is refused with the same 400 or 429 and Retry-After."""
+    llm, gate = AsyncLLM("tiny"), threading.Event()
+    forward = llm.logits
+
+    async def held_logits(ids):  # each prompt's forward waits for the test to let it go
+        await asyncio.to_thread(gate.wait, 30)
+        return await forward(ids)
+    llm.logits = held_logits
+    score = {"model": "tiny", "prompt": ["a", "b"], "max_tokens": 0, "echo": True, "logprobs": 0}
+    with serve_in_thread(llm, max_waiting=2) as server:
+        gate.set()
+        over = post(server, "/v1/completions", {**score, "n": 2})
+        assert over.status_code == 400 and "brings 4 sequences" in over.text, over.text
+        gate.clear()
+
+        async def main():
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+                held = asyncio.ensure_future(http.post("/v1/completions", json=score))
+                await reached(lambda: server.app.state.server.admitting == 2)  # its 2 sequences are being scored
+                refused = [await http.post("/v1/completions", json={**score, "prompt": "c"}),
+                           await http.post("/v1/completions", json=OK)]
+                gate.set()
+                return refused, await held
+
+        refused, done = asyncio.run(main())
+        for r in refused:
+            assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1, r.text
+            assert "2 sequences are waiting and this request brings 1 (max_waiting 2)" in r.json()["error"]["message"]
+        assert done.status_code == 200 and len(done.json()["choices"]) == 2
+        assert server.app.state.server.admitting == 0
+
+
 @pytest.mark.parametrize("argv, missing", [
     (["serve", "--host", "0.0.0.0"], "--allow-remote and --api-key"),
     (["serve", "--host", "192.168.1.5", "--api-key", "k"], "--allow-remote"),
@@ -168,3 +186,10 @@ def test_a_non_loopback_bind_without_the_flag_and_a_key_is_refused(argv, missing
 def test_loopback_addresses():
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.3.2.1", "::1", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+def test_a_grammar_dead_end_is_a_400_naming_the_grammar_and_min_tokens(server):
+    r = post(server, "/v1/completions", {**OK, "max_tokens": 8, "guided_regex": "a", "min_tokens": 5})
+    assert r.status_code == 400, r.text
+    assert "regex" in r.json()["error"]["message"] and "min_tokens (5)" in r.json()["error"]["message"]
+    assert post(server, "/v1/completions", OK).status_code == 200  # the server goes on

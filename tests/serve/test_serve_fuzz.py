@@ -7,16 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from minillm import AsyncLLM
-from minillm.serve import serve_in_thread
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (the dev extra installs it)")
 GenerationMode = schemathesis.GenerationMode
 
 
 @pytest.fixture(scope="module")
-def server():
-    with serve_in_thread(AsyncLLM("tiny", max_model_len=64)) as handle:
-        yield handle
+def llm():
+    return AsyncLLM("tiny", max_model_len=64)
 
 
 OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),

@@ -4,7 +4,6 @@ gives JSON that validates against the schema. Skipped when the model's package i
 import json
 
 import jsonschema
-import openai
 import pytest
 
 from minillm import AsyncLLM
@@ -30,11 +29,6 @@ def server(real_model_cache):
         llm = AsyncLLM(NAME)
     with serve_in_thread(llm) as handle:
         yield handle
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
 
 
 def test_chat_uses_the_models_template_and_ends_at_the_end_of_its_turn(server, client):

@@ -14,6 +14,7 @@ import time
 import httpx
 import openai
 import pytest
+from conftest import reached, slowed
 from fastapi import FastAPI
 
 from minillm import AsyncLLM
@@ -23,17 +24,6 @@ from minillm.serve.protocol import CompletionRequest
 from minillm.serve.server import app_in_thread
 from minillm.structured import StructuredOutput
 from minillm.testing import wait_until
-
-
-def slowed(llm: AsyncLLM, seconds: float) -> AsyncLLM:
-    """Each engine step takes at least `seconds`: a long generation stays open while a test acts."""
-    step = llm.engine.step
-
-    def slow_step():
-        time.sleep(seconds)
-        return step()
-    llm.engine.step = slow_step
-    return llm
 
 
 @pytest.fixture(scope="module")
@@ -142,15 +132,6 @@ def test_an_empty_json_schema_constrains_to_any_json_value(server):
         json.loads(free["text"])  # the free model's greedy text is not JSON
     assert bound["finish_reason"] == "stop"
     json.loads(bound["text"])
-
-
-async def reached(condition, timeout: float = 10.0) -> None:
-    """Wait, without blocking the loop, until the server is in the state a test needs (no fixed sleep:
-    under a loaded CI machine a request can take longer than any guess to arrive)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the server never reached the state the test waits for"
-        await asyncio.sleep(0.01)
 
 
 def test_admission_counts_the_sequences_a_request_brings():

@@ -138,3 +138,17 @@ def test_speculative_decoding_refuses_structured_requests():
     spec = LLM("tiny", speculative=SpeculativeConfig(method="ngram", k=2))
     with pytest.raises(ValueError, match="not supported with speculative decoding"):
         spec.generate("x", SamplingParams(structured=StructuredOutput(json_object=True)), use_tqdm=False)
+
+
+def test_a_grammar_dead_end_ends_its_own_sequence_only(llm):
+    """regex "a" allows nothing but its end after one token, and min_tokens 5 holds the end back: no token
+    is left. That sample ends with an error naming both; the healthy ones, batched with it, are unchanged."""
+    healthy = ["def fib(n):", "import os\n", "class Stack:"]
+    free = SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
+    alone = llm.generate(healthy, free, use_tqdm=False)
+    dead = SamplingParams(max_tokens=12, min_tokens=5, structured=StructuredOutput(regex="a"))
+    mixed = llm.generate([healthy[0], "x = ", *healthy[1:]], [free, dead, free, free], use_tqdm=False)
+    assert [o.token_ids for o in mixed[:1] + mixed[2:]] == [o.token_ids for o in alone]
+    ended = mixed[1].outputs[0]
+    assert ended.finish_reason == "error" and ended.text == "a", ended
+    assert "regex" in ended.error and "min_tokens (5)" in ended.error, ended.error
