@@ -188,7 +188,7 @@ def run_batch(input_path, output_path, model: str | None = DEFAULT_MODEL, **engi
     model = model or DEFAULT_MODEL
     input_path, output_path = Path(input_path), Path(output_path)
     done_ids, done_lines = resume(output_path)
-    engine = LLMEngine(EngineConfig(model=model, **engine_config))
+    engine = LLMEngine(EngineConfig.from_knobs(model, **engine_config))
     seen: set[str] = set()
     skipped = 0
     with output_path.open("a", encoding="utf-8") as out:
