@@ -7,7 +7,7 @@ import torch
 
 from minillm import SamplingParams
 from minillm.cache.paged import PagedCacheManager
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, SchedulerConfig
 from minillm.disagg.kv_transfer import pack_kv, unpack_kv
 from minillm.engine.engine import LLMEngine
 from minillm.engine.scheduler import Scheduler
@@ -21,9 +21,10 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 
 
 def scheduler(num_blocks: int = 16, **config) -> Scheduler:
+    """A Scheduler over a pool of num_blocks; config: SchedulerConfig fields."""
     cfg = ModelConfig.from_dict(json.loads((TINY / "config.json").read_text()))
     cache = PagedCacheManager(cfg, num_blocks, BLOCK, torch.float32, torch.device("cpu"), False)
-    return Scheduler(EngineConfig.from_knobs("tiny", block_size=BLOCK, **config), cache)
+    return Scheduler(SchedulerConfig(**config), cache)
 
 
 def request(num_tokens: int, n: int = 1, rid: str = "r") -> Sequence:
