@@ -25,7 +25,6 @@ from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.engine.engine_thread import STOP, Abort, Add, EngineThread, RequestStream, call_on
 from minillm.engine.runner import full_forward_logits
-from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import StreamChunk
 from minillm.sampling import SamplingParams
 from minillm.sequence import EngineRequest
@@ -37,7 +36,7 @@ class AsyncLLM:
     request; an engine thread owns the engine, so concurrent callers (a server's requests) never wait for a
     step on the loop."""
     def __init__(self, model: str | None = None, **config) -> None:
-        self.config = EngineConfig(model=model or DEFAULT_MODEL, **config)
+        self.config = EngineConfig.from_knobs(model, **config)
         self._attach(LLMEngine(self.config))
 
     @classmethod

@@ -15,7 +15,6 @@ from minillm.chat_template import ChatTemplate
 from minillm.config import EngineConfig
 from minillm.engine.engine import LLMEngine
 from minillm.engine.runner import full_forward_logits
-from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams
 
@@ -40,8 +39,9 @@ class LLM:
         """model: a bundled model name ("tiny", "pico") or a Hugging Face model directory.
         weights: another LLM's `.model` of the same checkpoint, to share instead of loading a second copy (engines
         side by side with other knobs; one that quantizes copies them first).
-        config: any EngineConfig field (dtype, device, max_model_len, seed, ...)."""
-        self.config = EngineConfig(model=model or DEFAULT_MODEL, **config)
+        config: the flat knobs (dtype, device, max_model_len, seed, block_size, scheduler, ...), each mapped to
+        its EngineConfig group by minillm/config/knobs.py."""
+        self.config = EngineConfig.from_knobs(model, **config)
         self.engine = LLMEngine(self.config, model=weights)
 
     @property

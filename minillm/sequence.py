@@ -26,6 +26,15 @@ class Label(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def parse(cls, knob: str, value) -> Label:
+        """The member whose value is `value` (or the member itself); a ValueError naming the knob, the
+        value and the accepted ones otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{knob} must be one of {', '.join(e.value for e in cls)}, got {value!r}") from None
+
 
 class SequenceStatus(Label):
     WAITING = "waiting"    # queued, or preempted and waiting to be recomputed

@@ -582,7 +582,7 @@ from minillm.engine.engine import LLMEngine
 from minillm.sim.calibrate import alone_seconds, measure_profile, replica_knobs, workload
 from minillm.sim.plan import predict
 
-engine = LLMEngine(EngineConfig(model="tiny", max_num_seqs=16, enable_prefix_caching=False))
+engine = LLMEngine(EngineConfig.from_knobs("tiny", max_num_seqs=16, enable_prefix_caching=False))
 measured = measure_profile(engine, requests=24)
 print(f"measured: {measured.describe()}")
 work = workload(300, 1.5 / alone_seconds(measured), seed=3)  # 1.5x what one request at a time could serve

@@ -79,7 +79,7 @@ def test_a_second_turn_finds_the_first_in_the_prefix_cache(real):
     follow_up = [*CONVERSATIONS[0], {"role": "assistant", "content": first.text},
                  {"role": "user", "content": "Tell me one fact about cats."}]
     second = real.chat(follow_up, SamplingParams(max_tokens=1), use_tqdm=False)[0]  # the hits are known at prefill
-    block = real.config.block_size
+    block = real.config.cache.block_size
     assert second.metrics["cached_prompt_tokens"] >= (len(first.prompt_token_ids) // block) * block > 0
 
 

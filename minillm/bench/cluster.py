@@ -211,7 +211,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     calibration = QUICK_BIG if big else CALIBRATION_REQUESTS[quick]
     with progress("cluster", len(LOADS) + 3 + 4 + 4 + 3, unit="part") as bar:
         bar.set_description("cluster: calibrating on the real engine")
-        engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
+        engine = LLMEngine(EngineConfig.from_knobs(model, max_num_seqs=16, enable_prefix_caching=False))
         profile = measure_profile(engine, requests=calibration)
         bar.set_description("cluster: real vs simulated")
         loads, knobs = QUICK_BIG_LOADS if big else LOADS, replica_knobs(engine)

@@ -2,7 +2,7 @@
 
 Measured side by side in one run, same weights, same greedy tokens:
   * minillm with its KV cache: decode tokens/s = 1 / TPOT
-  * the same with its decode steps compiled (EngineConfig(compile_decode=True), engine/compiled.py;
+  * the same with its decode steps compiled (EngineConfig.from_knobs(compile_decode=True), engine/compiled.py;
     not in --quick: compiling takes minutes on a 2-core CPU, under one once inductor's cache holds it)
   * the bare loop: per token, every weight matrix once as a matrix-vector product (q/k/v, o,
     gate/up and down of every layer, then the LM head), on the model's own weights, with nothing
@@ -109,9 +109,9 @@ def step_breakdown(llm: LLM, prompt: list[int], steps: int) -> tuple[dict[str, f
     observer subscribed). Attention is timed on a second engine with profile_attention, whose clock reads per layer
     run the layers one call at a time (a CPU decode step's C++ layer has no seam to time attention at)."""
     config = dict(model=llm.config.model, dtype="float32", device="cpu")
-    engine = LLMEngine(EngineConfig(**config), model=llm.model)  # the same weights
+    engine = LLMEngine(EngineConfig.from_knobs(**config), model=llm.model)  # the same weights
     quiet, observed = (timed_steps(engine, prompt, steps, watched) for watched in (False, True))
-    profiled = LLMEngine(EngineConfig(**config, profile_attention=True), model=llm.model)
+    profiled = LLMEngine(EngineConfig.from_knobs(**config, profile_attention=True), model=llm.model)
     quiet["attention"] = timed_steps(profiled, prompt, steps, False)["attention"]
     return quiet, observed
 

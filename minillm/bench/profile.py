@@ -24,7 +24,7 @@ def run(quick: bool = False, json_path: str | None = None, model: str | None = N
     conditions = check_conditions()
     big = quick and is_big(model)
     requests = QUICK_BIG_REQUESTS if big else CALIBRATION_REQUESTS[quick]
-    engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False))
+    engine = LLMEngine(EngineConfig.from_knobs(model, max_num_seqs=16, enable_prefix_caching=False))
     profile = measure_profile(engine, requests=requests)
     print(machine_line(conditions))
     if big:

@@ -28,7 +28,7 @@ from minillm.bench import SMALLER_QUICK, is_big, print_table, progress, write_js
 from minillm.bench.anchors import open_anchors
 from minillm.bench.conditions import check_conditions, machine_line
 from minillm.bench.decode import minillm_decode
-from minillm.config import EngineConfig
+from minillm.config import CacheConfig
 from minillm.experiments import quant_kernel_choice as kernel_choice
 from minillm.experiments.quant_cancellation import MAX_EXHAUSTIVE_UNITS, Search, paired_difference, search
 from minillm.experiments.quant_quality import Quality, Reference, heldout_windows
@@ -174,7 +174,7 @@ def batch_one(model_dir: str, tokens: int, weights: torch.nn.Module | None = Non
     """A float32 CPU engine for one sequence of at most `tokens` tokens, its KV pool sized to just that: the
     default pool (256 MiB) in each of the engines side by side would be most of the run's memory. weights: the
     full model's, shared (a quantizing engine copies what it changes) instead of loaded again."""
-    block = EngineConfig.block_size
+    block = CacheConfig.block_size
     return LLM(model_dir, weights, dtype="float32", device="cpu", max_num_seqs=1,
                num_kv_blocks=-(-tokens // block) + 1, **config)
 

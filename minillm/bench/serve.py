@@ -54,7 +54,8 @@ def in_process_server(model: str, scheduler: str, weights=None):
     from minillm.config import EngineConfig
     from minillm.engine.engine import LLMEngine
     from minillm.serve.server import serve_in_thread
-    return serve_in_thread(AsyncLLM.from_engine(LLMEngine(EngineConfig(model=model, scheduler=scheduler), weights)))
+    engine = LLMEngine(EngineConfig.from_knobs(model, scheduler=scheduler), weights)
+    return serve_in_thread(AsyncLLM.from_engine(engine))
 
 
 def offline_batch(model: str, items) -> dict:

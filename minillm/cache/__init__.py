@@ -15,24 +15,26 @@ __all__ = ["CacheManager", "make_cache_manager", "block_bytes"]
 
 def make_cache_manager(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype,
                        device: torch.device) -> CacheManager:
-    if config.kv_cache == CacheKind.CONTIGUOUS:
+    """The cache config.cache describes, with the attention paths config.kernels picks."""
+    cache, kernels = config.cache, config.kernels
+    if cache.kind == CacheKind.CONTIGUOUS:
         return ContiguousCacheManager(cfg, dtype, device)
-    per_block = block_bytes(cfg, config.block_size, dtype)
-    num_blocks = config.num_kv_blocks
+    per_block = block_bytes(cfg, cache.block_size, dtype)
+    num_blocks = cache.num_kv_blocks
     if num_blocks is None:
-        memory = config.kv_cache_memory
+        memory = cache.kv_cache_memory
         if memory is None:
             memory = torch.cuda.mem_get_info(device)[0] // 2 if device.type == "cuda" else DEFAULT_CPU_KV_MEMORY
         num_blocks = memory // per_block
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory of {memory:,} bytes holds no block: one block of "
-                             f"{config.block_size} tokens takes {per_block:,} bytes for this model")
-    manager = PagedCacheManager(cfg, num_blocks, config.block_size, dtype, device, config.enable_prefix_caching,
-                                config.components, config.attention_backend,
-                                None if config.compile_decode else PagedCacheManager.DECODE_GROUP,
+                             f"{cache.block_size} tokens takes {per_block:,} bytes for this model")
+    manager = PagedCacheManager(cfg, num_blocks, cache.block_size, dtype, device, cache.enable_prefix_caching,
+                                config.components, kernels.attention_backend,
+                                None if kernels.compile_decode else PagedCacheManager.DECODE_GROUP,
                                 # tensor-parallel ranks rebuild the gather path's context from what rank 0 sends
-                                cpu_decode=config.cpu_decode_kernel and config.tensor_parallel_size == 1,
-                                cpu_layers=config.cpu_decode_layers)
-    if config.kv_offload is not None:
-        manager.offload.attach(config.kv_offload, config.kv_offload_blocks, config.kv_offload_dir)
+                                cpu_decode=kernels.cpu_decode_kernel and config.parallel.tensor_parallel_size == 1,
+                                cpu_layers=kernels.cpu_decode_layers)
+    if cache.kv_offload is not None:
+        manager.offload.attach(cache.kv_offload, cache.kv_offload_blocks, cache.kv_offload_dir)
     return manager

@@ -1,4 +1,4 @@
-"""The paged cache's attention on the Triton kernels (EngineConfig(attention_backend="triton")).
+"""The paged cache's attention on the Triton kernels (EngineConfig.from_knobs(attention_backend="triton")).
 
 Same pool, same slot mapping and block tables as PagedContext; what differs is how attention
 reads them. The torch path gathers each sequence's blocks into contiguous K/V and pads decode rows

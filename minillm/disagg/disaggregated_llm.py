@@ -35,7 +35,6 @@ from minillm.config import EngineConfig
 from minillm.disagg.handoff import DECODE_RANK, PREFILL_RANK
 from minillm.disagg.worker_processes import receive, send
 from minillm.llm import paired
-from minillm.models.registry import DEFAULT_MODEL
 from minillm.outputs import RequestOutput, StreamChunk
 from minillm.sampling import SamplingParams
 
@@ -46,13 +45,13 @@ NAMES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
 class DisaggregatedLLM:
     def __init__(self, model: str | None = None, check_kv: bool = False, timeout: float = 120.0,
                  threads: int | None = None, **config) -> None:
-        """model and config: as LLM's (every EngineConfig field), for both workers (the decode
+        """model and config: as LLM's (the flat knobs of config/knobs.py), for both workers (the decode
         worker's pool without prefix caching). check_kv: each handoff's record also holds the K/V
         read back from the decode pool ("kv") and the sha256 of what was sent and of what arrived.
         timeout: seconds without news from the workers, while requests are in flight, before giving up.
         threads: torch threads per worker (None: half this machine's cores each, at least one)."""
-        self.config = EngineConfig(model=model or DEFAULT_MODEL, **config)
-        if self.config.speculative is not None or self.config.kv_cache != "paged":
+        self.config = EngineConfig.from_knobs(model, **config)
+        if self.config.speculative is not None or self.config.cache.kind != "paged":
             raise ValueError("DisaggregatedLLM moves paged KV blocks between workers: it needs kv_cache='paged' "
                              "and no speculative decoding")
         self.timeout, self.error = timeout, None

@@ -18,6 +18,7 @@ import pickle
 import sys
 import traceback
 from collections import deque
+from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import Connection
 
@@ -55,7 +56,8 @@ def run_worker(conn: Connection) -> None:
         if rank == PREFILL_RANK:
             serve_prefill(LLMEngine(EngineConfig(**config)), conn, check_kv)
         else:  # the decode pool holds running sequences' own blocks: prompts are matched on the prefill side
-            serve_decode(LLMEngine(EngineConfig(**{**config, "enable_prefix_caching": False})), conn, check_kv)
+            cache = replace(config["cache"], enable_prefix_caching=False)
+            serve_decode(LLMEngine(EngineConfig(**{**config, "cache": cache})), conn, check_kv)
     except (EOFError, BrokenPipeError):
         os._exit(1)  # the facade is gone: leave at once (a thread may still wait on the wire)
     except BaseException:

@@ -1,4 +1,4 @@
-"""Decode steps through torch.compile: `EngineConfig(compile_decode=True)`.
+"""Decode steps through torch.compile: `EngineConfig.from_knobs(compile_decode=True)`.
 
 A decode step of a small model at batch 1 is about 600 operator calls around 120 matrix-vector
 products: norms, rotary, K/V writes and gathers, attention, residual adds. Each call pays Python

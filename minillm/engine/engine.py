@@ -71,8 +71,9 @@ class LLMEngine:
         self.cache = make_cache_manager(config, self.model_config, self.dtype, self.device)
         if isinstance(self.model, TensorParallelDriver):
             self.model.attach_pool(self.cache.pool)  # each worker's pool mirrors this one, for its kv heads
-        self.scheduler = Scheduler(config, self.cache)
-        self.runner = ModelRunner(self.model, self.cache, self.device, config.profile_attention, config.compile_decode)
+        self.scheduler = Scheduler(config.scheduler, self.cache, config.components)
+        self.runner = ModelRunner(self.model, self.cache, self.device, config.kernels.profile_attention,
+                                  config.kernels.compile_decode)
         self.speculator = None if config.speculative is None else self._speculator()
         self.decoding: Decoding = self.speculator or PlainDecoding()
         served = ServedModel(self.model_dir, self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
@@ -90,7 +91,7 @@ class LLMEngine:
     def _speculator(self) -> Speculator:
         """Speculative decoding's strategy. Its proposer sees the target only as a ProposerTarget: a
         draft model gets a pool as large as the target's, and runs on the engine's own ModelRunner."""
-        spec, slots = self.config.speculative, (self.cache.num_blocks or 4096) * self.config.block_size
+        spec, slots = self.config.speculative, (self.cache.num_blocks or 4096) * self.config.cache.block_size
         target = ProposerTarget(self.model, self.model_dir, self.tokenizer, self.device, self.dtype, slots,
                                 functools.partial(ModelRunner, device=self.device), self.cache)
         proposer = make_proposer(spec, target, self.config.components)
@@ -128,7 +129,7 @@ class LLMEngine:
         attach(kind, capacity), offload_prefix(token_ids), stats(). The paged cache has one."""
         offload = getattr(self.cache, "offload", None)
         if offload is None:
-            raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.kv_cache.value!r}")
+            raise ValueError(f"KV offload needs kv_cache='paged', got {self.config.cache.kind.value!r}")
         return offload
 
     # -- observers --------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class LLMEngine:
                 marks: tuple[float, float, float, float]) -> None:
         """Time the step's phases into last_step_timings (and StepEvent.timings): schedule, prepare
         (the step's tensors), model (the forward and the logits; attention is part of it, and timed
-        too with EngineConfig(profile_attention=True)), sample (verify, sample, observe), update
+        too with EngineConfig.from_knobs(profile_attention=True)), sample (verify, sample, observe), update
         (append tokens, detokenize, check stops), telemetry (build the event, call the observers)."""
         start, scheduled, executed, now = marks
         updated = time.perf_counter()

@@ -26,7 +26,7 @@ def setup_model(config: EngineConfig, model_dir: Path, model: torch.nn.Module | 
     model = quantized(model, config, shared, model_dir)
     if config.quantization is not None and config.torch_device.type == "cpu" and streamed(model):
         to_huge_pages(model)  # the quantized codes are new tensors: in huge pages too, as the loader's were
-    if config.tensor_parallel_size > 1:  # the workers run the other shards
+    if config.parallel.tensor_parallel_size > 1:  # the workers run the other shards
         model = TensorParallelDriver(model, model_dir, config)
     return model
 
@@ -44,7 +44,7 @@ def quantized(model: torch.nn.Module, config: EngineConfig, shared: bool, model_
     """model with quantized layers that use config's QuantOps: quantized as config.quantization says
     when it is set, or already quantized by its checkpoint. A model shared with other engines is
     copied before any change, never changed under them."""
-    ops, already = quant_ops(config.components, config.attention_backend), getattr(model, "quant_config", None)
+    ops, already = quant_ops(config.components, config.kernels.attention_backend), getattr(model, "quant_config", None)
     if config.quantization is None:
         if already is None or ops == QuantOps():
             return model

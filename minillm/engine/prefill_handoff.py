@@ -87,6 +87,6 @@ class PrefillHandoff:
 
     def _check(self, what: str, params: SamplingParams) -> None:
         config = self.config
-        if config.kv_cache != CacheKind.PAGED or config.speculative is not None or params.logprobs is not None:
+        if config.cache.kind != CacheKind.PAGED or config.speculative is not None or params.logprobs is not None:
             raise ValueError(f"{what} paged blocks and tokens only: it needs kv_cache='paged', no speculative "
                              f"decoding and no logprobs")

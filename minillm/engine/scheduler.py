@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from minillm.cache.base import CacheManager
-from minillm.config import EngineConfig, SchedulerPolicy
+from minillm.config import Components, SchedulerConfig, SchedulerPolicy
 from minillm.engine import policy
 from minillm.sequence import FinishReason, Phase, Sequence, SequenceStatus
 from minillm.step import ScheduledSeq
@@ -21,9 +21,10 @@ from minillm.step import ScheduledSeq
 class Scheduler:
     """The waiting and running queues and every change of a sequence's status: schedule() asks the step
     policy who runs, advance() counts what the model computed, finish() and preempt() free blocks."""
-    def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
-        self.policy = config.scheduler
-        parts = config.components
+    def __init__(self, config: SchedulerConfig, cache: CacheManager, parts: Components | None = None) -> None:
+        """parts: step policies to run in place of engine/policy.py's (the labs' through it)."""
+        parts = parts or Components()
+        self.policy = config.policy
         self._continuous_step = parts.continuous_step or policy.continuous_step
         self._static_step = parts.static_step or policy.static_step
         self._make_room = parts.make_room or policy.make_room

@@ -65,7 +65,7 @@ def run(components: Components | None = None, sampled: bool = False, **config) -
 def check_against_reference(components: Components, sampled: bool = False, **config) -> None:
     """Assert, in words a learner can act on, that the engine with these parts behaves as the
     reference: under continuous batching, and under static batching too when a static_step is plugged.
-    config: EngineConfig fields for both engines (speculative=..., say)."""
+    config: the flat knobs of LLM(...) for both engines (speculative=..., say)."""
     policies = ["continuous"] + (["static"] if components.static_step is not None else [])
     with one_thread():
         for policy in policies:

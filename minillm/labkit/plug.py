@@ -80,7 +80,7 @@ class LabPartError(RuntimeError):
 def plug(source, labs: list[str] | None = None, model: str | None = None, **config):
     """An LLM (the bundled default model unless `model` is given) whose parts from `labs` (all
     that `source` has, by default) are the learner's. source: a lab notebook, a folder of them, or
-    definitions already loaded (a module, a dict, or the grader's `lab`). config: EngineConfig fields."""
+    definitions already loaded (a module, a dict, or the grader's `lab`). config: the flat knobs of LLM(...)."""
     from minillm.llm import LLM
     components = lab_components(source, labs)
     if components.paged_decode is not None:  # a Triton kernel: it runs in the Triton attention backend

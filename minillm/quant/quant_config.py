@@ -26,13 +26,27 @@ KERNELS = ("fused", "reference")          # fused.py where it applies, else line
 class QuantConfig:
     """Weight-only quantization: which scheme (int8, int4 group-wise, fp8), which decoder layers and which
     projections (Hugging Face names); checked when built, with the accepted values in each error."""
-    scheme: str                                 # int8 | int4 | fp8
-    group_size: int = 64                        # int4: inputs that share one scale and zero point
-    layers: tuple[int, ...] | None = None       # decoder layers to quantize; None: all of them
-    projections: tuple[str, ...] = LAYER_PROJECTIONS  # which matrices, by Hugging Face name
-    calibration: str | None = None              # "awq": activation-aware scaling on calibration text (int4)
-    int4_range: str = "holds-zero"              # int4 levels: a range holding 0 (whole zero point) or min-max
-    kernel: str = "fused"                       # fused CPU kernels where they apply, or the reference always
+
+    scheme: str
+    """int8: one scale per output row; int4: group-wise, a scale and zero point per group; fp8: float8 e4m3."""
+
+    group_size: int = 64
+    """int4: inputs that share one scale and zero point."""
+
+    layers: tuple[int, ...] | None = None
+    """Decoder layers to quantize. None: all of them."""
+
+    projections: tuple[str, ...] = LAYER_PROJECTIONS
+    """Which matrices, by Hugging Face name; "lm_head" quantizes the LM head too."""
+
+    calibration: str | None = None
+    """The "awq" calibration: activation-aware scaling on calibration text (int4). None: no calibration."""
+
+    int4_range: str = "holds-zero"
+    """int4 levels: a range that holds 0 (a whole zero point), or min-max (a float zero point per group)."""
+
+    kernel: str = "fused"
+    """fused: the fused CPU kernels where they apply, else the reference; reference: dequantize-then-matmul always."""
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:

@@ -210,12 +210,12 @@ class BatchRun:
 def run_batch(input_path, output_path, model: str | None = DEFAULT_MODEL, **engine_config) -> dict:
     """Answer every line of input_path into output_path (appending; lines already answered are
     skipped). model: a bundled name or model directory (None: the default); the lines' body.model
-    must name it. engine_config: any EngineConfig field. -> counts, tokens, generation seconds
+    must name it. engine_config: the flat knobs of LLM(...). -> counts, tokens, generation seconds
     and output tokens/s of this run."""
     model = model or DEFAULT_MODEL
     input_path, output_path = Path(input_path), Path(output_path)
     done_ids, done_lines = resume(output_path)
-    engine = LLMEngine(EngineConfig(model=model, **engine_config))
+    engine = LLMEngine(EngineConfig.from_knobs(model, **engine_config))
     seen: set[str] = set()
     skipped = 0
     with output_path.open("a", encoding="utf-8") as out:

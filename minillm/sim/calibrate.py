@@ -50,7 +50,8 @@ def alone_seconds(profile: StepProfile) -> float:
 def replica_knobs(engine: LLMEngine) -> dict:
     """The simulated replica's knobs equal to the engine's."""
     kv = engine.view.kv_stats()
-    return {"max_num_seqs": engine.config.max_num_seqs, "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+    scheduler = engine.config.scheduler
+    return {"max_num_seqs": scheduler.max_num_seqs, "max_num_batched_tokens": scheduler.max_num_batched_tokens,
             "kv_blocks": kv.total_blocks, "block_size": kv.block_size}
 
 

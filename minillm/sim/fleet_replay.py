@@ -94,7 +94,7 @@ def main() -> None:
     answer, sys.stdout = sys.stdout, sys.stderr  # stdout carries the answers alone: any other print goes to stderr
     job = json.loads(sys.stdin.readline())
     torch.set_num_threads(1)
-    engine = LLMEngine(EngineConfig(model=job["model"], max_num_seqs=16, enable_prefix_caching=False))
+    engine = LLMEngine(EngineConfig.from_knobs(job["model"], max_num_seqs=16, enable_prefix_caching=False))
     steps, woke = calibration_steps(engine, seed=1 + job["rank"], requests=job["calibration_requests"])
     print(READY, file=answer, flush=True)
     start = float(sys.stdin.readline())

@@ -31,7 +31,7 @@ class TensorParallelDriver(nn.Module):
     def __init__(self, model: nn.Module, model_dir, config: EngineConfig) -> None:
         """model: the whole model, loaded (not changed: rank 0 keeps its shard of it)."""
         super().__init__()
-        world = config.tensor_parallel_size
+        world = config.parallel.tensor_parallel_size
         tp_config(model.config, world)  # a size that does not divide the heads fails before any process starts
         self.all_reduce = AllReduceMeter()
         self.shard = shard_model(model, 0, world, self.all_reduce)

@@ -9,7 +9,7 @@ from minillm_visualizer.shared.engine_run import EngineRun, RequestSpec
 
 
 def engine(**kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model="pico", num_kv_blocks=64, **kw))
+    return LLMEngine(EngineConfig.from_knobs("pico", num_kv_blocks=64, **kw))
 
 
 def specs(n: int, arrival_gap: float = 0.0, max_tokens: int = 12) -> list[RequestSpec]:
@@ -69,7 +69,8 @@ class FreeFails(BlockAllocator):
 
 
 def test_a_part_that_fails_while_freeing_still_ends_the_run_as_failed():
-    broken = LLMEngine(EngineConfig(model="pico", num_kv_blocks=64, components=Components(block_allocator=FreeFails)))
+    broken = LLMEngine(EngineConfig.from_knobs("pico", num_kv_blocks=64,
+                                               components=Components(block_allocator=FreeFails)))
     run = EngineRun(broken, [*specs(1, max_tokens=2), *specs(2, max_tokens=50)[1:]])
     assert run.wait(30), "the run must end, not hang in its clean-up"
     assert run.status == "failed" and run.error == "RuntimeError: free is broken"

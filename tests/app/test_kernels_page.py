@@ -153,4 +153,5 @@ def test_the_backend_switch_reaches_the_live_engine(app, monkeypatch):
     app.button(key="b_run").click().run()
     run = app.session_state["run"]
     assert run.wait(120) and run.status == "finished", run.error
-    assert run.engine.config.attention_backend == "triton" and calls, "attention went through the Triton kernels"
+    backend = run.engine.config.kernels.attention_backend
+    assert backend == "triton" and calls, "attention went through the Triton kernels"

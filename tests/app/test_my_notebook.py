@@ -108,6 +108,6 @@ def test_the_learners_paged_decode_kernel_runs_on_the_triton_backend():
     from minillm_visualizer.shared.settings import DEFAULTS, engine_config
     values = {**DEFAULTS, "model": "pico"}
     config = engine_config(values, Components(paged_decode=lambda *args, **kwargs: None))
-    assert config.attention_backend == "triton"
-    assert engine_config(values).attention_backend == DEFAULTS["attention_backend"]
+    assert config.kernels.attention_backend == "triton"
+    assert engine_config(values).kernels.attention_backend == DEFAULTS["attention_backend"]
 

@@ -113,7 +113,7 @@ def test_only_models_with_the_targets_tokenizer_and_its_own_weights_are_offered_
 def test_the_proposers_are_compared_on_the_same_prompts(spec, monkeypatch, tmp_path):
     """Untrained heads (each starts as the identity) stand in for trained ones: the table is the same on
     every machine, whether or not tiny's heads have been trained here."""
-    target = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=4)).model
+    target = LLMEngine(EngineConfig.from_knobs("tiny", num_kv_blocks=4)).model
     save_heads(SpecHeads(target.config.hidden_size, 4), target, tmp_path / HEADS_FILE)
     monkeypatch.setattr(spec_run, "heads_path", lambda model: tmp_path / HEADS_FILE)
     press(spec, "spec_b_compare")
@@ -164,4 +164,4 @@ def test_marked_text_orders_and_escapes_each_steps_tokens():
 def test_the_pool_holds_every_prompts_full_context():
     config = engine_config("tiny", "ngram", 8, None, 3)
     assert isinstance(config, EngineConfig)
-    assert config.num_kv_blocks * config.block_size >= 3 * 512
+    assert config.cache.num_kv_blocks * config.cache.block_size >= 3 * 512

@@ -22,7 +22,7 @@ def test_cached_logits_match_recompute_at_every_position(llama_llm):
     from minillm.sequence import Sequence
     engine = llama_llm.engine
     cache = make_cache_manager(engine.config, engine.model_config, engine.dtype, engine.device)
-    scheduler, runner = Scheduler(engine.config, cache), ModelRunner(engine.model, cache, engine.device)
+    scheduler, runner = Scheduler(engine.config.scheduler, cache), ModelRunner(engine.model, cache, engine.device)
     ids = torch.randint(1, 320, (30,), generator=torch.Generator().manual_seed(12)).tolist()
     seq = Sequence("0", None, ids[:10], SamplingParams(max_tokens=25, temperature=0), torch.Generator(), None, ())
     scheduler.add(seq)

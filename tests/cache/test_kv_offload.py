@@ -145,11 +145,11 @@ def test_engine_config_attaches_the_tier_and_refuses_what_cannot_hold_one():
     llm = LLM("tiny", kv_offload="host", kv_offload_blocks=7)
     assert llm.engine.kv_offload.stats()["capacity_blocks"] == 7
     with pytest.raises(ValueError, match="kv_offload must be None or one of host, disk, got 'ssd'"):
-        EngineConfig(kv_offload="ssd")
+        EngineConfig.from_knobs(kv_offload="ssd")
     with pytest.raises(ValueError, match="needs kv_cache='paged' and enable_prefix_caching=True"):
-        EngineConfig(kv_offload="disk", enable_prefix_caching=False)
+        EngineConfig.from_knobs(kv_offload="disk", enable_prefix_caching=False)
     with pytest.raises(ValueError, match="kv_offload_blocks must be a positive integer, got 0"):
-        EngineConfig(kv_offload="host", kv_offload_blocks=0)
+        EngineConfig.from_knobs(kv_offload="host", kv_offload_blocks=0)
 
 
 def test_an_allocation_refused_for_room_leaves_the_tier_untouched_and_a_later_one_restores():

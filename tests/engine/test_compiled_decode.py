@@ -1,4 +1,4 @@
-"""EngineConfig(compile_decode=True): decode steps through torch.compile give what the eager engine gives.
+"""EngineConfig.from_knobs(compile_decode=True): decode steps through torch.compile give what the eager engine gives.
 
 One compiled engine serves the whole module: each new shape of decode batch (one sequence, several
 of unequal lengths) compiles once, for tens of seconds on a 2-core CPU.
@@ -64,4 +64,4 @@ def test_compiled_sampling_with_n_and_seeds_equals_eager(engines):
 def test_compile_decode_refuses_what_it_does_not_run(knob, value, named):
     config = {"compile_decode": True, knob: value}
     with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
-        EngineConfig(**config)
+        EngineConfig.from_knobs(**config)

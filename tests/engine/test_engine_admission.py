@@ -7,7 +7,7 @@ import torch
 
 from minillm import SamplingParams
 from minillm.cache.paged import PagedCacheManager
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, SchedulerConfig
 from minillm.disagg.kv_transfer import pack_kv, unpack_kv
 from minillm.engine.engine import LLMEngine
 from minillm.engine.scheduler import Scheduler
@@ -21,9 +21,10 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 
 
 def scheduler(num_blocks: int = 16, **config) -> Scheduler:
+    """A Scheduler over a pool of num_blocks; config: SchedulerConfig fields."""
     cfg = ModelConfig.from_dict(json.loads((TINY / "config.json").read_text()))
     cache = PagedCacheManager(cfg, num_blocks, BLOCK, torch.float32, torch.device("cpu"), False)
-    return Scheduler(EngineConfig(model="tiny", block_size=BLOCK, **config), cache)
+    return Scheduler(SchedulerConfig(**config), cache)
 
 
 def request(num_tokens: int, n: int = 1, rid: str = "r") -> Sequence:
@@ -86,7 +87,7 @@ def prefilled():
     tokens the prompt gets on one engine)."""
     params = SamplingParams(max_tokens=6, **GREEDY)
     prompt = list(range(200, 237))
-    engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, num_kv_blocks=32))
+    engine = LLMEngine(EngineConfig.from_knobs("tiny", block_size=BLOCK, num_kv_blocks=32))
     engine.add_request(prompt, params, "colocated")
     want = []
     while engine.has_unfinished():
@@ -99,8 +100,8 @@ def prefilled():
 @pytest.mark.parametrize("why", ["max_num_seqs", "waiting", "blocks"])
 def test_add_prefilled_waits_for_the_scheduler_then_decodes_as_one_engine_would(why, prefilled):
     handoff, params, want = prefilled
-    engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, num_kv_blocks=4 if why == "blocks" else 32,
-                                    max_num_seqs=1 if why == "max_num_seqs" else 4))
+    engine = LLMEngine(EngineConfig.from_knobs("tiny", block_size=BLOCK, num_kv_blocks=4 if why == "blocks" else 32,
+                                         max_num_seqs=1 if why == "max_num_seqs" else 4))
     engine.add_request(list(range(1, 41)), SamplingParams(max_tokens=4, **GREEDY), "holder")  # 3 blocks at most
     if why != "waiting":
         engine.step()
@@ -120,7 +121,7 @@ def test_add_prefilled_waits_for_the_scheduler_then_decodes_as_one_engine_would(
 def test_samples_that_fork_after_prefill_never_run_past_max_num_seqs():
     """n = 4 requests under max_num_seqs = 8: each takes 4 seats at admission, so two run at a time,
     never the 32 sequences that joining forks used to make. Every request still finishes."""
-    engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, max_num_seqs=8))
+    engine = LLMEngine(EngineConfig.from_knobs("tiny", block_size=BLOCK, max_num_seqs=8))
     most = []
     engine.subscribe(lambda event: most.append(max(event.running, len(event.scheduled))))
     for i in range(8):
@@ -134,7 +135,7 @@ def test_samples_that_fork_after_prefill_never_run_past_max_num_seqs():
 
 
 def test_a_request_with_more_samples_than_max_num_seqs_is_refused_by_name():
-    engine = LLMEngine(EngineConfig(model="tiny", block_size=BLOCK, max_num_seqs=2))
+    engine = LLMEngine(EngineConfig.from_knobs("tiny", block_size=BLOCK, max_num_seqs=2))
     with pytest.raises(ValueError, match=r"n \(3\) exceeds max_num_seqs \(2\)"):
         engine.add_request("def f():", SamplingParams(max_tokens=4, n=3))
     assert not engine.has_unfinished()

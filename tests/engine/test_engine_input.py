@@ -15,7 +15,7 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engine():
-    return LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8, block_size=16, max_model_len=256))
+    return LLMEngine(EngineConfig.from_knobs("tiny", num_kv_blocks=8, block_size=16, max_model_len=256))
 
 
 def run(engine: LLMEngine) -> dict[str, list[int]]:

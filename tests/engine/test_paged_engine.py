@@ -99,7 +99,7 @@ def test_engines_can_share_loaded_weights_and_observers_can_leave(hf_llama):
     from minillm.config import EngineConfig
     from minillm.engine.engine import LLMEngine
     first = LLMEngine(EngineConfig(model=str(hf_llama[0])))
-    second = LLMEngine(EngineConfig(model=str(hf_llama[0]), block_size=4), model=first.model)
+    second = LLMEngine(EngineConfig.from_knobs(str(hf_llama[0]), block_size=4), model=first.model)
     assert second.model is first.model
     seen = []
     second.subscribe(seen.append)

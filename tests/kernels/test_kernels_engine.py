@@ -1,4 +1,4 @@
-"""The engine on the Triton kernels (EngineConfig(attention_backend="triton")): the same greedy tokens
+"""The engine on the Triton kernels (EngineConfig.from_knobs(attention_backend="triton")): the same greedy tokens
 as the torch backend on the bundled tiny model, through paged blocks, prefix hits, chunked prefill
 and batching, and int4 layers on the fused dequantize-matmul. Few tokens: the CPU interpreter is slow."""
 import pytest
@@ -64,7 +64,7 @@ def test_triton_backend_runs_a_loaded_int4_checkpoint_on_the_fused_kernel(tmp_pa
 ])
 def test_attention_backend_is_validated(config, message):
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**config)
+        EngineConfig.from_knobs(**config)
 
 
 def test_kernels_benchmark_on_a_cpu_says_it_needs_a_gpu_and_passes_its_smoke_run(tmp_path, capsys):

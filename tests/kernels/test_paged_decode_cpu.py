@@ -122,10 +122,10 @@ def test_the_kernel_stays_out_where_it_cannot_run():
     """compile_decode traces the gather path; tensor parallelism rebuilds it on every rank; bfloat16 has no kernel."""
     from minillm.config import EngineConfig
     from minillm.engine.engine import LLMEngine
-    for config in (EngineConfig(model="tiny", cpu_decode_kernel=False), EngineConfig(model="tiny", dtype="bfloat16")):
+    for config in (EngineConfig.from_knobs("tiny", cpu_decode_kernel=False), EngineConfig("tiny", dtype="bfloat16")):
         assert not LLMEngine(config).view.uses_cpu_decode_kernel
     with pytest.raises(TypeError, match="cpu_decode_kernel must be True or False"):
-        EngineConfig(model="tiny", cpu_decode_kernel="yes")
+        EngineConfig.from_knobs("tiny", cpu_decode_kernel="yes")
 
 
 def test_the_step_store_writes_each_new_key_and_value_to_its_slot_and_nothing_else():

@@ -175,4 +175,4 @@ def test_a_model_that_ran_the_cpp_layer_deep_copies_and_pickles(fused_calls):
 
 def test_the_switch_is_checked():
     with pytest.raises(TypeError, match="cpu_decode_layers must be True or False"):
-        EngineConfig(model="tiny", cpu_decode_layers=1)
+        EngineConfig.from_knobs("tiny", cpu_decode_layers=1)

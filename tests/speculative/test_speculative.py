@@ -124,7 +124,7 @@ def test_a_self_draft_is_refused_without_a_quantization_or_over_a_quantized_targ
     with pytest.raises(ValueError, match=r"the target is quantized \(int4"):
         LLM("tiny", speculative=SELF_INT4, quantization=QuantConfig("int4"))
     with pytest.raises(ValueError, match="it runs with tensor_parallel_size=1 only, got 2"):
-        EngineConfig("tiny", speculative=SELF_INT4, tensor_parallel_size=2)
+        EngineConfig.from_knobs("tiny", speculative=SELF_INT4, tensor_parallel_size=2)
 
 
 def test_mlp_proposals_are_drawn_from_its_vocabulary_with_the_distributions_it_reports(tiny, mlp_file):

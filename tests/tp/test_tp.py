@@ -127,9 +127,9 @@ def test_shards_in_threads_give_the_whole_models_logits(world):
 def test_config_refuses_what_tensor_parallelism_does_not_support():
     from minillm.config import EngineConfig
     with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1, got 0"):
-        EngineConfig(tensor_parallel_size=0)
+        EngineConfig.from_knobs(tensor_parallel_size=0)
     with pytest.raises(ValueError, match="kv_cache='paged'.*got kv_cache='contiguous'"):
-        EngineConfig(tensor_parallel_size=2, kv_cache="contiguous")
+        EngineConfig.from_knobs(tensor_parallel_size=2, kv_cache="contiguous")
 
 
 PROMPTS = ["def fib(n):", "import os\n", "class Stack:\n    def push(self, item):\n"]

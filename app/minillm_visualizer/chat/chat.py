@@ -54,7 +54,8 @@ if model in PACKAGED_MODELS:
 elif session.template.is_default:
     st.caption(f"{model} is a small code model with no chat template: each turn is written as `role: content` "
                "lines, and it continues them with Python rather than answering. Hits come in whole blocks of "
-               f"{session.engine.config.block_size} tokens: a first turn shorter than a block leaves none to find.")
+               f"{session.engine.config.cache.block_size} tokens: a first turn shorter than a block leaves none to "
+               "find.")
 
 
 def show_answer(slot, text: str) -> None:

@@ -47,7 +47,7 @@ class ChatSession:
         cfg = ModelConfig.from_file(resolve_model_path(model) / "config.json")
         length = min(CONTEXT, cfg.max_position_embeddings)
         self.model = model
-        self.engine = build_engine(EngineConfig(
+        self.engine = build_engine(EngineConfig.from_knobs(
             model=model, max_model_len=length, block_size=BLOCK_SIZE, enable_prefix_caching=True,
             num_kv_blocks=POOL_CONVERSATIONS * cdiv(length, BLOCK_SIZE)))
         self.template = ChatTemplate.for_model(self.engine.model_dir)

@@ -108,7 +108,7 @@ def roofline_replica(model: str, gpu: str) -> tuple[StepProfile, dict]:
 
 def engine_config(model: str) -> EngineConfig:
     """The real replica: random-token prompts share nothing, so the prefix cache stays off (as in bench cluster)."""
-    return EngineConfig(model=model, max_num_seqs=16, enable_prefix_caching=False)
+    return EngineConfig.from_knobs(model, max_num_seqs=16, enable_prefix_caching=False)
 
 
 @st.cache_resource(show_spinner="Measuring this machine's step costs on the real engine (once per server)...")

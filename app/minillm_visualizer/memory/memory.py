@@ -84,8 +84,8 @@ def render(run: EngineRun) -> None:
     if kv.kind == "paged":
         pool_tokens = kv.total_blocks * kv.block_size
     else:  # the pool the same KV budget would have made
-        pool_tokens = config.kv_cache_memory // block_bytes(run.engine.model_config, 1, run.engine.dtype)
-    rows = waste_rows(workload, config.block_size, pool_tokens, run.engine.max_model_len)
+        pool_tokens = config.cache.kv_cache_memory // block_bytes(run.engine.model_config, 1, run.engine.dtype)
+    rows = waste_rows(workload, config.cache.block_size, pool_tokens, run.engine.max_model_len)
     st.caption(f"An allocator replay of this run's {len(workload)} requests (their prompt and output lengths; no "
                f"model runs), with the same pool of {pool_tokens:,} token slots. Waste is the share of reserved "
                f"slots holding no token, time-weighted; requests at once is measured while requests are queued.")

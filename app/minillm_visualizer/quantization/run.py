@@ -122,9 +122,9 @@ def engine_config(model: str, quantization: QuantConfig | None, components: Comp
                   tokens: int | None = None) -> EngineConfig:
     """One sequence's engine: a pool with room for its `tokens` (None: its full context), and nothing else."""
     context = model_config(model).max_position_embeddings
-    return EngineConfig(model=model, quantization=quantization, block_size=BLOCK_SIZE,
-                        num_kv_blocks=cdiv(min(context, tokens or context), BLOCK_SIZE) + 1,
-                        components=components or Components())
+    return EngineConfig.from_knobs(model, quantization=quantization, block_size=BLOCK_SIZE,
+                             num_kv_blocks=cdiv(min(context, tokens or context), BLOCK_SIZE) + 1,
+                             components=components or Components())
 
 
 

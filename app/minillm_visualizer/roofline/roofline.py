@@ -118,8 +118,9 @@ elif batch * context > 16384 or context + DECODE_STEPS + 1 > cfg.max_position_em
 elif st.button(f"Measure {model}: prefill {batch} x {context} tokens, then {DECODE_STEPS} decode steps",
                key="b_measure", icon=":material/timer:"):
     blocks = batch * (cdiv(context + DECODE_STEPS + 1, 16) + 1)
-    engine = build_engine(EngineConfig(model=model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
-                                       enable_chunked_prefill=False, enable_prefix_caching=False, num_kv_blocks=blocks))
+    engine = build_engine(EngineConfig.from_knobs(model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
+                                                  enable_chunked_prefill=False, enable_prefix_caching=False,
+                                                  num_kv_blocks=blocks))
     with st.spinner("Running the engine..."):
         result = measure_engine(engine, batch, context, DECODE_STEPS)
     st.session_state["roof_measured"] = {**result, "key": (model, batch, context)}

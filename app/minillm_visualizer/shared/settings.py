@@ -48,14 +48,14 @@ def engine_config(values: dict, components: Components | None = None) -> EngineC
     # The learner's paged decode kernel (lab 07) is a Triton kernel: it runs on the Triton backend.
     mine_kernel = components is not None and components.paged_decode is not None
     backend = "triton" if mine_kernel else values["attention_backend"]
-    return EngineConfig(model=values["model"], seed=int(values["seed"]), kv_cache=values["kv_cache"],
-                        attention_backend=backend,
-                        block_size=int(values["block_size"]), kv_cache_memory=int(kv_bytes),
-                        enable_prefix_caching=bool(values["prefix_caching"]), scheduler=values["scheduler"],
-                        max_num_seqs=int(values["max_num_seqs"]),
-                        max_num_batched_tokens=int(values["max_batched_tokens"]),
-                        enable_chunked_prefill=bool(values["chunked_prefill"]),
-                        components=components or Components())
+    return EngineConfig.from_knobs(values["model"], seed=int(values["seed"]), kv_cache=values["kv_cache"],
+                             attention_backend=backend,
+                             block_size=int(values["block_size"]), kv_cache_memory=int(kv_bytes),
+                             enable_prefix_caching=bool(values["prefix_caching"]), scheduler=values["scheduler"],
+                             max_num_seqs=int(values["max_num_seqs"]),
+                             max_num_batched_tokens=int(values["max_batched_tokens"]),
+                             enable_chunked_prefill=bool(values["chunked_prefill"]),
+                             components=components or Components())
 
 
 def request_specs(values: dict, tokenizer: Tokenizer, max_model_len: int) -> list[RequestSpec]:

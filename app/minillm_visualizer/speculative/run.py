@@ -160,9 +160,9 @@ def engine_config(model: str, method: str | None, k: int, draft: str | None, num
         spec = SpeculativeConfig(method, k=k, **where)
     context = ModelConfig.from_file(resolve_model_path(model) / "config.json").max_position_embeddings
     tokens = min(context, tokens_per_prompt or context)
-    return EngineConfig(model=model, speculative=spec, block_size=BLOCK_SIZE,
-                        num_kv_blocks=num_prompts * (cdiv(tokens, BLOCK_SIZE) + 1),
-                        components=components or Components())
+    return EngineConfig.from_knobs(model, speculative=spec, block_size=BLOCK_SIZE,
+                             num_kv_blocks=num_prompts * (cdiv(tokens, BLOCK_SIZE) + 1),
+                             components=components or Components())
 
 
 def tokens_needed(prompts: dict[str, str], max_tokens: int, k: int) -> int:

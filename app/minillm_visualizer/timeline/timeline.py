@@ -35,7 +35,7 @@ def render(run: EngineRun) -> None:
     st.plotly_chart(gantt(records, list(samples), cursor), key="gantt")
     left, right = st.columns(2)
     left.plotly_chart(queue_chart(records, cursor), key="queues")
-    right.plotly_chart(budget_chart(records, run.engine.config.max_num_batched_tokens, cursor), key="budget")
+    right.plotly_chart(budget_chart(records, run.engine.config.scheduler.max_num_batched_tokens, cursor), key="budget")
     event = records[i].event
     st.subheader(f"Step {event.step}: {1000 * event.duration:.1f} ms, {event.running} running, {event.waiting} waiting")
     work = pd.DataFrame([asdict(w) for w in event.scheduled])
