@@ -6,6 +6,6 @@ Maintainers:    python -m minillm.labkit build   (what `make labs` runs)
 """
 from minillm.labkit.grading import check, exercise
 from minillm.labkit.predict import compare
-from minillm.labkit.real_model import REAL_MODEL, real_model_installed
+from minillm.labkit.real_model import REAL_MODEL, quick_run, real_model_installed
 
-__all__ = ["check", "compare", "exercise", "REAL_MODEL", "real_model_installed"]
+__all__ = ["check", "compare", "exercise", "REAL_MODEL", "quick_run", "real_model_installed"]

@@ -2,10 +2,20 @@
 
 In a notebook:  from minillm.labkit import REAL_MODEL, real_model_installed
                 if real_model_installed(): ...   (otherwise it says how to install it, and the section is skipped)
+                n_requests = 16 if quick_run() else 64   (the test suite runs each lab's experiments small)
 """
+import os
+
 from minillm.models.registry import PACKAGED_MODELS, packaged_gguf
 
 REAL_MODEL = "smollm2-135m-instruct"
+QUICK_ENV = "MINILLM_LAB_QUICK"  # set by the test suite's notebook runs (tests/labs/executed_notebooks.py)
+
+
+def quick_run() -> bool:
+    """Whether this notebook runs under the test suite, which wants each experiment small: a real-model
+    experiment then measures fewer requests or repetitions, the same way. A learner's run is never quick."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
 
 
 def real_model_installed(name: str = REAL_MODEL) -> bool:

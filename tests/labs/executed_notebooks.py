@@ -5,6 +5,7 @@ second time (whichever test asks first runs it). (A plain module, not a conftest
 their conftest by name, and a second conftest.py loaded after theirs would shadow it.)
 """
 import fcntl
+import os
 import subprocess
 import sys
 import time
@@ -87,4 +88,5 @@ def execute_and_save(stem: str, timeout: float, saved: Path) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["MINILLM_LAB_QUICK"] = "1"  # labkit.quick_run(): the kernel inherits it, and runs each experiment small
     execute_and_save(sys.argv[1], float(sys.argv[2]), Path(sys.argv[3]))
