@@ -5,6 +5,7 @@
 #   make lint    ruff (lint, import order), then lint-imports (the layers' contracts); both in pyproject.toml
 #   make lab     JupyterLab on the learner notebooks
 #   make grade LAB=NN   grade your notebook for lab NN
+#   make progress   every lab's exercises: passed, failing or not started, and the next one to do
 #   make labs    regenerate the notebooks from solutions/*.py (keeps learners' edited notebooks)
 #   make bench   the benchmarks, quick versions
 #   make anchors llama.cpp's Python binding, which the decode and quant benchmarks run beside minillm (compiles)
@@ -22,7 +23,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB ?= 01
 
-.PHONY: app test test-fast lint docs-build docs screenshots lab grade labs bench anchors venv clean
+.PHONY: app test test-fast lint docs-build docs screenshots lab grade progress labs bench anchors venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +85,9 @@ lab: $(STAMP)
 grade: $(STAMP)
 	@ls tests/labs/test_lab$(LAB)_*.py >/dev/null 2>&1 || { echo "There is no lab $(LAB); the labs are:"; ls labs/*.ipynb; exit 1; }
 	$(PY) -m pytest -q -rN tests/labs/test_lab$(LAB)_*.py --target labs
+
+progress: $(STAMP)
+	$(PY) -m minillm.labkit progress
 
 labs: $(STAMP)
 	$(PY) -m minillm.labkit build

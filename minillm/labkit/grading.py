@@ -62,8 +62,10 @@ def graded_tests(module, exercise_id: str | None = None) -> list:
 
 
 def property_of(fn) -> str:
-    """The property a test checks, in words: its docstring, else its name."""
-    return (fn.__doc__ or "").strip().split("\n")[0] or fn.__name__.removeprefix("test_").replace("_", " ")
+    """The property a test checks, in words: its docstring's first paragraph (however many lines it is wrapped
+    over), else its name."""
+    paragraph = (fn.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(paragraph.split()) or fn.__name__.removeprefix("test_").replace("_", " ")
 
 
 @dataclass

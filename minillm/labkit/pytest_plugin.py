@@ -107,6 +107,11 @@ def pytest_terminal_summary(terminalreporter, config):
         write(f"{lab:<4} {'total':<9} {'':<34} {'':<7} {passed}/{total}")
     for problem in config.stash[PROBLEM_LINES]:
         write(problem)
+    if config.getoption("target") != "solutions":
+        upcoming = next(((lab, exercise) for (lab, exercise), (_, passed, total) in
+                         sorted(grades.items(), key=lambda kv: _order(kv[0])) if passed < total), None)
+        write("Every exercise passes. Well done!" if upcoming is None else
+              f"Next: exercise {upcoming[1]} (lab {upcoming[0]}). `make progress` shows every lab.")
 
 
 def _order(key):
