@@ -89,7 +89,7 @@ def find_speculator(model_dir: Path, model: nn.Module | None = None) -> Path | N
     if not bundled:
         return None
     if model is None:
-        from minillm.models.loader import load_model  # only to read the fingerprint: the LM head's weights
+        from minillm.models.prepare import load_model  # only to read the fingerprint: the LM head's weights
         model = load_model(model_dir, torch.float32, torch.device("cpu"))
     want = fingerprint(model)
     for path in bundled:
