@@ -1,5 +1,6 @@
 """models/huge_pages.py: a model's weights moved into one allocation advised for 2 MiB pages keep their values,
-shapes, strides and ties; load_model (models/prepare.py) moves a model that streams from memory; and the model computes what it did."""
+shapes, strides and ties; load_model (models/prepare.py) moves a model that streams from memory; and the model
+computes what it did."""
 import pytest
 import torch
 
