@@ -26,7 +26,7 @@ So, on a CPU in float32, without gradients and outside torch.compile:
   rows 90 -> 58; from 64 rows on the two are level. The packed copy is made on the first call that needs it and
   made again if the weight changes; it costs as much memory again as the weight.
 * Where the C++ product does not build, one row takes F.linear on weights the loader stores column by column
-  (models/loader.py), or the packed copy where it measured faster once a process (packed_wins_at_one_row: on
+  (models/prepare.py), or the packed copy where it measured faster once a process (packed_wins_at_one_row: on
   the AMD EPYC by 1.41x, on the Intel Xeon not).
 
 The results equal F.linear's within float32 rounding (a different summation order). The packed copy pays only
@@ -52,7 +52,7 @@ def onednn_available() -> bool:
 
 
 class Linear(nn.Linear):
-    few_rows = False  # whether 1-32 rows take the C++ product, cpu_ops.product (the loader decides: cpu_paths)
+    few_rows = False  # whether 1-32 rows take the C++ product, cpu_ops.product (load_model decides: cpu_paths)
     packed = False  # whether products of 2-MAX_PACKED_ROWS rows may use the packed copy (the loader decides)
     packed_one_row = False  # whether one row may too (without few_rows, where the packed copy measured faster)
     _packed: tuple[torch.Tensor, int, int] | None = None  # (oneDNN weight, weight's data_ptr, its _version)
@@ -139,7 +139,7 @@ def streamed(model: nn.Module) -> bool:
 
 
 def cpu_paths(model: nn.Module) -> bool:
-    """The loader's choices for a CPU model's Linears (see the top of this file): 1-32 rows through the C++ product
+    """load_model's choices for a CPU model's Linears (see the top of this file): 1-32 rows through the C++ product
     where the library builds, 2-48 rows through the packed copy where the model streams from memory, and one row
     through the packed copy too where there is no C++ product and this CPU runs it faster.
     -> whether the C++ product is on, which reads each weight stored row by row (else the loader stores them column

@@ -1,4 +1,5 @@
-"""Load a Hugging Face checkpoint directory: config.json + safetensors (single file or sharded).
+"""Read a Hugging Face checkpoint directory: config.json + safetensors (single file or sharded), into the model it
+describes (laid out for the kernels and quantized by prepare.py).
 
 Only safetensors are read: a `.bin`/`.pt` checkpoint is a pickle, and unpickling runs arbitrary
 code from the file. Every tensor is checked against the model before it is copied, so a wrong
@@ -10,9 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from minillm.layers.linear import cpu_paths, streamed
 from minillm.layers.rotary import RotaryEmbedding
-from minillm.models.huge_pages import to_huge_pages
 from minillm.models.model_config import ModelConfig
 from minillm.models.registry import MODEL_CLASSES
 from minillm.quant.checkpoint import load_quantized, quant_config_of
@@ -26,7 +25,7 @@ FUSED = {
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def read_checkpoint(model_dir: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     """Build the model that config.json describes and fill it from the directory's safetensors."""
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
@@ -39,11 +38,6 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tor
         load_quantized(model, quantized, model_dir)
     else:
         load_weights(model, checkpoint_files(model_dir), cfg)
-    if torch.device(device).type == "cpu":
-        if not cpu_paths(model):  # no C++ product: F.linear at one row, faster on column-major weights
-            column_major(model)
-        if streamed(model):
-            to_huge_pages(model)  # decode streams every weight a token: 2 MiB pages, not 4 KiB (huge_pages.py)
     return model.eval()
 
 
@@ -68,18 +62,6 @@ def build_empty(cfg: ModelConfig, device: torch.device) -> torch.nn.Module:
         if isinstance(module, RotaryEmbedding):
             module.reset_tables()
     return model
-
-
-def column_major(model: torch.nn.Module) -> None:
-    """Store each linear layer's weight [out, in] column by column (its transpose contiguous), same shape
-    and values, where the C++ matrix-vector product is not built. nn.Linear computes x @ weight.T, and on a CPU
-    a product with 1-3 rows (decode at a small batch) is 25-30% faster when weight.T is the contiguous one.
-    Measured on this project's 2-core CPU over tiny's 25 matrices: 4.6 -> 3.2 ms at one row. From 4 rows on, wide
-    matrices lose: a 3072 x 576 product takes 1.9 ms against 1.0 row-major, SmolLM2's 49152 x 576 LM head 45 ms
-    against 30 (one thread)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            module.weight.data = module.weight.data.t().contiguous().t()
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

@@ -17,11 +17,8 @@ import torch
 
 from minillm.cache.paged import PagedCacheManager
 from minillm.config import SELF_DRAFT
-from minillm.layers.linear import streamed
-from minillm.models.huge_pages import to_huge_pages
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model, prepare_model
 from minillm.models.registry import resolve_model_path
-from minillm.quant.apply import copy_sharing_weights, quantize_lm_head, quantize_model
 from minillm.quant.quant_config import QuantConfig
 from minillm.sequence import Phase, Sequence
 from minillm.speculative.target import ProposerTarget
@@ -45,19 +42,14 @@ class DraftProposer:
     def __init__(self, draft_model: str, target: ProposerTarget, quantization: QuantConfig | None = None,
                  head_quantization: QuantConfig | None = None) -> None:
         if draft_model == SELF_DRAFT:  # self-speculation: the target's weights, quantized (EngineConfig checks)
-            model = copy_sharing_weights(target.model)
+            path, model = target.model_dir, target.model
         else:
             path = resolve_model_path(draft_model)
             model = load_model(path, target.dtype, target.device)
             check_same_vocabulary(Tokenizer(path), target.tokenizer, model.config.vocab_size,
                                   target.model.config.vocab_size, draft_model)
-        if quantization is not None:
-            model = quantize_model(model, quantization)
-        if head_quantization is not None:
-            model = quantize_lm_head(model, head_quantization)
-        if (quantization or head_quantization) and target.device.type == "cpu" and streamed(model):
-            to_huge_pages(model)  # its new codes, as the engine's own quantized ones: 4 KiB pages cost 45% more
-        self.model = model
+        self.model = prepare_model(path, target.dtype, target.device, quantization, head_quantization, model=model,
+                                   shared=draft_model == SELF_DRAFT)  # the target's weights are the target's still
         self.cache = PagedCacheManager(self.model.config, target.kv_slots // DRAFT_BLOCK_SIZE + 1, DRAFT_BLOCK_SIZE,
                                        target.dtype, target.device, enable_prefix_caching=False)
         self.runner = target.make_runner(self.model, self.cache)

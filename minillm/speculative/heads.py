@@ -6,19 +6,17 @@ LM head). Head i turns h into a guess at t + 1 + i the way Medusa's heads do (Ca
 DeepSeek-V3's MTP and EAGLE's draft layer are richer versions): a residual block, h + SiLU(W_i h
 + b_i), read through the target's own LM head, so each head adds only hidden² + hidden
 parameters. `python -m minillm train heads` fits them with the target frozen; they are saved
-beside the target as spec_heads.safetensors, with the fingerprint of the model they fit.
+beside the target as spec_heads.safetensors, with the fingerprint of the model they fit (fitted.py).
 """
-import hashlib
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from minillm.sequence import Sequence
+from minillm.speculative.fitted import fingerprint, load_fitted
 from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
 
@@ -39,16 +37,6 @@ class SpecHeads(nn.Module):
         return lm_head(guesses)  # one pass over the LM head's weights for all k heads, not k passes
 
 
-def fingerprint(model: nn.Module) -> str:
-    """What heads are fitted to: the target's shape and a digest of its LM head's weights, taken in
-    bfloat16 so that the same checkpoint loaded in float32 or bfloat16, on any device, digests alike
-    (a float sum would not: its rounding depends on the order of the additions)."""
-    cfg = model.config
-    bits = model.lm_head.weight.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16)
-    digest = hashlib.sha256(bits.numpy().tobytes()).hexdigest()[:16]
-    return json.dumps([cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers, digest])
-
-
 def save_heads(heads: SpecHeads, target: nn.Module, path: Path) -> None:
     save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(path),
               metadata={"format": "pt", "num_heads": str(len(heads.blocks)), "target": fingerprint(target)})
@@ -56,18 +44,8 @@ def save_heads(heads: SpecHeads, target: nn.Module, path: Path) -> None:
 
 def load_heads(path: Path, target: nn.Module) -> SpecHeads:
     """Heads from `path`, checked against the target they are to propose for."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no speculative heads at {path}: train them with `python -m minillm train heads`")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    if meta.get("target") != fingerprint(target):
-        raise ValueError(f"the heads in {path} were trained for another model (fingerprint {meta.get('target')}, "
-                         f"this target's {fingerprint(target)}): train them for this one")
-    heads = SpecHeads(target.config.hidden_size, int(meta["num_heads"]))
-    heads.load_state_dict(tensors)
-    weight = target.lm_head.weight
-    return heads.to(device=weight.device, dtype=weight.dtype).eval()
+    return load_fitted(path, target, lambda meta: SpecHeads(target.config.hidden_size, int(meta["num_heads"])),
+                       "speculative heads", "heads")
 
 
 class HeadsProposer:

@@ -16,7 +16,7 @@ frequent ones (on SmolLM2's chat answers, 90% of the tokens lie below 8,192), an
 the speculator reads at every step shrinks by the vocabulary's ratio (49,152 -> 8,192 rows: 6x less
 to stream). The target verifies with its whole vocabulary, so the output stays the target's.
 `python -m minillm train speculator` fits one to a frozen target; it is saved beside the target as
-spec_mlp.safetensors, with the fingerprint of the model it fits (heads.fingerprint). The ones that
+spec_mlp.safetensors, with the fingerprint of the model it fits (fitted.py). The ones that
 ship, for the real models the engine knows by name, are in minillm/assets/speculators/.
 """
 from pathlib import Path
@@ -29,7 +29,7 @@ from torch import nn
 
 from minillm.layers.rmsnorm import RMSNorm
 from minillm.sequence import Sequence
-from minillm.speculative.heads import fingerprint
+from minillm.speculative.fitted import fingerprint, load_fitted
 from minillm.speculative.target import ProposerTarget
 from minillm.speculative.verify import target_probs
 
@@ -65,18 +65,8 @@ def save_speculator(spec: MLPSpeculator, target: nn.Module, path: Path) -> None:
 
 def load_speculator(path: Path, target: nn.Module) -> MLPSpeculator:
     """The speculator in `path`, checked against the target it is to propose for."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no MLP speculator at {path}: train one with `python -m minillm train speculator`")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    if meta.get("target") != fingerprint(target):
-        raise ValueError(f"the speculator in {path} was trained for another model (fingerprint {meta.get('target')}, "
-                         f"this target's {fingerprint(target)}): train one for this one")
-    spec = MLPSpeculator(target.config.hidden_size, int(meta["inner_size"]), int(meta["vocab"]))
-    spec.load_state_dict({k: v.float() for k, v in tensors.items()})
-    weight = target.lm_head.weight
-    return spec.to(device=weight.device, dtype=weight.dtype).eval()
+    build = lambda meta: MLPSpeculator(target.config.hidden_size, int(meta["inner_size"]), int(meta["vocab"]))
+    return load_fitted(path, target, build, "MLP speculator", "speculator")
 
 
 def find_speculator(model_dir: Path, model: nn.Module | None = None) -> Path | None:
@@ -89,7 +79,7 @@ def find_speculator(model_dir: Path, model: nn.Module | None = None) -> Path | N
     if not bundled:
         return None
     if model is None:
-        from minillm.models.loader import load_model  # only to read the fingerprint: the LM head's weights
+        from minillm.models.prepare import load_model  # only to read the fingerprint: the LM head's weights
         model = load_model(model_dir, torch.float32, torch.device("cpu"))
     want = fingerprint(model)
     for path in bundled:

@@ -48,7 +48,7 @@ def shard_rows(weight: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def _layout_of(like: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """t stored the way `like` is: the loader keeps CPU weights column by column (loader.column_major
+    """t stored the way `like` is: load_model keeps CPU weights column by column (prepare.column_major
     says why), and a shard should run as fast as the matrix it came from."""
     column_major = like.dim() == 2 and like.stride(0) == 1 and like.shape[1] > 1
     return t.t().contiguous().t() if column_major else t.contiguous()

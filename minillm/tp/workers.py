@@ -34,7 +34,7 @@ import torch.distributed as dist
 from minillm.cache.paged import PagedContext
 from minillm.cache.pool import PagedKVPool
 from minillm.config import DTYPES
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.tp.comm import AllReduceMeter
 from minillm.tp.tp_model import shard_model
 

@@ -20,7 +20,7 @@ from minillm.config import SpeculativeConfig
 from minillm.corpus import random_rows, spread_rows
 from minillm.layers.attention import PackedRows
 from minillm.models.export import save_checkpoint
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import BUNDLED_DIR, resolve_model_path
 from minillm.perf import machine
 from minillm.speculative.distill import distill_loss

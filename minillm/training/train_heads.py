@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from minillm.config import SpeculativeConfig
 from minillm.corpus import corpus_split, encode_corpus, random_rows, spread_rows
 from minillm.layers.attention import PackedRows
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.perf import machine
 from minillm.speculative.heads import HEADS_FILE, SpecHeads, save_heads

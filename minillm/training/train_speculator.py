@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from minillm.layers.attention import PackedRows
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.perf import machine
 from minillm.speculative.mlp_speculator import SPECULATOR_FILE, MLPSpeculator, save_speculator

@@ -1,12 +1,13 @@
 """models/huge_pages.py: a model's weights moved into one allocation advised for 2 MiB pages keep their values,
-shapes, strides and ties; the loader moves a model that streams from memory; and the model computes what it did."""
+shapes, strides and ties; load_model (models/prepare.py) moves a model that streams from memory; and the model
+computes what it did."""
 import pytest
 import torch
 
 from minillm import LLM
 from minillm.layers import cpu_ops
 from minillm.layers.linear import Linear
-from minillm.models import huge_pages, loader
+from minillm.models import huge_pages, prepare
 from minillm.models.huge_pages import HUGE_PAGE, dense, to_huge_pages
 
 
@@ -76,7 +77,7 @@ def test_dense_tells_a_block_of_elements_from_a_strided_view():
 def test_the_loader_moves_a_model_that_streams_from_memory_and_its_logits_do_not_change(monkeypatch):
     plain = LLM("tiny")  # 23 MB: in the caches, left where it is
     ids = plain.tokenizer.encode("def fib(n):\n    return")
-    monkeypatch.setattr(loader, "streamed", lambda model: True)
+    monkeypatch.setattr(prepare, "streamed", lambda model: True)
     moved = LLM("tiny")
     if huge_pages.huge_buffer(HUGE_PAGE) is None:
         pytest.skip("madvise is missing or refused here: the loader keeps ordinary pages")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.tp.comm import allreduce_bytes_per_token, ring_bytes_per_rank
 from minillm.tp.parallel_linear import (

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from minillm import LLM, SamplingParams
 from minillm.config import SpeculativeConfig
 from minillm.corpus import encode_corpus, spread_rows
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import BUNDLED_DIR
 from minillm.speculative.distill import distill_loss
 from minillm.speculative.heads import HEADS_FILE, SpecHeads, load_heads

@@ -2,7 +2,7 @@
 distilled draft are all trained by minillm itself, so an in-place op that breaks autograd is a bug)."""
 import torch
 
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import BUNDLED_DIR
 from minillm.training.bundled import batch_loss
 

@@ -14,7 +14,7 @@ import torch
 
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import DEFAULT_MODEL, available_models, bundled_models, preferred_model, resolve_model_path
 
 APP_MODEL_ENV = "MINILLM_APP_MODEL"
