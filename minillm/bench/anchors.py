@@ -10,8 +10,10 @@ as minillm's float32 decode. The files are written once, under ~/.cache/minillm/
 Benchmarks import this module lazily and, when the binding is missing, print `missing()`'s reason
 instead of the llama.cpp rows.
 """
+import contextlib
 import importlib.util
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -112,12 +114,24 @@ class LlamaCpp:
         self.llm.close()
 
 
-def open_anchors(model: str, kinds: tuple[str, ...], threads: int) -> tuple[dict[str, "LlamaCpp"], str | None]:
-    """llama.cpp models of `kinds` for a benchmark of `model` -> ({row name: model}, why none, or None).
-    Only the packaged SmolLM2 has llama.cpp files here."""
+@contextlib.contextmanager
+def open_anchors(model: str, kinds: tuple[str, ...], threads: int) -> Iterator[tuple[dict[str, LlamaCpp], str | None]]:
+    """llama.cpp models of `kinds` for a benchmark of `model` -> ({row name: model}, why none, or None), each
+    closed when the block ends. (A Llama left to its __del__ until interpreter exit prints "Exception ignored in:
+    <function Llama.__del__ ...>": the binding's module globals are gone by then.) Only the packaged SmolLM2
+    has llama.cpp files here."""
     if model not in PACKAGED_MODELS:
-        return {}, f"llama.cpp rows need a packaged real model ({', '.join(PACKAGED_MODELS)}), not {model!r}"
+        yield {}, f"llama.cpp rows need a packaged real model ({', '.join(PACKAGED_MODELS)}), not {model!r}"
+        return
     reason = missing()
     if reason is not None:
-        return {}, reason
-    return {f"llama.cpp {kind}": LlamaCpp(kind, threads, model=model) for kind in kinds}, None
+        yield {}, reason
+        return
+    anchors = {}
+    try:
+        for kind in kinds:
+            anchors[f"llama.cpp {kind}"] = LlamaCpp(kind, threads, model=model)
+        yield anchors, None
+    finally:
+        for anchor in anchors.values():
+            anchor.close()

@@ -185,9 +185,9 @@ def measure(model_dir: str, hf, label: str, quick: bool, json_path: str | None, 
     variants = {"minillm": llm}
     rates: dict[str, list[float]] = {"minillm": [], "compiled": [], "transformers": [], "no cache": []}
     tokens = {}
-    anchors, no_anchors = open_anchors(label, ("F32",), torch.get_num_threads())
-    rates.update({name: [] for name in anchors})
-    with progress("decode", (3 + (not quick) + len(anchors)) * repeats + len(contexts) + 3) as bar:
+    with (open_anchors(label, ("F32",), torch.get_num_threads()) as (anchors, no_anchors),
+          progress("decode", (3 + (not quick) + len(anchors)) * repeats + len(contexts) + 3) as bar):
+        rates.update({name: [] for name in anchors})
         if not quick:
             bar.set_description("decode: compiling minillm's decode step (torch.compile)")
             start = time.perf_counter()

@@ -129,24 +129,23 @@ def decode_speeds(model: str, model_dir: str, schemes: list[QuantConfig], prompt
     try:
         for t in threads:
             torch.set_num_threads(t)
-            anchors, missing = open_anchors(model, ANCHOR_KINDS, t)
-            if missing and missing not in notes:
-                notes.append(f"no llama.cpp rows: {missing}")
-            runs = {name: (lambda n, llm=llm: minillm_decode(llm, prompt, n)) for name, llm in llms.items()}
-            runs.update({name: (lambda n, a=anchor: a.decode(prompt, n)) for name, anchor in anchors.items()})
-            names = list(runs)
-            for run_one in runs.values():
-                run_one(4)  # warm-up
-            out[t] = {name: ([], []) for name in runs}
-            for rep in range(s.repeats):
-                for name in names[rep % len(names):] + names[:rep % len(names)]:
-                    bar.set_description(f"quant: decode {name}, {t} thread{'s' * (t > 1)}, run {rep + 1}/{s.repeats}")
-                    rate, tokens = runs[name](s.new_tokens)
-                    out[t][name][0].append(rate)
-                    out[t][name][1][:] = tokens
-                    bar.update()
-            for anchor in anchors.values():
-                anchor.close()
+            with open_anchors(model, ANCHOR_KINDS, t) as (anchors, missing):
+                if missing and missing not in notes:
+                    notes.append(f"no llama.cpp rows: {missing}")
+                runs = {name: (lambda n, llm=llm: minillm_decode(llm, prompt, n)) for name, llm in llms.items()}
+                runs.update({name: (lambda n, a=anchor: a.decode(prompt, n)) for name, anchor in anchors.items()})
+                names = list(runs)
+                for run_one in runs.values():
+                    run_one(4)  # warm-up
+                out[t] = {name: ([], []) for name in runs}
+                for rep in range(s.repeats):
+                    for name in names[rep % len(names):] + names[:rep % len(names)]:
+                        bar.set_description(f"quant: decode {name}, {t} thread{'s' * (t > 1)}, "
+                                            f"run {rep + 1}/{s.repeats}")
+                        rate, tokens = runs[name](s.new_tokens)
+                        out[t][name][0].append(rate)
+                        out[t][name][1][:] = tokens
+                        bar.update()
     finally:
         torch.set_num_threads(before)
     return out

@@ -4,8 +4,14 @@ It alone queues, aborts and steps. Requests and aborts reach it through a thread
 drains between two steps (blocking on it when the engine is idle); each step's chunks go back to
 their readers' loops in one call_soon_threadsafe per loop; after every step it publishes a snapshot
 of the stats a server reads, so reading them takes no lock a step holds.
+
+The thread is a daemon (a forgotten AsyncLLM never keeps a process alive), so at interpreter exit one
+that is still running is stopped and joined first (stop_engine_threads): a daemon thread found inside a
+step when the interpreter finalizes is ended as it takes the GIL back, from inside torch's C++ (a forced
+unwind through a noexcept frame), and the process aborts with "terminate called without an active exception".
 """
 import asyncio
+import atexit
 import contextlib
 import queue
 import sys
@@ -105,6 +111,7 @@ class EngineThread:
         self.snapshot = self._snapshot()
         self._guard = threading.Lock()  # the thread's start and end only: never held while a step runs
         self._thread: threading.Thread | None = None
+        self._exiting = False  # the interpreter exits (stop_at_exit): no thread starts any more
 
     def submit(self, message) -> None:
         with self._guard:
@@ -122,10 +129,22 @@ class EngineThread:
                 self.inbox.put(STOP)
             return self._thread
 
+    def stop_at_exit(self) -> None:
+        """Stop the running thread after its current step (its requests are aborted), wait for it, and start
+        none from now on: a request submitted later (a server's daemon thread still serving) is never run."""
+        with self._guard:
+            self._exiting, thread = True, self._thread
+            if thread is not None:
+                self.inbox.put(STOP)
+        if thread is not None:
+            thread.join()
+
     def _start(self) -> None:
+        if self._exiting:
+            return
         if sys.getswitchinterval() > SWITCH_INTERVAL:
             sys.setswitchinterval(SWITCH_INTERVAL)
-        self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
+        self._thread = Driver(self)
         self._thread.start()
 
     def _run(self) -> None:
@@ -225,3 +244,25 @@ class EngineThread:
         view = self.engine.view
         return Snapshot(view.kv_stats(), view.num_waiting, view.num_running, self._taken, view.num_waiting_seqs,
                         self._taken_seqs)
+
+
+class Driver(threading.Thread):
+    """The thread an EngineThread runs in, findable among the process's threads by stop_engine_threads."""
+
+    def __init__(self, core: EngineThread) -> None:
+        super().__init__(name="minillm-engine", daemon=True)
+        self.core: EngineThread | None = core
+
+    def run(self) -> None:
+        try:
+            self.core._run()
+        finally:
+            self.core = None  # a finished thread (a test may keep it) does not keep the engine alive
+
+
+@atexit.register  # atexit runs while daemon threads still run normally: before the interpreter finalizes
+def stop_engine_threads() -> None:
+    """Stop every engine thread still running, each after its current step, and wait for it."""
+    for driver in [t for t in threading.enumerate() if isinstance(t, Driver)]:
+        if (core := driver.core) is not None:  # None: it has just ended
+            core.stop_at_exit()

@@ -159,8 +159,10 @@ class StepProfile:
         (steps in the order they ran)."""
         if len(steps) < 4:
             raise ValueError(f"fitting a step profile needs at least 4 measured steps, got {len(steps)}")
-        if any(t <= 0 for *_, t in steps):
-            raise ValueError("every measured step time must be > 0 seconds")
+        for i, (*work, t) in enumerate(steps):
+            if not t > 0:  # NaN as well: the fit weighs each step by 1 / its time
+                raise ValueError(f"every measured step time must be > 0 seconds; step {i}, {tuple(work)} "
+                                 f"(prefill tokens, decode seqs, context tokens), took {t}")
         sizes = [p + d for p, d, _, _ in steps]
         if min(sizes) < 1:
             raise ValueError("every measured step must compute at least one token")
@@ -238,7 +240,9 @@ def _hats(tokens: int, knots: list[int]) -> list[float]:
 def nnls(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """argmin ||a x - b|| subject to x >= 0, by Lawson and Hanson's active-set method (1974).
     a: [m, n], b: [m] -> x: [n]. Variables enter the solved set while the gradient favours them;
-    an unconstrained solve that drives one negative moves back to where it hits 0 and drops it."""
+    an unconstrained solve that drives one negative moves back to where it hits 0 and drops it.
+    tol is in the gradient's units: it decides which variable enters, never which leaves (the variables are
+    in the caller's units, say seconds, and a tolerance in the gradient's would drop every small one)."""
     n = a.shape[1]
     x = torch.zeros(n, dtype=a.dtype)
     free = torch.zeros(n, dtype=torch.bool)  # the set solved without its bound
@@ -254,9 +258,10 @@ def nnls(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             if (z[free] > 0).all():
                 x = z
                 break
-            leaving = free & (z <= 0)
-            step = (x[leaving] / (x[leaving] - z[leaving])).min()
-            x = x + step * (z - x)
-            free &= x > tol
+            steps = torch.where(free & (z <= 0), x / (x - z), float("inf"))
+            first = steps.argmin()  # the first variable to hit its bound on the way from x to z
+            x = x + steps[first] * (z - x)
+            x[first] = 0.0  # exactly, whatever the rounding: it leaves, so every pass of this loop ends one
+            free &= x > 0
             x[~free] = 0.0
     return x

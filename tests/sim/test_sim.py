@@ -186,6 +186,34 @@ def test_fit_recovers_a_measured_profile_from_exact_steps():
     assert fitted.per_decode_seq == pytest.approx(0.07 / 299, rel=1e-6)  # the curve's mean, on past its end
 
 
+@pytest.mark.parametrize("unit", [1e-2, 1e-4])
+def test_fit_profile_prices_steps_alike_in_any_unit_of_time(unit):
+    """A light load's steps (a few decodes, some one-token prompts) timed 100 or 10,000 times faster (a fast
+    GPU, a fake clock): the same fit, in that unit. Coefficients that small once fell below the solver's
+    tolerance, which is in the gradient's units: `fixed` was dropped, a one-token prompt's step priced 0,
+    and fit_profile divided by that price (ZeroDivisionError)."""
+    from minillm.sim.calibrate import fit_profile
+    rng = random.Random(8)
+    work = [(rng.choice([0, 0, 0, 1, rng.randrange(1, 64)]), rng.randrange(4), rng.randrange(300)) for _ in range(100)]
+    work = [(p, d, c * (d > 0), CURVED.step_time(p, d, c * (d > 0)) * rng.uniform(0.8, 1.2))
+            for p, d, c in work if p + d > 0]
+    woke = [rng.random() < 0.1 for _ in work]
+    seconds, fast = fit_profile(work, woke), fit_profile([(p, d, c, t * unit) for p, d, c, t in work], woke)
+    assert fast.fixed == pytest.approx(seconds.fixed * unit, rel=1e-6)
+    assert fast.per_context_token == pytest.approx(seconds.per_context_token * unit, rel=1e-6)
+    assert [n for n, _ in fast.token_curve] == [n for n, _ in seconds.token_curve]
+    assert [s for _, s in fast.token_curve] == pytest.approx([s * unit for _, s in seconds.token_curve], rel=1e-6)
+    assert fast.warmup == pytest.approx(seconds.warmup, rel=1e-6) and fast.spread == pytest.approx(seconds.spread)
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1e-6, float("nan")])
+def test_fit_profile_refuses_a_step_timed_zero_or_nan_naming_that_step(seconds):
+    from minillm.sim.calibrate import fit_profile
+    steps = [(16, 0, 0, 0.01), (0, 1, 20, 0.005), (0, 1, 40, seconds), (0, 2, 80, 0.006), (0, 2, 90, 0.006)]
+    with pytest.raises(ValueError, match=rf"step 2, \(0, 1, 40\) .* took {seconds}"):
+        fit_profile(steps, [False] * len(steps))
+
+
 def test_fit_keeps_how_far_measured_steps_stray_from_their_price():
     """Exact steps leave a spread of ratio 1; steps that ran 10% fast, on time or 25% slow in equal shares
     (a machine that drifts) leave those three levels relative to one another, in equal shares."""
