@@ -628,7 +628,8 @@ if have_real:
         print(f"{n:6d}  {ttft * 1e3:7.1f} ({ttft_bound * 1e3:6.1f})  {tpot * 1e3:7.1f} ({tpot_bound * 1e3:5.1f})")
     kv_bytes = 2 * real_cfg.num_hidden_layers * real_cfg.num_key_value_heads * real_cfg.head_dim * 4
     print(f"the KV cache costs {kv_bytes / 1e3:.0f} kB per token in float32: "
-          f"{kv_bytes * real_contexts[-1] / 1e6:.1f} MB at {real_contexts[-1]} tokens, beside {n_params * 4 / 1e6:.0f} MB of weights")
+          f"{kv_bytes * real_contexts[-1] / 1e6:.1f} MB at {real_contexts[-1]} tokens, "
+          f"beside {n_params * 4 / 1e6:.0f} MB of weights")
     del real_model, real_cache
 
 # %% [markdown]
