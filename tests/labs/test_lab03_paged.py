@@ -112,7 +112,9 @@ def test_forked_blocks_return_only_when_the_last_table_frees_them(lab):
     alloc = lab.BlockAllocator(6, 2)
     a = alloc.allocate(5)
     b = alloc.fork(a)
-    assert b == a and b is not a, f"fork gave {b} for table {a} (a new list with the same blocks)"
+    assert b is not a, ("3.1 fork returned the table it was given: the two samples would share the same list "
+                        "object, so a block one of them appends would appear in the other's table too")
+    assert b == a, f"3.1 fork gave the table {b} for the table {a}: a fork lists the same blocks in the same order"
     check_invariants(alloc, [a, b], "after fork")
     alloc.free(a)
     assert a == [], "free did not empty the table"
