@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Lab 02 · Generation and the KV cache
 #
-# **Time:** about 100 minutes in all, stated per section below. **You need:** lab 01 (attention with an
+# **Time:** about 105 minutes in all, stated per section below. **You need:** lab 01 (attention with an
 # offset causal mask) and lab 00 (the roofline: a kernel's time is bounded by its FLOPs and by its bytes).
 #
 # A model gives scores for the *next* token. Generating text means calling it again and again, one

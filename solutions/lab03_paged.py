@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Lab 03 · The paged KV cache and prefix caching
 #
-# **Time:** about 110 minutes in all, stated per section below. **You need:** lab 02 (a KV cache, the
+# **Time:** about 125 minutes in all, stated per section below. **You need:** lab 02 (a KV cache, the
 # attention seam `ctx.attend`, and the prefill time per token).
 #
 # In lab 02 each sequence got its own cache of `max_len` positions, reserved up front. A server
