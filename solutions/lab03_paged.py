@@ -694,6 +694,7 @@ torch.manual_seed(0)
 probe = torch.randint(1, real_cfg.vocab_size, (256,)).tolist()
 first_token = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 off.generate([probe[:32]], first_token, use_tqdm=False)  # warm-up
+real.generate([probe[-32:]], first_token, use_tqdm=False)  # warm-up, on tokens the chat never sends
 per_token = statistics.median(off.generate([probe], first_token, use_tqdm=False)[0].metrics["ttft"]
                               for _ in range(1 if quick_run() else 3)) / len(probe)
 SYSTEM = ("You are a patient tutor for a course on how language models are served. Answer in two or three "
@@ -707,7 +708,8 @@ turns = 3 if quick_run() else len(QUESTIONS)
 answer = SamplingParams(max_tokens=12 if quick_run() else 48, temperature=0)
 system_tokens = len(real.tokenizer.encode(SYSTEM))
 print(f"prefill here: {per_token * 1e3:.2f} ms per token (a {len(probe)}-token prompt, nothing cached)")
-print(f"the conversation: a system message of {system_tokens} tokens, {turns} questions of about 10 tokens, "
+question_tokens = [len(real.tokenizer.encode(q)) for q in QUESTIONS[:turns]]
+print(f"the conversation: a system message of {system_tokens} tokens, {turns} questions of {question_tokens} tokens, "
       f"answers of at most {answer.max_tokens} tokens, blocks of {real.config.cache.block_size}")
 
 # %%
@@ -746,8 +748,10 @@ fig.show()
 n, cached, t_off, t_on = rows[-1]
 compare(f"TTFT saved at turn {turns} ({cached} of {n} prompt tokens cached)", MY_PREDICTION,
         theory=cached * per_token * 1e3, measured=t_off - t_on, unit="ms", theory_name="cached × per-token",
-        gap="the per-token time was measured on a shorter prompt and attention grows with the context, and a "
-            "step's fixed costs are paid with the cache or without it; the rest is a shared machine's noise.")
+        gap="the per-token time was measured on a prompt of another length (attention grows with the context), "
+            "the chat template adds tokens of its own around each message, and a step's fixed costs are paid "
+            "with the cache or without it; the rest is a shared machine's noise (one turn can be far off: "
+            "run the cell again).")
 
 # %% [markdown]
 # ## How production engines do it (~5 min)
