@@ -11,8 +11,9 @@
 # scores into tokens, then you predict, and measure on a real model, what the cache buys.
 #
 # **See it run:** the visualizer's **Live engine** page (`make app`) streams requests through the engine and
-# shows each one's time to first token and inter-token latency as it decodes. **Read more:** `docs/engine.md`
-# (the engine's step loop, the model's attention seam and the sampler).
+# shows each one's time to first token and inter-token latency as it decodes. **Read more**, after the lab:
+# `docs/engine.md`, its sections "One step, in three parts" (where prefill, decode and the sampler sit in a step)
+# and "The KV cache".
 #
 # ## Learning objectives
 # By the end you can

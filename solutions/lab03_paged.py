@@ -18,8 +18,8 @@
 #
 # **See it run:** in the visualizer (`make app`), the **Paged memory explorer** page shows every sequence's
 # block table, the shared blocks, and what the same requests would waste in a contiguous cache; the **Chat**
-# page marks, turn by turn, the blocks of the conversation the prefix cache served. **Read more:**
-# `docs/engine.md` (the block manager, the prefix cache and how the engine schedules around them).
+# page marks, turn by turn, the blocks of the conversation the prefix cache served. **Read more**, after the
+# lab: `docs/engine.md`, its section "The KV cache" (the pool, the block size, prefix caching and preemption).
 #
 # ## Learning objectives
 # By the end you can
