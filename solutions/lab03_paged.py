@@ -694,7 +694,8 @@ torch.manual_seed(0)
 probe = torch.randint(1, real_cfg.vocab_size, (256,)).tolist()
 first_token = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 off.generate([probe[:32]], first_token, use_tqdm=False)  # warm-up
-real.generate([probe[-32:]], first_token, use_tqdm=False)  # warm-up, on tokens the chat never sends
+for warm_up in (probe[-48:], probe[-48:] + probe[:8]):  # warm-ups, the second a prefix hit (its first costs more)
+    real.generate([warm_up], first_token, use_tqdm=False)
 per_token = statistics.median(off.generate([probe], first_token, use_tqdm=False)[0].metrics["ttft"]
                               for _ in range(1 if quick_run() else 3)) / len(probe)
 SYSTEM = ("You are a patient tutor for a course on how language models are served. Answer in two or three "
