@@ -1,5 +1,7 @@
 """The page furniture every run page shares: the knobs in the sidebar, the run buttons, and the
 live refresh that redraws a view at least four times a second while the engine runs."""
+from pathlib import Path
+
 import streamlit as st
 import torch
 
@@ -13,7 +15,9 @@ from minillm_visualizer.shared.learner_parts import describe, failure, learner_c
 from minillm_visualizer.shared.settings import DEFAULTS, default_kv_mib, engine_config, request_specs
 
 REFRESH_S = 0.25
-LABS = {"00": "labs/lab00_roofline.ipynb", "03": "labs/lab03_paged.ipynb", "04": "labs/lab04_batching.ipynb"}
+# Every lab notebook, by number: a page's intro names the lab that teaches what it shows.
+LABS = {p.stem[3:5]: f"labs/{p.stem}.ipynb"
+        for p in sorted((Path(__file__).resolve().parents[3] / "solutions").glob("lab[0-9][0-9]_*.py"))}
 
 
 def intro(text: str, lab: str, topic: str) -> None:
