@@ -676,7 +676,7 @@ if have_real:
             measured=mine_ms, unit="ms", theory_name="roofline floor (lab 00)",
             gap=f"your forward takes {mine_ms / floor_ms:.1f}x the floor and the engine {engine_ms / floor_ms:.1f}x: "
                 "the gap is small matmuls that do not reach peak FLOP/s, the unfused attention and norms, "
-                "and Python between some 300 operator calls.")
+                "and Python between hundreds of small operator calls.")
 
 # %% [markdown]
 # Now what your decoder says. The first table shows the probability of the five likeliest next tokens
