@@ -592,10 +592,12 @@ if have_real:
 # bandwidth over weight bytes; if your run shows it reaching a larger share of its bound than `tiny`,
 # that is why. `tiny`'s step goes largely to the fixed cost of a few hundred small operator calls,
 # which neither ceiling counts, and its weights may come from the caches, not DRAM. Of the two
-# bandwidths, the one a decode step's matrix-vector products actually get is usually the lower; on a
-# shared machine either can move between one measurement and the next, which your table may show. The
-# engine adds sampling and bookkeeping to each step: compare it with the bare forward in your table,
-# where that cost shows on the small model and is lost in the noise on the weight-bound one.
+# bandwidths, the copy's is the roofline's own ceiling; the matrix-vector product's is what one large
+# product of the decode's kind got. Which is higher can change from run to run on a shared machine,
+# since each is measured over a fraction of a second: run the cells twice and see how much your figures
+# move before you read anything into a difference of a few percent. The engine adds sampling and
+# bookkeeping to each step: compare it with the bare forward in your table. Where the engine comes out
+# faster, that per-step cost is smaller than the machine's noise.
 # If your prediction was far off, find which step of your reasoning was: the bytes, the bandwidth, or
 # the share you expected the engine to reach.
 #
@@ -612,7 +614,7 @@ if have_real:
 # * **Fewer bytes of KV cache.** GQA, paged caches (vLLM's PagedAttention) and fp8 KV caches let
 #   more sequences fit and shrink the attention traffic that dominates at long contexts (lab 03).
 # * **Removing overheads.** CUDA graphs (vLLM, SGLang) and compiled engines (TensorRT-LLM) replay
-#   a whole decode step without per-kernel CPU work: the gap you saw on the smallest model.
+#   a whole decode step without per-kernel CPU work: the fixed per-step cost that weighs most on small models.
 # * **Roofline thinking** drives kernel work: FlashAttention raises attention's intensity by keeping
 #   tiles in on-chip SRAM; speculative decoding (lab 05) turns memory-bound single-token steps into
 #   a few-token verification with more FLOPs per byte.

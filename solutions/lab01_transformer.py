@@ -599,8 +599,9 @@ print(f"per token, your forward took {yours[0]:.2f} ms at {lengths[0]} tokens an
 # The projections and the MLP do a fixed amount of work per token (each token meets every weight once);
 # attention's work per token grows with the length, because each query looks at every earlier key.
 # Which of the two dominates at each length, on this model, is what your plot shows; the dotted line is
-# what lab 00's compute ceiling allows. A short prompt sits far above it: a few hundred small operator
-# calls cost about the same at 16 tokens as at 256, and at 16 tokens they are most of the time.
+# what lab 00's compute ceiling allows. Where a short prompt sits far above it, look to the few hundred
+# small operator calls of a forward: they cost about the same at 16 tokens as at 256, so per token they
+# weigh most on the shortest prompt.
 
 # %% [markdown]
 # ## Predict, then measure: your decoder on SmolLM2 (~20 min)
