@@ -66,7 +66,7 @@ def matmul_cases() -> list[tuple[int, int, int, int]]:
 
 @exercise("0.1")
 def test_matmul_flops_are_two_per_multiply_add(lab):
-    """a [m, k] @ [k, n] matmul does 2mkn FLOPs"""
+    """matmul_cost's FLOPs: every multiply-add of [m, k] @ [k, n] counted as 2, on non-square shapes and a matvec"""
     for m, k, n, b in matmul_cases():
         flops, _ = lab.matmul_cost(m, k, n, b)
         expected = 2 * m * k * n
@@ -75,7 +75,7 @@ def test_matmul_flops_are_two_per_multiply_add(lab):
 
 @exercise("0.1")
 def test_matmul_bytes_read_both_inputs_and_write_the_output(lab):
-    """a [m, k] @ [k, n] matmul moves A, B and C once each"""
+    """matmul_cost's bytes: the least a [m, k] @ [k, n] product moves, for element widths of 1, 2, 4 and 8"""
     for m, k, n, b in matmul_cases():
         _, nbytes = lab.matmul_cost(m, k, n, b)
         expected = (m * k + k * n + m * n) * b
@@ -84,8 +84,8 @@ def test_matmul_bytes_read_both_inputs_and_write_the_output(lab):
 
 @exercise("0.2")
 def test_roofline_time_is_set_by_the_slower_resource(lab):
-    """time = max(compute time, memory time): compute-bound, memory-bound, exactly at the ridge, and a copy
-    that does no FLOPs at all"""
+    """roofline_time with compute and memory overlapping: compute-bound, memory-bound, exactly at the ridge,
+    and a copy that does no FLOPs at all"""
     rng = random.Random(2)
     cases = [(1e12, 1e9, 1e14, 1e12), (1e9, 1e10, 1e14, 1e12), (2e12, 1e10, 2e14, 1e12), (7, 3, 2, 5),
              (0.0, 2 * 256 * 2 ** 20, 1e12, 5e10), (0, 8e9, 989e12, 3.35e12)]  # copies: bytes only
@@ -113,7 +113,7 @@ def attention_cases() -> list[tuple[int, int, int, int, int, int]]:
 
 @exercise("0.3")
 def test_attention_flops_count_both_matmuls_on_every_query_head(lab):
-    """q.k and p.v, each q_len x kv_len x head_dim multiply-adds, for every query head"""
+    """attention_cost's FLOPs: both matmuls, every (query, key) pair, every query head, with GQA"""
     for q_len, kv_len, heads, kv_heads, d, b in attention_cases():
         flops, _ = lab.attention_cost(q_len, kv_len, heads, kv_heads, d, b)
         expected = 4 * q_len * kv_len * heads * d
@@ -123,7 +123,7 @@ def test_attention_flops_count_both_matmuls_on_every_query_head(lab):
 
 @exercise("0.3")
 def test_attention_bytes_read_q_k_v_and_write_the_output(lab):
-    """q and the output are heads wide; k and v, each read once, only kv_heads wide"""
+    """attention_cost's bytes: q, the output, k and v moved once each, with GQA (kv heads fewer than query heads)"""
     for q_len, kv_len, heads, kv_heads, d, b in attention_cases():
         _, nbytes = lab.attention_cost(q_len, kv_len, heads, kv_heads, d, b)
         expected = (2 * q_len * heads * d + 2 * kv_len * kv_heads * d) * b
@@ -134,7 +134,7 @@ def test_attention_bytes_read_q_k_v_and_write_the_output(lab):
 
 @exercise("0.4")
 def test_kv_cache_bytes_match_an_allocated_cache(lab):
-    """bytes of K and V for every layer and kv head, as a cache of that many tokens allocates them"""
+    """kv_cache_bytes equals what a cache of that many tokens allocates (GQA; head_dim not hidden / heads)"""
     rng = random.Random(4)
     cases = [(config(True), 100, 4), (config(True), 37, 2), (config(False), 1, 8)]
     cases += [(cfg, rng.randint(1, 400), rng.choice(WIDTHS)) for cfg in random_configs(40, 8)]
@@ -171,7 +171,7 @@ def decode_cases() -> list[tuple[ModelConfig, int, int, int]]:
 
 @exercise("0.5")
 def test_decode_step_flops_count_every_token_of_the_batch(lab):
-    """each sequence's token meets every weight (2 FLOPs each) and attends over its own context"""
+    """decode_step_cost's FLOPs at batch sizes above 1, tied and untied embeddings, contexts of 1 to 2000"""
     for cfg, context, batch, b in decode_cases():
         flops, _ = lab.decode_step_cost(cfg, context, batch, b)
         expected, _ = expected_decode(cfg, context, batch, b, weights_read_per_token(cfg))
@@ -181,7 +181,7 @@ def test_decode_step_flops_count_every_token_of_the_batch(lab):
 
 @exercise("0.5")
 def test_decode_step_bytes_read_weights_once_and_each_sequences_cache(lab):
-    """the weights (not the embedding table) are read once for the batch, the KV cache once per sequence"""
+    """decode_step_cost's bytes at batch sizes above 1, tied and untied embeddings, contexts of 1 to 2000"""
     for cfg, context, batch, b in decode_cases():
         _, nbytes = lab.decode_step_cost(cfg, context, batch, b)
         _, expected = expected_decode(cfg, context, batch, b, weights_read_per_token(cfg))
@@ -191,7 +191,7 @@ def test_decode_step_bytes_read_weights_once_and_each_sequences_cache(lab):
 
 @exercise("0.6")
 def test_decode_tokens_per_s_follows_the_roofline(lab):
-    """tokens/s = batch / roofline time of one step: memory-bound at small batch, compute-bound at huge batch,
+    """decode_tokens_per_s of the whole batch: memory-bound at small batch, compute-bound at huge batch,
     for weights of 1, 2, 4 or 8 bytes"""
     rng = random.Random(6)
     cases = [(config(False), 64, 1, H100["peak_flops"], H100["bandwidth"], 2),

@@ -66,8 +66,8 @@ def test_rms_norm_normalises_each_vector_of_a_batch(lab):
 
 @exercise("1.1")
 def test_rms_norm_puts_eps_inside_the_square_root(lab):
-    """eps, the one given (drawn from 1e-4 to 0.1), is added to the mean square inside the root: visible on inputs
-    whose mean square is near eps; a vector of zeros stays zero"""
+    """rms_norm with the eps it is given (1e-4 to 0.1) on inputs whose mean square is near eps, and on a vector of
+    zeros, matches transformers'"""
     rng = random.Random(14)
     for seed, shape in ((14, (4, 32)), (15, (9, 24)), (18, (3, 2, 16))):
         eps = 10 ** rng.uniform(-4, -1)
@@ -156,7 +156,7 @@ def test_attention_single_query_sees_every_key(lab):
 
 @exercise("1.4")
 def test_attention_stays_right_when_scores_reach_the_hundreds(lab):
-    """sharp attention (q.k / sqrt(d) in the hundreds, where exp() overflows float32): the output is still
+    """sharp attention (scaled scores in the hundreds, where exp() overflows float32): the output is still
     PyTorch's, not inf or NaN"""
     for seed, (q_len, kv_len, heads, kv_heads, d) in ((45, (4, 9, 6, 2, 8)), (46, (7, 7, 4, 1, 16))):
         q_all = randn(seed, kv_len, heads, d, scale=12.0)
@@ -169,7 +169,7 @@ def test_attention_stays_right_when_scores_reach_the_hundreds(lab):
 
 @exercise("1.4")
 def test_attention_maps_query_heads_to_their_kv_group(lab):
-    """query head h reads kv head h // (heads // kv_heads): consecutive query heads share one"""
+    """each query head reads the kv head of its group (6 query heads on 2 kv heads, one kv head carrying a signal)"""
     q, k = randn(40, 5, 6, 8), randn(41, 5, 2, 8)
     v = torch.zeros(5, 2, 8)
     v[:, 1] = 1.0  # only kv head 1 carries a signal: query heads 3, 4, 5 must see it, 0, 1, 2 must not
@@ -201,7 +201,7 @@ def test_attention_each_query_sees_its_own_position_and_no_later_one(lab):
 
 @exercise("1.5")
 def test_swiglu_matches_transformers_mlp(lab):
-    """SwiGLU MLP matches transformers' LlamaMLP, down(silu(gate x) * up x) with [out, in] weights"""
+    """swiglu matches transformers' LlamaMLP, weights stored [out, in] as nn.Linear stores them"""
     for seed, (n, hidden, intermediate) in ((51, (7, 48, 80)), (52, (3, 36, 100))):
         mlp = hf_llama.LlamaMLP(hf_config(hidden_size=hidden, intermediate_size=intermediate))
         for i, linear in enumerate((mlp.gate_proj, mlp.up_proj, mlp.down_proj)):

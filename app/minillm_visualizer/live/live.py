@@ -12,6 +12,8 @@ intro("Requests stream through the engine as you watch: each one's text grows, i
       "and time to first token, inter-token latency and throughput are measured per step. Change the knobs "
       "on the left and run again to see what the KV cache and the scheduler do to memory and latency.",
       "04", "batching & scheduling")
+st.caption(":material/menu_book: Each step's forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU) is the one "
+           "you write in **lab 01, a transformer from scratch**: `labs/lab01_transformer.ipynb`.")
 st.caption(":material/menu_book: TTFT, TPOT and the KV cache these requests decode with are built in **lab 02, "
            "generation & the KV cache**: `labs/lab02_generation.ipynb` (solution: `solutions/lab02_generation.py`).")
 run_controls()
