@@ -1,10 +1,15 @@
 # %% [markdown]
 # # Lab 04 · Batching and scheduling
 #
-# **Time:** about 100 minutes. **You need:** lab 02 (prefill and decode) and lab 03 (block tables).
+# **Time:** about 115 minutes in all, per section below. **You need:** lab 00 (the roofline), lab 02
+# (prefill and decode) and lab 03 (block tables).
+#
+# **See it run:** the visualizer's **Scheduler timeline** page (`make app`, then "Scheduler timeline" in
+# the sidebar) draws what the scheduler gives each request at every step, live. **Read more:**
+# `docs/engine.md`, sections "One step, in three parts" and "Scheduling" (every scheduling knob).
 #
 # A decode step reads every weight of the model to produce one token per sequence. Reading them
-# once for 32 sequences costs little more than reading them for one, so **batching** is where an
+# once for many sequences costs little more than reading them for one, so **batching** is where an
 # engine's throughput comes from. *How* requests are batched decides the latency: who waits for
 # whom, and for how long. Every step, an engine's **scheduler** answers one question: which
 # sequences run now, and how many tokens does each compute?
@@ -14,7 +19,9 @@
 # chunked prefill, and preemption when KV memory runs out. The three policy functions you write
 # have exactly the signatures of the engine's own (`minillm/engine/policy.py`), so the engine can
 # run yours in place of its own. Then you flatten a step into the tensors the model runs on, and
-# measure each policy, first on a simulated clock and then on `minillm` driven by your code.
+# measure each policy, first on a simulated clock, then on `minillm` driven by your code, and last
+# on SmolLM2-135M, where you predict from lab 00's roofline the batch size at which decode turns
+# compute-bound on this machine.
 #
 # ## Learning objectives
 # By the end you can
@@ -22,7 +29,8 @@
 # 2. schedule one step under a token budget, running sequences first, and split a long prompt into chunks;
 # 3. choose which sequence to preempt when the KV pool is full, and say why the newest;
 # 4. flatten a step's sequences into one padding-free batch: input ids, positions, `cu_seqlens`, slot mapping;
-# 5. read a Gantt chart of steps × requests, and measure throughput and latency percentiles per policy.
+# 5. read a Gantt chart of steps × requests, and measure throughput and latency percentiles per policy;
+# 6. predict from the roofline where a batched decode step turns compute-bound, and measure it on a real model.
 #
 # ## How this lab works
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
@@ -30,7 +38,7 @@
 # and like `check("4.E")` at the end of the lab it also runs your step policy **inside the real
 # engine** and compares the tokens it generates with those of the engine's own policy.
 # `minillm/engine/policy.py` and `minillm/engine/scheduler.py` hold the engine's version: read them
-# after you finish.
+# after you finish, not before.
 
 # %% tags=["setup"]
 from collections import deque
@@ -150,7 +158,7 @@ from minillm.config import Components
 torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-pool overhead
 
 # %% [markdown]
-# ## The concept: a step, and what it costs
+# ## The concept: a step, and what it costs (~10 min)
 #
 # A step policy's decision is a list of `(sequence, tokens to compute)` pairs. After the step runs,
 # each sequence has that many more tokens in its cache, and a sequence whose step reached the end
@@ -207,31 +215,44 @@ for step in range(3):
           + ("; finished, its blocks are back in the pool" if req.is_finished else ""))
 
 # %% [markdown]
-# ## Exercise 4.1 · A static batcher
+# ## Exercise 4.1 · A static batcher (~10 min)
 #
 # The simplest batcher takes up to `max_num_seqs` waiting sequences, prefills them together, then
 # decodes them together until **every** one has finished; only then does it take the next batch.
 # This is what `model.generate(padded_batch)` does. A sequence leaves `sched.running` as soon as it
 # finishes, but its slot stays empty: nobody joins a static batch while it runs.
 #
+# Picture it with other numbers: `max_num_seqs = 2`, three requests wanting 2, 5 and 1 output
+# tokens. Requests 0 and 1 form the first batch. After two decode steps request 0 is done, and
+# for three more steps request 1 decodes alone, while request 2, which would have fitted in the
+# empty slot, waits. Only when request 1 finishes does request 2 start its own batch.
+#
 # A running sequence may need a new block for its next token (a decode that starts a new block).
 # `sched.make_room(seq, n)` gets it one, preempting the newest running sequence if the pool is
 # full; it returns `False` if the sequence had to go itself. You write `make_room` in Exercise 4.4;
-# here you call it.
+# here you call it. Note what that means for a loop over the running sequences: a call made for
+# one of them can take *other* sequences out of `sched.running`.
 
 # %% exercise="4.1"
 def static_step(sched: SchedulerOps, max_num_seqs: int) -> list[tuple[Sequence, int]]:
     """One step of static batching. -> [(seq, tokens to compute)], in any order.
 
-    If any sequence runs: each running sequence, oldest first, computes its num_tokens_to_compute
-    tokens once sched.make_room(seq, n) has given it KV room for them. make_room returning False
-    means seq was preempted; make_room may also preempt newer sequences: neither computes this
-    step. Nobody is admitted.
-    Otherwise: admit the front of sched.waiting, one after another, while fewer than max_num_seqs
-    run and sched.admit says there is room; then each running sequence computes its
-    num_tokens_to_compute (read after admit: a prefix-cache hit makes it smaller than the prompt).
+    sched: the scheduler's operations (admit, grow, preempt, make_room) and its queues, `running`
+    (oldest first) and `waiting` (front first); max_num_seqs >= 1: the most sequences in a batch.
 
-    Hints: about 8 lines. Loop over `list(sched.running)`: make_room may remove sequences from it.
+    The rules it keeps, as the engine's static policy does:
+    * while any sequence runs, nobody joins, and every running sequence computes all of its
+      uncomputed tokens, with KV room for them that sched.make_room gave it, oldest first;
+    * a sequence preempted during the step (by make_room, for itself or for an older one) computes
+      nothing this step;
+    * once nothing runs, a new batch forms from the front of the queue, in queue order, up to
+      max_num_seqs sequences; the first one the pool has no room for stops it (nobody behind it
+      jumps ahead); each member computes all of its uncomputed tokens, as counted after its
+      admission (the prefix cache may have supplied some);
+    * every pair in the plan is a running sequence, listed once, with 1 or more tokens.
+    It acts only through sched's operations and changes nothing else.
+
+    About 8 lines.
     """
     ### BEGIN SOLUTION
     if sched.running:
@@ -262,7 +283,28 @@ print("running:", [r.request_id for r in sched.running], " waiting:", [r.request
 check("4.1")
 
 # %% [markdown]
-# ## Continuous batching and the token budget
+# <details><summary>Hint 1: a nudge</summary>
+#
+# The step has two situations, and they never mix: a batch is running, or none is. Handle them
+# one at a time.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# While you walk over the running sequences, a `make_room` call can remove sequences you have not
+# reached yet. Walk over a copy taken before the loop, and before asking for room for a sequence,
+# ask whether it is still running. A `False` from `make_room` means that sequence is out too.
+# </details>
+#
+# <details><summary>Hint 3: nearly the answer</summary>
+#
+# Forming a batch is a loop that keeps admitting the queue's front while the batch has a seat
+# left and `admit` says yes; the plan is then every running sequence with its tokens to compute,
+# read after that loop.
+# </details>
+
+# %% [markdown]
+# ## Continuous batching and the token budget (~10 min, with Exercise 4.2)
 #
 # **Iteration-level scheduling** (Orca, Yu et al. 2022) decides the batch again at *every step*: a
 # finished sequence leaves at once, and a waiting one takes its place in the next step. No slot
@@ -277,19 +319,33 @@ check("4.1")
 #
 # ## Exercise 4.2 · A chunked-prefill splitter
 #
-# A prompt of `prompt_len` tokens arrives while `num_decodes` sequences are decoding. Each step the
-# decodes take one token of the budget each, and the prompt's chunk gets the rest. Every chunk is
-# full except perhaps the last, which takes what is left of the prompt (never drop it: those tokens
-# need their K/V too).
+# A prompt of `prompt_len` tokens arrives while `num_decodes` sequences are decoding, and they keep
+# decoding until the prompt is done. Each step the decodes go first (Exercise 4.3 says why), and
+# the prompt gets what they leave of the budget. Work one case by hand before you write it: a
+# budget of 10 tokens, 4 decodes, a 15-token prompt.
+#
+# | step | decodes | left for the prompt | prompt computed so far |
+# | --- | --- | --- | --- |
+# | 1 | 4 | 6 | 6 |
+# | 2 | 4 | 6 | 12 |
+# | 3 | 4 | ? | 15 |
+#
+# What does step 3's chunk hold, and why must it not be dropped (its tokens need their K/V too)?
+# And what happens with 10 decodes and the same budget?
 
 # %% exercise="4.2"
 def prefill_chunks(prompt_len: int, budget: int, num_decodes: int) -> list[int]:
-    """The chunk sizes of a prompt's prefill, step by step, next to num_decodes decodes.
+    """The chunks in which a prompt is prefilled, one chunk per step, next to decoding sequences.
 
-    chunk = budget - num_decodes tokens per step, the last chunk the remainder;
-    sum(chunks) == prompt_len. Raises ValueError if budget - num_decodes < 1 (no room to progress).
+    prompt_len >= 1: the prompt's tokens; budget: the most tokens a step computes (inclusive);
+    num_decodes >= 0: sequences decoding in every one of these steps, each computing one token.
+    -> list[int], the tokens of the prompt computed in each step, in step order: each step gives
+       the prompt as much of the budget as the decodes leave, every chunk is at least 1 token, and
+       together they are the whole prompt.
+    Raises ValueError, saying why, when the decodes leave the prompt no token of the budget (no
+    step could make progress).
 
-    Hints: 5 lines. `divmod`, or a while loop with `min`.
+    About 5 lines.
     """
     ### BEGIN SOLUTION
     size = budget - num_decodes
@@ -303,48 +359,89 @@ def prefill_chunks(prompt_len: int, budget: int, num_decodes: int) -> list[int]:
 
 # %%
 check("4.2")
-print(prefill_chunks(100, budget=32, num_decodes=6))
+print(prefill_chunks(15, budget=10, num_decodes=4))
 
 # %% [markdown]
-# ## Exercise 4.3 · One continuous-scheduling step
+# <details><summary>Hint 1: a nudge</summary>
 #
-# Now the whole decision, as `minillm` makes it every step. `left` is the budget not yet given
-# out this step; the budget is inclusive (a step may compute exactly `budget` tokens).
+# In the table above, which chunks have the same size, and which one may differ?
+# </details>
 #
-# 1. **Running sequences first**, oldest first. Each wants `n = seq.num_tokens_to_compute` (1 to
-#    decode, or the rest of a prompt being prefilled), cut to `min(n, left)` when chunking. It sits
-#    this step out if `n` is 0 (no budget left), or if it wants more than is left while the batch
-#    already holds someone (unchunked: a sequence alone in the batch runs, over budget, since a
-#    prompt longer than the budget could otherwise never run). A sequence that computes gets KV
-#    room first, `sched.make_room(seq, n)`; if that returns `False` it was itself preempted and
-#    sits out. `make_room` may preempt sequences newer than `seq`: skip those, they wait now.
-# 2. **Then waiting sequences join**, front first, while fewer than `max_num_seqs` run and
-#    budget is left. Unchunked, if the front wants more than is left (its `num_tokens_to_compute`
-#    while it waits) and the batch is not empty, admission stops: nobody behind it jumps the queue.
-#    `sched.admit(seq)` returning `False` (no KV room) stops admission too. After `admit`, read
-#    `seq.num_tokens_to_compute` again: tokens a prefix-cache hit supplied count as computed, so it
-#    may be smaller than the prompt. It computes that, cut to `left` when chunking.
+# <details><summary>Hint 2: the idea</summary>
 #
-# Running sequences go first because they already hold KV memory and someone is waiting for their
-# next token; a new prompt can wait a step.
+# The decodes take the same share of every step, so every chunk but the last has one size: what
+# they leave. The last chunk is what remains of the prompt after the full ones, if anything does.
+# </details>
+#
+# <details><summary>Hint 3: the formula</summary>
+#
+# The number of full chunks and the last chunk are the quotient and the remainder of dividing the
+# prompt by the chunk size; check the chunk size is positive before you divide.
+# </details>
+
+# %% [markdown]
+# ## Exercise 4.3 · One continuous-scheduling step (~25 min)
+#
+# Now the whole decision, as `minillm` makes it every step. It is easiest to build from the
+# questions a scheduler has to answer, each with its reason.
+#
+# **Who goes first?** Running sequences, oldest first, then waiting ones, front of the queue
+# first. A running sequence already holds KV memory and someone is waiting for its next token; a
+# new prompt can wait a step. And first come, first served, within each group.
+#
+# **What does the budget bound?** The tokens of the whole step, inclusive: a step may compute
+# exactly `budget` tokens. With chunking, a sequence may take part of what it needs: the budget
+# left, if that is less. Without chunking a sequence takes all of its uncomputed tokens or none.
+# That leaves one hole: a prompt longer than the budget could never run. So the first sequence of
+# a step that is still empty runs whole, over the budget if it must.
+#
+# **What happens to a running sequence that gets nothing?** It keeps its blocks and its seat in
+# `max_num_seqs`: skipping it for a step is not preempting it.
+#
+# **Memory.** A running sequence computes only once it holds KV room for its tokens, which
+# `sched.make_room` gets it (Exercise 4.4), perhaps by preempting newer sequences, perhaps by
+# preempting the sequence itself. Preempted sequences are waiting again: they compute nothing
+# this step.
+#
+# **When does admission give up?** Waiting sequences join in queue order, so the first one that
+# cannot join stops admission for this step, and nobody behind it jumps ahead. It cannot join when
+# the running sequences already fill `max_num_seqs`, when no budget is left, when (unchunked) it
+# does not fit the budget left in a step that already holds someone, or when the pool has no room
+# for it (`sched.admit` says `False`). Once admitted, a sequence's tokens to compute are counted
+# anew: a prefix-cache hit has made some of them computed.
+#
+# A worked example on other numbers: a budget of 10, `max_num_seqs = 3`, chunked, a roomy pool.
+# Running: A decoding, B a 30-token prompt with 22 computed. Waiting: C (6 tokens), D (2 tokens).
+# A takes 1 token, B wants 8 and 9 are left: it takes 8. One token is left, so C is admitted with
+# a chunk of 1, and admission stops there: 3 sequences run now. Unchunked, B's 8 tokens still fit
+# (9 left), but C's 6 do not fit the 1 left, so C waits, and D behind it waits too, though its 2
+# tokens would not have fitted either. Try it again with a budget of 5, both ways.
 
 # %% exercise="4.3"
 def continuous_step(sched: SchedulerOps, budget: int, max_num_seqs: int,
                     chunked: bool) -> list[tuple[Sequence, int]]:
     """One step of continuous batching under a token budget. -> [(seq, tokens to compute)], in any order.
 
-    left = budget - tokens given out so far this step (the budget is inclusive).
-    1. Running sequences, oldest first; skip any no longer in sched.running (make_room preempted
-       it). n = seq.num_tokens_to_compute, or min(n, left) when chunked. It sits out if n == 0, or
-       if n > left while the batch is not empty (so unchunked, a lone sequence runs over budget).
-       Otherwise it computes n if sched.make_room(seq, n) is True (False: seq itself was preempted).
-    2. Then waiting sequences, front first, while len(sched.running) < max_num_seqs and left > 0.
-       Unchunked, stop if the front's num_tokens_to_compute > left while the batch is not empty.
-       Stop if sched.admit(seq) is False (no KV room). An admitted sequence computes its
-       num_tokens_to_compute read after admit (a prefix-cache hit counts as computed), or
-       min(that, left) when chunked.
+    sched: the scheduler's operations and queues, as in 4.1; budget >= 1: the most tokens the
+    step computes, inclusive; max_num_seqs >= 1: the most sequences running after the step, idle
+    ones included; chunked: whether a sequence may compute only part of its uncomputed tokens.
 
-    Hints: about 20 lines. Loop over `list(sched.running)`.
+    The rules it keeps, exactly as the engine's continuous policy does:
+    * running sequences are served before waiting ones; each group oldest / front first;
+    * the step's tokens stay within the budget: chunked, a sequence gets what it needs or the
+      budget left, whichever is less; unchunked, all of its uncomputed tokens or nothing, except
+      that the first sequence of a still-empty step runs whole even over the budget;
+    * a running sequence that gets no tokens keeps its blocks and its seat;
+    * a running sequence computes only with KV room from sched.make_room; a sequence preempted
+      during the step (itself, or a newer one for an older one) computes nothing this step;
+    * admission (sched.admit) goes in queue order and stops at the first waiting sequence that
+      cannot join: no seat left under max_num_seqs, no budget left, unchunked not fitting the
+      budget left in a non-empty step, or no KV room; an admitted sequence's tokens to compute are
+      counted after admission (prefix-cache hits count as computed);
+    * every pair in the plan is a running sequence, listed once, with 1 or more tokens.
+    It acts only through sched's operations and changes nothing else.
+
+    About 20 lines.
     """
     ### BEGIN SOLUTION
     batch, left = [], budget
@@ -372,9 +469,8 @@ def continuous_step(sched: SchedulerOps, budget: int, max_num_seqs: int,
 
 
 # %% [markdown]
-# Three prompts of 5, 30 and 4 tokens wait, with a budget of 16 and a roomy pool. Chunked, the
-# second prompt's first chunk takes the 11 tokens the first one left, and the budget is spent.
-# Unchunked, the second prompt does not fit, and the third may not jump ahead of it.
+# Three prompts of 5, 30 and 4 tokens wait, with a budget of 16 and a roomy pool. Before you run
+# the cell, write down the step you expect, chunked and unchunked, from the rules above.
 
 # %%
 for chunked in (True, False):
@@ -387,28 +483,69 @@ for chunked in (True, False):
 check("4.3")
 
 # %% [markdown]
-# ## Exercise 4.4 · Preemption: who gives up their memory?
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Keep one number as you go: the budget not yet given out this step. Every rule above reads it.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Two loops, one per group. The first walks over the running sequences as they were when the step
+# began, and passes over any that is no longer running when its turn comes (an earlier
+# `make_room` took it out). The second keeps looking at the front of the queue, and ends at the
+# first reason it cannot join. "The step is still empty" is a fact about the plan you are
+# building, not about `sched.running`.
+# </details>
+#
+# <details><summary>Hint 3: nearly the answer</summary>
+#
+# For each sequence, in either loop: work out how many tokens it would get (its tokens to compute,
+# cut to the budget left when chunking); decide if it sits out (nothing to give it, or unchunked
+# and too big for a step that holds someone); get it room (`make_room` when running, `admit` when
+# waiting, re-reading its tokens after `admit`); add it to the plan and take its tokens off the
+# budget left.
+# </details>
+
+# %% [markdown]
+# ## Exercise 4.4 · Preemption: who gives up their memory? (~10 min)
 #
 # Continuous batching admits sequences while their *prompts* fit, betting that blocks will free up
 # as others finish. Sometimes the bet fails: a running sequence needs a new block for its next
-# token and the pool is empty. Something must give. `minillm` and vLLM **preempt** the **newest**
-# running sequence: free its blocks and put it back at the front of the queue, to be *recomputed*
-# later (its tokens are kept, its K/V are not). Repeat until the needy sequence's blocks fit, or
-# until the needy sequence is itself the newest, and so is preempted.
+# token and the pool is empty. Something must give. `minillm` and vLLM **preempt**: free a running
+# sequence's blocks and put it back at the front of the queue, to be *recomputed* later (its
+# tokens are kept, its K/V are not). (vLLM also offers *swapping* K/V to CPU memory instead.)
 #
-# Why the newest? It has done the least work, so recomputing it costs least, and preempting it
-# keeps first-come-first-served fairness: the oldest requests finish first. (vLLM also offers
-# *swapping* K/V to CPU memory instead of recomputing.)
+# Which one? The **newest** running sequence. It has done the least work, so recomputing it costs
+# least, and taking it keeps first come, first served: the oldest requests finish first. Three
+# more questions settle the policy, and your `make_room` must answer them as the engine does:
+#
+# * *How many victims?* No more than needed: as soon as the needy sequence's tokens fit, stop.
+#   If they fit from the start, nobody goes.
+# * *What if the needy sequence is the newest left?* Then it is the victim, and nothing older is
+#   taken for it: an older sequence never gives way to a newer one.
+# * *What does the caller learn?* Whether the needy sequence now holds room (it computes this
+#   step) or was itself preempted (it does not).
+#
+# An example on other numbers: four running sequences holding 3, 1, 2 and 2 blocks (oldest
+# first), no block free, and the oldest needs 3 more blocks. The newest goes (2 free), then the
+# one before it (4 free): enough, so the second-oldest keeps its block. Had the oldest needed 6
+# blocks, the second-oldest would go too (5 free), and then the oldest itself would be the newest
+# left.
 
 # %% exercise="4.4"
 def make_room(sched: SchedulerOps, seq: Sequence, num_tokens: int) -> bool:
-    """KV room for num_tokens more tokens of the running sequence seq, preempting if need be.
+    """KV room for num_tokens more tokens of seq, preempting running sequences if the pool is full.
 
-    While sched.grow(seq, num_tokens) says there is no room: the victim is the newest running
-    sequence (the last of sched.running); sched.preempt(victim). If the victim was seq itself,
-    stop and return False. -> True once grow has succeeded.
+    seq: a running sequence; num_tokens >= 1. -> True: seq now holds KV room for those tokens;
+    False: seq itself was preempted (it is waiting again, at the front of the queue).
 
-    Hints: 6 lines.
+    The rules it keeps, exactly as the engine's make_room does:
+    * nobody is preempted while sched.grow can give seq the room;
+    * victims are the newest running sequences, newest first, and no more of them than it takes;
+    * seq goes only when it is the newest left, and then nothing older than it goes;
+    * sequences leave only through sched.preempt; it changes nothing else.
+
+    About 6 lines.
     """
     ### BEGIN SOLUTION
     while not sched.grow(seq, num_tokens):
@@ -437,7 +574,26 @@ print("step:", show(continuous_step(sched, budget=64, max_num_seqs=4, chunked=Tr
 check("4.4")
 
 # %% [markdown]
-# ## Exercise 4.5 · Flattening a step into one batch
+# <details><summary>Hint 1: a nudge</summary>
+#
+# `sched.grow` says `False` and changes nothing when there is no room, so you may ask it again
+# after every preemption.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Repeat "ask for the room; if refused, preempt the newest running sequence" until it is given,
+# and notice when the one you just preempted is `seq` itself: there is nobody left to ask for.
+# </details>
+#
+# <details><summary>Hint 3: nearly the answer</summary>
+#
+# A loop on `grow`'s answer; its body takes the last running sequence, preempts it, and leaves the
+# function with `False` if that was `seq` (compare identities, not equality). After the loop, `True`.
+# </details>
+
+# %% [markdown]
+# ## Exercise 4.5 · Flattening a step into one batch (~10 min)
 #
 # The model does not see requests: it sees one batch of tokens. Padding every sequence to the
 # longest would waste compute on pad tokens, so engines concatenate the step's tokens back to back
@@ -448,24 +604,35 @@ check("4.4")
 #   decode starts at the sequence's `computed`, not at 0 (RoPE needs the true position);
 # * `cu_seqlens [B + 1]`: cumulative token counts `[0, n_0, n_0 + n_1, ...]`: sequence `i`'s rows
 #   are `cu_seqlens[i] : cu_seqlens[i + 1]` (the format of FlashAttention's varlen kernels);
-# * `slot_mapping [T]`: where each token's K/V go in the paged pool (lab 03's formula).
+# * `slot_mapping [T]`: where each token's K/V go in the paged pool, as lab 03 laid it out: the
+#   pool's slots numbered block after block, the position's block found through the sequence's
+#   block table.
 #
 # ```
 #  seq 0: prefill chunk, computed 4, 3 tokens   seq 1: decode, computed 9    seq 2: decode, computed 2
 #  input_ids   t4  t5  t6 | u9 | v2               cu_seqlens [0, 3, 4, 5]
 #  positions    4   5   6 |  9 |  2
 # ```
+#
+# For the slots, one sequence on other numbers: blocks of 8 slots, block table `[3, 0]`. Its
+# position 2 sits in its first block, the pool's block 3, whose slots are 24 to 31: slot 26. Its
+# position 9 sits in its second block, the pool's block 0: slot 1. Which slot does its position
+# 15 get?
 
 # %% exercise="4.5"
 def flatten_batch(token_ids: list[list[int]], computed: list[int], num_tokens: list[int],
                   block_tables: list[list[int]], block_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Flatten one step's B sequences into a padding-free batch of T = sum(num_tokens) tokens.
+    """Flatten one step's B sequences into one padding-free batch of T tokens, T the step's tokens.
 
-    Sequence i computes its tokens computed[i] .. computed[i] + num_tokens[i] - 1 (of token_ids[i]).
-    -> input_ids [T], positions [T], cu_seqlens [B + 1], slot_mapping [T], all int64;
-       slot of position t of sequence i = block_tables[i][t // block_size] * block_size + t % block_size.
+    token_ids[i]: every token sequence i knows; computed[i]: how many of its first tokens already
+    have K/V; num_tokens[i] >= 1: how many tokens it computes in this step, the ones right after
+    those; block_tables[i]: its blocks in the paged pool, in order, each block_size slots.
+    -> (input_ids [T], positions [T], cu_seqlens [B + 1], slot_mapping [T]), all int64 tensors:
+       the step's tokens sequence after sequence; each token's absolute position in its own
+       sequence; the row offsets of the sequences, starting at 0 and ending at T; each token's slot
+       in the pool, where its K/V go. It changes none of its arguments.
 
-    Hints: about 10 lines. One loop over the sequences; `torch.tensor`, `torch.cumsum`.
+    About 10 lines.
     """
     ### BEGIN SOLUTION
     ids, positions, slots = [], [], []
@@ -482,6 +649,25 @@ def flatten_batch(token_ids: list[list[int]], computed: list[int], num_tokens: l
 
 # %%
 check("4.5")
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Check your answer to the diagram above first: which tokens of seq 0 go in, and at which positions?
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# One loop over the sequences, and inside it one over the positions that sequence computes this
+# step: each position gives one row of three of the outputs. `cu_seqlens` is a running total of
+# the tokens per sequence, with a 0 in front.
+# </details>
+#
+# <details><summary>Hint 3: the formula</summary>
+#
+# A position's block in its own table is the quotient of the position by the block size, its
+# offset in that block the remainder; its slot is that pool block's first slot plus the offset.
+# </details>
 
 # %% [markdown]
 # ## Measure it on a simulated clock
