@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Lab 04 · Batching and scheduling
 #
-# **Time:** about 115 minutes in all, per section below. **You need:** lab 00 (the roofline), lab 02
+# **Time:** about 125 minutes in all, per section below. **You need:** lab 00 (the roofline), lab 02
 # (prefill and decode) and lab 03 (block tables).
 #
 # **See it run:** the visualizer's **Scheduler timeline** page (`make app`, then "Scheduler timeline" in
@@ -670,15 +670,17 @@ check("4.5")
 # </details>
 
 # %% [markdown]
-# ## Measure it on a simulated clock
+# ## Measure it on a simulated clock (~10 min)
 #
 # A cost model first, so that the policies can be compared without noise: a step costs a fixed
 # time to read the weights, plus a time per token computed,
 #
 # `step time = 8 ms + 0.08 ms × tokens`,
 #
-# roughly a 7B model on one GPU: decode steps are memory-bound (the fixed part), big prefills
-# compute-bound (the per-token part). Twelve requests arrive over the first 0.15 s, with prompts
+# an assumed model, not a measurement: roughly a 7B model in 16-bit weights on one A100 (lab 00's
+# profile, from NVIDIA's datasheet: 14 GB read at about 2 TB/s is 7 ms; 14 GFLOPs per token at
+# about 175 TFLOP/s, a little over half the tensor cores' peak, is 0.08 ms). Decode steps are
+# memory-bound (the fixed part), big prefills compute-bound (the per-token part). Twelve requests arrive over the first 0.15 s, with prompts
 # and answers of mixed lengths. Each policy plays the same workload with your functions, on a
 # `SimScheduler` with room for every request (preemption comes later, on the real engine):
 #
@@ -781,26 +783,39 @@ def gantt(runs: dict, title: str) -> go.Figure:
 # %%
 sims = {name: simulate(policy) for name, policy in POLICIES.items()}
 gantt({name: s["steps"] for name, s in sims.items()}, "Simulated clock: who computes what, step by step").show()
-print_summaries({name: summary(s["arrivals"], s["times"], s["steps"][-1][0] + s["steps"][-1][1])
-                 for name, s in sims.items()})
+sim_summary = {name: summary(s["arrivals"], s["times"], s["steps"][-1][0] + s["steps"][-1][1])
+               for name, s in sims.items()}
+print_summaries(sim_summary)
+
+
+def ratios(table: dict, where: str) -> None:
+    """The comparisons the text asks about, from this table: printed, never assumed."""
+    s, c, k = table["static"], table["continuous"], table["continuous + chunked"]
+    print(f"{where}: continuous gives {c['output tok/s'] / s['output tok/s']:.2f}x static's tokens/s and "
+          f"{c['output tok/s'] / table['sequential']['output tok/s']:.2f}x sequential's; chunked prefill gives "
+          f"{k['output tok/s'] / c['output tok/s']:.2f}x unchunked continuous's tokens/s, its ITL p99 "
+          f"{k['ITL p99'] * 1e3:.0f} ms against {c['ITL p99'] * 1e3:.0f} ms and its TTFT p50 "
+          f"{k['TTFT p50'] * 1e3:.0f} ms against {c['TTFT p50'] * 1e3:.0f} ms")
+
+
+ratios(sim_summary, "on the simulated clock")
 
 # %% [markdown]
-# Read the chart row by row:
+# Read the chart row by row, and check each point against the table and the line printed above:
 #
 # * **sequential** is one long line of single requests: every step reads all the weights for one
-#   token. Throughput is the worst, and requests arriving later wait for all before them.
-# * **static** batches well at first, but each batch ends in a tail where one long answer decodes
-#   alone while the rest of the batch's slots stay empty, and newcomers wait for the whole batch.
-# * **continuous** fills a slot as soon as it frees: the highest throughput and the lowest TTFT.
-#   But look at the red bars: a step with a big prefill takes several times longer, and every
-#   request decoding in it waits too. That is the ITL p99.
-# * **continuous + chunked** cuts those prefills into chunks next to the decodes: no step is long,
-#   so the tail inter-token latency drops. The price is paid by the new prompts, whose prefill now
-#   spreads over several steps (their TTFT rises), and by a little throughput (more steps, each
-#   paying the fixed cost). The budget is the knob between the two.
+#   token. Look at its throughput, and at how long the later arrivals wait for their first token.
+# * **static** batches at first, but look at each batch's tail: one long answer decodes alone while
+#   the batch's other slots stay empty, and newcomers wait for the whole batch.
+# * **continuous** fills a slot as soon as it frees. Look at the red bars: a step with a big
+#   prefill takes several times longer than a decode step, and every request decoding in it waits
+#   too. The ITL p99 column is that wait.
+# * **continuous + chunked** cuts those prefills into chunks beside the decodes. Which latency did
+#   chunking buy, and which one paid for it? It also takes more steps, each paying the fixed cost:
+#   see what that did to the throughput here. The budget is the knob between the two.
 
 # %% [markdown]
-# ## Your step policy inside minillm
+# ## Your step policy inside minillm (~5 min)
 #
 # The engine takes its step policy from `EngineConfig.components`: hand it your three functions
 # and every `LLM` below schedules with your code, on real sequences with a real paged KV cache
@@ -819,17 +834,32 @@ YOURS = Components(static_step=static_step, continuous_step=continuous_step, mak
 check("4.E")
 
 # %% [markdown]
-# ## Measure it on the real engine
+# ## Measure it on the real engine, on SmolLM2 (~10 min)
 #
-# Now the comparison of the simulation on `minillm`, with your policy, read from the engine's
-# telemetry: `engine.subscribe(observer)` registers a function that the engine calls after every
-# step with a `StepEvent` (when the step started, how long it took, and what it scheduled: a
-# `ScheduledWork` per sequence, with its tokens and whether they were prefill or decode). The
-# requests all arrive at once here, an offline batch. A step of this small model on this CPU takes
-# a few milliseconds; every number is measured, so expect noise (this machine may be shared) and
-# read the ratios.
+# Now the simulation's comparison on `minillm` running SmolLM2-135M-Instruct with your policy,
+# read from the engine's telemetry: `engine.subscribe(observer)` registers a function that the
+# engine calls after every step with a `StepEvent` (when the step started, how long it took, and
+# what it scheduled: a `ScheduledWork` per sequence, with its tokens and whether they were prefill
+# or decode). The workload has the simulated one's mix of short and long answers, with prompts a
+# quarter as long (a CPU prefills far slower than the GPU we simulated), and all requests arrive
+# at once: an offline batch. Every number is measured on this machine, so expect noise (it may be
+# shared) and read the ratios. Under the test suite (`quick_run()`) the run is smaller: fewer
+# requests, shorter answers, one repetition. A learner's run takes a minute or two.
 
 # %%
+from minillm.labkit import REAL_MODEL, quick_run, real_model_installed
+
+MODEL = REAL_MODEL if real_model_installed() else "tiny"  # tiny only when SmolLM2 is not installed
+QUICK = quick_run()  # True under the test suite only: the same experiment, smaller
+
+
+def real_workload() -> list[Request]:
+    """The simulated workload's requests, prompts a quarter as long (fewer, with shorter answers, when quick)."""
+    reqs = make_workload()[:6 if QUICK else 12]
+    return [Request(r.request_id, max(4, r.num_prompt_tokens // 4), max(2, r.max_tokens // (2 if QUICK else 1)))
+            for r in reqs]
+
+
 llm_policies = {
     "sequential": dict(scheduler="sequential"),
     "static": dict(scheduler="static", max_num_seqs=6),
@@ -837,18 +867,19 @@ llm_policies = {
                        enable_chunked_prefill=False),
     "continuous + chunked": dict(scheduler="continuous", max_num_seqs=6, max_num_batched_tokens=64),
 }
-workload = make_workload()
+workload = real_workload()
 params = [SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True) for r in workload]
 
 
-def measure(config: dict, repeats: int = 2) -> dict:
+def measure(config: dict, repeats: int = 1 if QUICK else 2) -> dict:
     """The fastest of `repeats` runs of the engine with your step policy (other processes on this
     machine only ever slow a run down)."""
-    llm = LLM("tiny", components=YOURS, **config)
+    llm = LLM(MODEL, components=YOURS, **config)
     gen = torch.Generator().manual_seed(1)  # the same random prompts for every policy
     prompts = [torch.randint(1, llm.model.config.vocab_size, (r.num_prompt_tokens,), generator=gen).tolist()
                for r in workload]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+    llm.generate([prompts[0][:4]], [SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)],
+                 use_tqdm=False)  # warm-up
     events, best = [], None
     llm.engine.subscribe(events.append)
     for _ in range(repeats):
@@ -873,24 +904,32 @@ def measure(config: dict, repeats: int = 2) -> dict:
 
 
 real = {name: measure(config) for name, config in llm_policies.items()}
-gantt({name: r["steps"] for name, r in real.items()}, "minillm with your policy: steps × requests").show()
+gantt({name: r["steps"] for name, r in real.items()}, f"{MODEL} with your policy: steps × requests").show()
 print_summaries({name: r["summary"] for name, r in real.items()})
+ratios({name: r["summary"] for name, r in real.items()}, f"on {MODEL}, this machine")
+decode_steps = [d for _, d, work in real["sequential"]["steps"] if all(p == "decode" for _, _, p in work)]
+print(f"a decode step of one request took {1e3 * sorted(decode_steps)[len(decode_steps) // 2]:.0f} ms here (median)")
 print("greedy outputs identical across policies:",
       all(r["outputs"] == real["sequential"]["outputs"] for r in real.values()))
 
 # %% [markdown]
-# **Preemption, for real.** Shrink the KV pool to 30 blocks of 16 slots (480 tokens, fewer than two
-# of the longest requests need) and run the chunked policy again. Your `continuous_step` admits
-# requests while their prompts fit; when a running request then needs a block and none is free,
-# your `make_room` preempts the newest, which is recomputed later: look for a request whose
-# prefill bars come back after its decodes started. Nothing is lost, and greedy outputs do not change.
+# Set the two lines printed, the simulated clock's and this machine's, side by side. Which
+# orderings carried over, and which did not? The fit two cells below says why some did not.
+#
+# **Preemption, for real.** Shrink the KV pool to room for the longest request and two blocks
+# more, and run the chunked policy again. Your `continuous_step` admits requests while their
+# prompts fit; when a running request then needs a block and none is free, your `make_room`
+# preempts the newest, which is recomputed later: look for a request whose prefill bars come back
+# after its decodes started. Nothing is lost, and greedy outputs do not change.
 
 # %%
-tight = measure({**llm_policies["continuous + chunked"], "num_kv_blocks": 30}, repeats=1)
-print(f"preemptions: {tight['preemptions']}; outputs identical to the roomy pool: "
-      f"{tight['outputs'] == real['continuous + chunked']['outputs']}")
-gantt({"continuous + chunked, a 30-block KV pool": tight["steps"]}, "Preempted requests prefill again").show()
-print_summaries({"roomy pool": real["continuous + chunked"]["summary"], "30-block pool": tight["summary"]})
+tight_blocks = max(cdiv(r.num_prompt_tokens + r.max_tokens, 16) for r in workload) + 2
+tight = measure({**llm_policies["continuous + chunked"], "num_kv_blocks": tight_blocks}, repeats=1)
+print(f"a pool of {tight_blocks} blocks of 16 slots: {tight['preemptions']} preemptions; outputs identical to the "
+      f"roomy pool: {tight['outputs'] == real['continuous + chunked']['outputs']}")
+gantt({f"continuous + chunked, a {tight_blocks}-block KV pool": tight["steps"]},
+      "Preempted requests prefill again").show()
+print_summaries({"roomy pool": real["continuous + chunked"]["summary"], f"{tight_blocks}-block pool": tight["summary"]})
 
 # %% [markdown]
 # **This machine's cost model.** Fit `step time = fixed + per_token × tokens` to every measured step
@@ -902,123 +941,153 @@ tokens = torch.tensor([sum(n for _, n, _ in work) for r in real.values() for _, 
 seconds = torch.tensor([d for r in real.values() for _, d, _ in r["steps"]], dtype=torch.float64)
 design = torch.stack([torch.ones_like(tokens), tokens], 1)  # [steps, 2]
 fixed, per_token = torch.linalg.lstsq(design, seconds[:, None]).solution.flatten().tolist()
-print(f"this machine: step ≈ {fixed * 1e3:.2f} ms + {per_token * 1e3:.3f} ms × tokens;  "
+print(f"this machine, {MODEL}: step ≈ {fixed * 1e3:.2f} ms + {per_token * 1e3:.3f} ms × tokens;  "
       f"simulated: 8 ms + 0.080 ms × tokens")
 print(f"the per-token part equals the fixed part at {fixed / per_token:.0f} tokens here, at 100 in the simulation")
 fig = go.Figure([go.Scatter(x=tokens, y=seconds * 1e3, mode="markers", name="measured steps", opacity=0.5),
                  go.Scatter(x=[0, float(tokens.max())], name="fit",
                             y=[fixed * 1e3, (fixed + per_token * float(tokens.max())) * 1e3])])
-fig.update_layout(title="Step time vs tokens computed, minillm on this machine", xaxis_title="tokens in the step",
+fig.update_layout(title=f"Step time vs tokens computed, {MODEL} on this machine", xaxis_title="tokens in the step",
                   yaxis_title="ms", height=320)
 fig.show()
 
 # %% [markdown]
-# Compare the measured tables with the simulated one. The big orderings carry over: sequential is
-# the slowest, static batches idle in their tails, continuous batching gives the most tokens per
-# second and the shortest TTFT. The finer ones may not, and the fit says why: on this CPU the
-# per-token part catches up with the fixed part after far fewer tokens than in the GPU-like model
-# we simulated. So a batch of decodes costs clearly more than one decode (batching buys less than
-# on a GPU, where 64 decodes cost about what one does), and chunking's extra steps, each paying
-# the fixed part, weigh relatively more. Put the fitted numbers into `step_seconds` and run the
-# simulation again: it should now come much closer to this machine.
-# `python -m minillm.bench throughput` and `python -m minillm.bench chunked` run larger,
-# repeated versions of these measurements.
+# Read the fit against the simulation's. The fewer tokens it takes the per-token part to catch up
+# with the fixed part, the less a batch of decodes is nearly free, and the more every extra step
+# (chunking makes more of them, each paying the fixed part) weighs against the latency it saves.
+# Did chunking cost throughput on this machine, or gain some? The printed line above says; the
+# answer depends on where this machine's crossing falls, which the last section measures. Put the
+# fitted numbers into `step_seconds` and run the simulation again: it should now come much closer
+# to this machine. `python -m minillm.bench throughput` and `python -m minillm.bench chunked` run
+# larger, repeated versions of these measurements.
 #
-# ## On a real model
+# ## Predict, then measure: where decode turns compute-bound (~20 min)
 #
-# `tiny`'s 23 MB of weights sit in the CPU's caches, which is why its batches buy so little here.
-# A real model is different. SmolLM2-135M-Instruct has 540 MB of float32 weights, which a decode
-# step must stream from memory whatever the batch, while each sequence in the batch adds only its
-# own arithmetic (2 FLOPs per parameter) and a little attention. That gives decode throughput two
-# ceilings, the roofline of lab 00 drawn against the batch size:
+# A decode step of SmolLM2 must stream all of its float32 weights from memory, whatever the batch,
+# while each sequence in the batch adds only its own arithmetic: about 2 FLOPs per parameter, and a
+# little attention, small at these short contexts. Lab 00's roofline gives the step two costs,
+# the **bytes time** (reading the weights once, at this machine's bandwidth) and the **FLOPs time**
+# (every sequence's arithmetic, at this machine's FLOP/s); the step takes about the larger of the two:
 #
-# * **weight-bound**: a step cannot be faster than reading the weights once, so at most
-#   `batch × bandwidth / weight bytes` tokens/s: at small batches, every sequence added is nearly free;
-# * **compute-bound**: all the tokens' arithmetic, at most `peak FLOP/s / (2 × parameters)` tokens/s,
-#   whatever the batch: past the crossing, a sequence added costs its full arithmetic time.
+# * while the bytes time is larger, the step is **memory-bound**: a sequence added to the batch is
+#   nearly free, and tokens/s grows with the batch;
+# * past the batch where the FLOPs time reaches the bytes time, it is **compute-bound**: each
+#   sequence added costs its full arithmetic, and tokens/s stops growing.
 #
-# The cell below measures this machine's two ceilings (the best of three measurements, on one
-# thread, as every measurement in this lab runs), then runs batches of 1 to 128 requests of 8
-# prompt tokens and 8 output tokens each through the engine with your step policy, all arriving
-# at once, and keeps the fastest of the steps in which every request of the batch decodes (other
-# processes only ever slow a step down). About a minute on a 2-core CPU. If the model is not
-# installed, the cell says how to install it and skips.
+# A worked example on other numbers: a 1B-parameter model in bfloat16 (2 GB) on a machine with
+# 100 GB/s and 2 TFLOP/s. Reading the weights takes 20 ms; one token's arithmetic, 2 × 10⁹ FLOPs,
+# takes 1 ms; so the two times meet at a batch of 20. Now measure this machine's two ceilings, with
+# the same functions lab 00 uses (`minillm/perf/machine.py`; the best of three, on one thread, as
+# the engine runs in this lab), and count SmolLM2's parameters.
 
 # %%
-from minillm.labkit import REAL_MODEL, real_model_installed
 from minillm.perf import measure_bandwidth, measure_flops
 
-if real_model_installed():
-    # the best of three, as the steps below are the fastest of theirs
-    cpu_bandwidth = max(measure_bandwidth(torch.device("cpu")) for _ in range(3))
-    cpu_flops = max(measure_flops(torch.device("cpu"), torch.float32) for _ in range(3))
-    real_llm = LLM(REAL_MODEL, components=YOURS, scheduler="continuous", max_num_seqs=128,
-                   max_num_batched_tokens=1024)
-    params_count = sum(p.numel() for p in real_llm.model.parameters())  # the tied embedding counted once
-    weight_bytes = params_count * 4
-    step_events = []
-    real_llm.engine.subscribe(step_events.append)
-    real_llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
-                      use_tqdm=False)  # warm-up
-    gen = torch.Generator().manual_seed(2)
-    batch_sizes, decode_ms = [1, 2, 4, 8, 16, 32, 64, 128], []
-    for b in batch_sizes:
-        prompts = [torch.randint(1, real_llm.model.config.vocab_size, (8,), generator=gen).tolist() for _ in range(b)]
-        first = len(step_events)
-        real_llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
-        decode_ms.append(1e3 * min(e.duration for e in step_events[first:]
-                                   if len(e.scheduled) == b and all(w.phase == "decode" for w in e.scheduled)))
-    del real_llm
-    throughput = [b / ms * 1e3 for b, ms in zip(batch_sizes, decode_ms)]
-    weight_ceiling = [b * cpu_bandwidth / weight_bytes for b in batch_sizes]
-    compute_ceiling = cpu_flops / (2 * params_count)
-    fig = go.Figure([go.Scatter(x=batch_sizes, y=throughput, mode="lines+markers", name="measured, your policy"),
-                     go.Scatter(x=batch_sizes, y=weight_ceiling, mode="lines", line_dash="dot",
-                                name="weight-bound: batch × bandwidth / weight bytes"),
-                     go.Scatter(x=batch_sizes, y=[compute_ceiling] * len(batch_sizes), mode="lines",
-                                line_dash="dash", name="compute-bound: FLOP/s / (2 × parameters)")])
-    fig.update_layout(title=f"Decode throughput against batch size, {REAL_MODEL} on this CPU", xaxis_type="log",
-                      yaxis_type="log", xaxis_title="requests decoding in the step", yaxis_title="tokens/s",
-                      height=380)
-    fig.show()
-    token_ms = 2 * params_count / cpu_flops * 1e3
-    print(f"this machine: {cpu_bandwidth / 1e9:.1f} GB/s, {cpu_flops / 1e9:.1f} GFLOP/s; {weight_bytes / 1e6:.0f} MB "
-          f"of weights: reading them takes {weight_bytes / cpu_bandwidth * 1e3:.0f} ms, one token's arithmetic "
-          f"{token_ms:.1f} ms; the ceilings cross at batch {weight_bytes / cpu_bandwidth * 1e3 / token_ms:.0f}")
-    print("batch  ms per step  tokens/s  ms per token (step / batch)")
-    for b, ms, tps in zip(batch_sizes, decode_ms, throughput):
-        print(f"{b:5d}  {ms:11.0f}  {tps:8.1f}  {ms / b:27.1f}")
-    print(f"on your run, a batch of 16 decodes {throughput[4] / throughput[0]:.1f}x the tokens/s of a single request, "
-          f"and a batch of 128 {throughput[-1] / throughput[0]:.1f}x")
+cpu_bandwidth = max(measure_bandwidth(torch.device("cpu")) for _ in range(3))  # bytes/s, a large copy
+cpu_flops = max(measure_flops(torch.device("cpu"), torch.float32) for _ in range(3))  # FLOP/s, a 1024² matmul
+sweep_llm = LLM(MODEL, components=YOURS, scheduler="continuous", max_num_seqs=128, max_num_batched_tokens=1024)
+params_count = sum(p.numel() for p in sweep_llm.model.parameters())  # the tied embedding counted once
+weight_bytes = params_count * 4  # float32
+print(f"this machine: {cpu_bandwidth / 1e9:.1f} GB/s, {cpu_flops / 1e9:.1f} GFLOP/s (one thread); "
+      f"{MODEL}: {params_count / 1e6:.0f}M parameters, {weight_bytes / 1e6:.0f} MB of float32 weights")
 
 # %% [markdown]
-# Read the curve against its two ceilings. At small batches the measured throughput climbs with the
-# batch, under the dotted weight-bound line: the weights are read once per step, and every request
-# in the step shares that read. As the batch grows, the step's arithmetic catches up with its
-# reading: the last column, the step's time per token, falls toward one token's arithmetic time
-# (printed above), and the curve approaches the dashed compute ceiling. (That ceiling comes from one
-# 1024 × 1024 matmul: the engine's matmuls can run a little faster or slower than it, and a busy
-# machine measures it low, so the largest batches may touch or pass it.) Where the time per token
-# nears that floor, decode has turned compute-bound: a larger batch then adds little or no
-# throughput, and every request waits longer per token. On this CPU the turn comes late, at the
-# largest batches here, well past the batch where the two ceilings cross, because at small batches
-# the engine's step reaches neither ceiling (see below). A GPU streaming a 7B model has the same
-# shape, with the turn at a far larger batch, since its ridge is far higher.
+# Your turn, before anything is timed: at what batch size does a decode step of SmolLM2 turn
+# compute-bound on this machine? Work it out from the three numbers just printed, as in the
+# example above.
+
+# %%
+MY_PREDICTION = None  # batch size: work it out from the bandwidth, FLOP/s and weights printed above
+
+# %% [markdown]
+# The cell below runs batches of requests of 8 prompt tokens and 8 output tokens each through the
+# engine with your step policy, all arriving at once, and keeps the fastest of the steps in which
+# every request of the batch decodes (other processes only ever slow a step down): 1 to 128
+# requests, 4 batch sizes with 4 output tokens when quick. About a minute on a 2-core CPU.
 #
-# Two effects of this machine show up too. At small batches the measured curve stays well below
-# both lines: the engine's step also samples and does its bookkeeping, and small matrix products
-# reach neither the copy's bandwidth nor a large matmul's FLOP/s. And a few rows are a shape that
-# matrix libraries handle badly: with one row the library runs a matrix-vector kernel that streams
-# the weights fast; with 2 to a few dozen rows it runs its matrix-matrix kernel, which repacks the
-# weight on every call, and so streams it twice. A step of 8 requests then cost more than twice a
-# step of one. The engine's linear layers (`minillm/layers/linear.py`) avoid that: for 2 to 48 rows
-# they use a copy of the weight that oneDNN packed once, which made that step 1.5x faster on the
-# machine this course was written on. Which layout is fastest for one row depends on the CPU: on an
-# AMD EPYC the packed copy beat the matrix-vector kernel too (1.4x over SmolLM2's matrices), so the
-# engine measures it once when it loads a big model and uses the winner. A busy machine adds noise to
-# every figure; read the shape.
+# What counts as the **measured** crossover? A step of one request is nearly all bytes time; what a
+# larger batch adds over it is, to first order, its arithmetic. So the FLOPs time reaches the bytes
+# time where a step costs **twice** a step of one request: the cell finds that batch between the
+# two measured sizes around it.
+
+# %%
+from minillm.labkit import compare
+
+step_events = []
+sweep_llm.engine.subscribe(step_events.append)
+sweep_llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
+                   use_tqdm=False)  # warm-up
+gen = torch.Generator().manual_seed(2)
+batch_sizes = [1, 4, 16, 32] if QUICK else [1, 2, 4, 8, 16, 32, 64, 128]
+decode_ms = []
+for b in batch_sizes:
+    prompts = [torch.randint(1, sweep_llm.model.config.vocab_size, (8,), generator=gen).tolist() for _ in range(b)]
+    first = len(step_events)
+    sweep_llm.generate(prompts, SamplingParams(max_tokens=4 if QUICK else 8, temperature=0, ignore_eos=True),
+                       use_tqdm=False)
+    decode_ms.append(1e3 * min(e.duration for e in step_events[first:]
+                               if len(e.scheduled) == b and all(w.phase == "decode" for w in e.scheduled)))
+del sweep_llm
+throughput = [b / ms * 1e3 for b, ms in zip(batch_sizes, decode_ms)]
+bytes_ms = weight_bytes / cpu_bandwidth * 1e3  # reading the weights once
+token_ms = 2 * params_count / cpu_flops * 1e3  # one token's arithmetic
+roofline = [b / max(bytes_ms, b * token_ms) * 1e3 for b in batch_sizes]  # tokens/s: the slower of the two costs
+theory_crossover = bytes_ms / token_ms
+
+measured_crossover = None  # the batch where a step costs twice a step of one, interpolated
+for (b0, t0), (b1, t1) in zip(zip(batch_sizes, decode_ms), zip(batch_sizes[1:], decode_ms[1:])):
+    if t0 < 2 * decode_ms[0] <= t1:
+        measured_crossover = b0 + (b1 - b0) * (2 * decode_ms[0] - t0) / (t1 - t0)
+        break
+
+fig = go.Figure([go.Scatter(x=batch_sizes, y=throughput, mode="lines+markers", name="measured, your policy"),
+                 go.Scatter(x=batch_sizes, y=roofline, mode="lines", line_dash="dot",
+                            name="roofline: batch / max(bytes time, batch × FLOPs time per token)"),
+                 go.Scatter(x=[theory_crossover] * 2, y=[min(throughput), max(roofline)], mode="lines",
+                            line_dash="dash", name="the roofline's crossover")])
+fig.update_layout(title=f"Decode throughput against batch size, {MODEL} on this CPU", xaxis_type="log",
+                  yaxis_type="log", xaxis_title="requests decoding in the step", yaxis_title="tokens/s",
+                  height=380)
+fig.show()
+print(f"bytes time {bytes_ms:.1f} ms per step, FLOPs time {token_ms:.2f} ms per token")
+print("batch  ms per step  tokens/s  roofline tokens/s  measured / roofline")
+for b, ms, tps, roof in zip(batch_sizes, decode_ms, throughput, roofline):
+    print(f"{b:5d}  {ms:11.1f}  {tps:8.1f}  {roof:17.1f}  {tps / roof:19.2f}")
+if measured_crossover is None:
+    print(f"no measured step cost twice a step of one request, up to a batch of {batch_sizes[-1]}: on this run the "
+          "crossover lies past the largest batch measured")
+else:
+    compare(f"the batch where a decode step of {MODEL} turns compute-bound", MY_PREDICTION,
+            theory=theory_crossover, measured=measured_crossover, unit="requests", theory_name="roofline crossover",
+            gap="below 1: the engine's arithmetic runs slower than one large matmul (small products, attention, "
+                "sampling), so it catches up with the weights' read earlier; above 1: the weights are read slower "
+                "than a large copy, or the step has a fixed cost of its own")
+print(f"on your run, a batch of {batch_sizes[-1]} decodes {throughput[-1] / throughput[0]:.1f}x the tokens/s of "
+      f"a single request; the roofline allows {roofline[-1] / roofline[0]:.1f}x")
+
+# %% [markdown]
+# Read the curve against the roofline, and the table's last column. At small batches the measured
+# throughput climbs with the batch: the weights are read once per step, and every request in the
+# step shares that read. Past the crossover, each request added costs its own arithmetic, and the
+# curve flattens. Where did your measured crossover fall against the roofline's, and which way
+# does the printed gap sentence explain it? (The FLOP/s comes from one 1024 × 1024 matmul: the
+# engine's matmuls can run a little faster or slower than it, and a busy machine measures it low,
+# so at the largest batches the measured curve may touch or pass the roofline.) A GPU streaming a
+# 7B model has the same shape, with the turn at a far larger batch, since its FLOP/s are so much
+# larger than its bandwidth: compute its crossover from lab 00's H100 profile.
 #
-# ## How production engines do it
+# Two effects of this machine can show up at small batches. The measured curve can stay well below
+# the roofline there: the engine's step also samples and does its bookkeeping, and small matrix
+# products reach neither the copy's bandwidth nor a large matmul's FLOP/s. And a few rows are a
+# shape that matrix libraries handle badly: with one row the library runs a matrix-vector kernel
+# that streams the weights fast; with 2 to a few dozen rows its matrix-matrix kernel may repack
+# the weight on every call, and so stream it twice. The engine's linear layers
+# (`minillm/layers/linear.py`) avoid that: for 2 to 48 rows they use a copy of the weight that
+# oneDNN packed once, and for one row the engine measures, when it loads a big model, which
+# layout is faster on this CPU, and uses the winner. Look at your table: does a step of 2 or 4
+# requests cost much more than a step of one?
+#
+# ## How production engines do it (~5 min)
 #
 # * **Orca** (OSDI 2022) introduced iteration-level scheduling and *selective batching*: the
 #   token-wise parts of the model (matmuls, norms) run on the flattened batch, attention per
