@@ -431,13 +431,17 @@ def continuous_step(sched: SchedulerOps, budget: int, max_num_seqs: int,
     * the step's tokens stay within the budget: chunked, a sequence gets what it needs or the
       budget left, whichever is less; unchunked, all of its uncomputed tokens or nothing, except
       that the first sequence of a still-empty step runs whole even over the budget;
-    * a running sequence that gets no tokens keeps its blocks and its seat;
-    * a running sequence computes only with KV room from sched.make_room; a sequence preempted
-      during the step (itself, or a newer one for an older one) computes nothing this step;
+    * a running sequence that gets no tokens keeps its blocks and its seat, and the running
+      sequences after it still get their turn;
+    * KV room (sched.make_room) is asked for only for a running sequence that computes this
+      step, and only for the tokens it computes; a sequence preempted during the step (itself,
+      or a newer one for an older one) computes nothing this step;
     * admission (sched.admit) goes in queue order and stops at the first waiting sequence that
       cannot join: no seat left under max_num_seqs, no budget left, unchunked not fitting the
-      budget left in a non-empty step, or no KV room; an admitted sequence's tokens to compute are
-      counted after admission (prefix-cache hits count as computed);
+      budget left in a non-empty step (judged on its tokens to compute while it waits, before
+      admit has looked at the prefix cache), or no KV room; a sequence is admitted only if it computes
+      this step, its tokens to compute counted after admission (prefix-cache hits count as
+      computed);
     * every pair in the plan is a running sequence, listed once, with 1 or more tokens.
     It acts only through sched's operations and changes nothing else.
 
