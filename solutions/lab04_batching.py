@@ -684,9 +684,10 @@ check("4.5")
 # an assumed model, not a measurement: roughly a 7B model in 16-bit weights on one A100 (lab 00's
 # profile, from NVIDIA's datasheet: 14 GB read at about 2 TB/s is 7 ms; 14 GFLOPs per token at
 # about 175 TFLOP/s, a little over half the tensor cores' peak, is 0.08 ms). Decode steps are
-# memory-bound (the fixed part), big prefills compute-bound (the per-token part). Twelve requests arrive over the first 0.15 s, with prompts
-# and answers of mixed lengths. Each policy plays the same workload with your functions, on a
-# `SimScheduler` with room for every request (preemption comes later, on the real engine):
+# memory-bound (the fixed part), big prefills compute-bound (the per-token part). Twelve requests
+# arrive over the first 0.15 s, with prompts and answers of mixed lengths. Each policy plays the
+# same workload with your functions, on a `SimScheduler` with room for every request (preemption
+# comes later, on the real engine):
 #
 # * **sequential**: one request at a time (your `continuous_step` with `max_num_seqs = 1`,
 #   unchunked: what `minillm`'s `scheduler="sequential"` runs);

@@ -177,7 +177,10 @@ def compare(state: State, max_num_seqs: int, mine, reference, budget: int | None
     expected_sched = FakeSched(state, max_num_seqs)
     expected = outcome(expected_sched, reference(expected_sched))
     sched = FakeSched(state, max_num_seqs)
-    result = mine(sched)
+    try:
+        result = mine(sched)
+    except AssertionError as e:  # FakeSched refused an operation: say on which state
+        raise AssertionError(f"{what}: {e}") from None
     if "the answer" not in expected:
         assert_runnable(sched, result, budget, what)
     got = outcome(sched, result)
