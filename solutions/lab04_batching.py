@@ -919,7 +919,9 @@ print("greedy outputs identical across policies:",
 
 # %% [markdown]
 # Set the two lines printed, the simulated clock's and this machine's, side by side. Which
-# orderings carried over, and which did not? The fit two cells below says why some did not.
+# orderings carried over, and which did not? The fit two cells below says why some did not. And
+# remember that here every request arrives at once: count in the Gantt chart the steps that mix a
+# prefill with decodes, under each policy, since those are the steps chunking is there to shorten.
 #
 # **Preemption, for real.** Shrink the KV pool to room for the longest request and two blocks
 # more, and run the chunked policy again. Your `continuous_step` admits requests while their
@@ -1010,10 +1012,11 @@ MY_PREDICTION = None  # batch size: work it out from the bandwidth, FLOP/s and w
 # every request of the batch decodes (other processes only ever slow a step down): 1 to 128
 # requests, 4 batch sizes with 4 output tokens when quick. About a minute on a 2-core CPU.
 #
-# What counts as the **measured** crossover? A step of one request is nearly all bytes time; what a
-# larger batch adds over it is, to first order, its arithmetic. So the FLOPs time reaches the bytes
-# time where a step costs **twice** a step of one request: the cell finds that batch between the
-# two measured sizes around it.
+# What counts as the **measured** crossover? The cell fits the measured decode-step times to
+# `fixed + per_request × batch` (least squares, like the cost model above): the fixed part is what
+# a step costs whatever the batch, the measured counterpart of the bytes time, and the per-request
+# part what each request adds, the measured counterpart of one token's FLOPs time. The measured
+# crossover is the batch where the two parts are equal, as the roofline's is where its two times are.
 
 # %%
 from minillm.labkit import compare
@@ -1039,11 +1042,10 @@ token_ms = 2 * params_count / cpu_flops * 1e3  # one token's arithmetic
 roofline = [b / max(bytes_ms, b * token_ms) * 1e3 for b in batch_sizes]  # tokens/s: the slower of the two costs
 theory_crossover = bytes_ms / token_ms
 
-measured_crossover = None  # the batch where a step costs twice a step of one, interpolated
-for (b0, t0), (b1, t1) in zip(zip(batch_sizes, decode_ms), zip(batch_sizes[1:], decode_ms[1:])):
-    if t0 < 2 * decode_ms[0] <= t1:
-        measured_crossover = b0 + (b1 - b0) * (2 * decode_ms[0] - t0) / (t1 - t0)
-        break
+sizes = torch.tensor(batch_sizes, dtype=torch.float64)
+fit = torch.linalg.lstsq(torch.stack([torch.ones_like(sizes), sizes], 1),  # [batches, 2]
+                         torch.tensor(decode_ms, dtype=torch.float64)[:, None]).solution.flatten().tolist()
+fixed_ms, per_request_ms = fit
 
 fig = go.Figure([go.Scatter(x=batch_sizes, y=throughput, mode="lines+markers", name="measured, your policy"),
                  go.Scatter(x=batch_sizes, y=roofline, mode="lines", line_dash="dot",
@@ -1054,19 +1056,20 @@ fig.update_layout(title=f"Decode throughput against batch size, {MODEL} on this 
                   yaxis_type="log", xaxis_title="requests decoding in the step", yaxis_title="tokens/s",
                   height=380)
 fig.show()
-print(f"bytes time {bytes_ms:.1f} ms per step, FLOPs time {token_ms:.2f} ms per token")
+print(f"roofline: bytes time {bytes_ms:.1f} ms per step, FLOPs time {token_ms:.2f} ms per token;  measured fit: "
+      f"{fixed_ms:.1f} ms + {per_request_ms:.2f} ms × batch")
 print("batch  ms per step  tokens/s  roofline tokens/s  measured / roofline")
 for b, ms, tps, roof in zip(batch_sizes, decode_ms, throughput, roofline):
     print(f"{b:5d}  {ms:11.1f}  {tps:8.1f}  {roof:17.1f}  {tps / roof:19.2f}")
-if measured_crossover is None:
-    print(f"no measured step cost twice a step of one request, up to a batch of {batch_sizes[-1]}: on this run the "
-          "crossover lies past the largest batch measured")
+if fixed_ms <= 0 or per_request_ms <= 0:
+    print("the fit has a part at or below zero (a noisy run): run the cell again on a quieter machine")
 else:
     compare(f"the batch where a decode step of {MODEL} turns compute-bound", MY_PREDICTION,
-            theory=theory_crossover, measured=measured_crossover, unit="requests", theory_name="roofline crossover",
-            gap="below 1: the engine's arithmetic runs slower than one large matmul (small products, attention, "
-                "sampling), so it catches up with the weights' read earlier; above 1: the weights are read slower "
-                "than a large copy, or the step has a fixed cost of its own")
+            theory=theory_crossover, measured=fixed_ms / per_request_ms, unit="requests",
+            theory_name="roofline crossover",
+            gap=f"a step's fixed part took {fixed_ms / bytes_ms:.2f}x the time to read the weights at the copy's "
+                f"bandwidth, and each request added {per_request_ms / token_ms:.2f}x one token's arithmetic at the "
+                "matmul's FLOP/s: the crossover moves by the ratio of the two")
 print(f"on your run, a batch of {batch_sizes[-1]} decodes {throughput[-1] / throughput[0]:.1f}x the tokens/s of "
       f"a single request; the roofline allows {roofline[-1] / roofline[0]:.1f}x")
 
@@ -1074,12 +1077,16 @@ print(f"on your run, a batch of {batch_sizes[-1]} decodes {throughput[-1] / thro
 # Read the curve against the roofline, and the table's last column. At small batches the measured
 # throughput climbs with the batch: the weights are read once per step, and every request in the
 # step shares that read. Past the crossover, each request added costs its own arithmetic, and the
-# curve flattens. Where did your measured crossover fall against the roofline's, and which way
-# does the printed gap sentence explain it? (The FLOP/s comes from one 1024 × 1024 matmul: the
-# engine's matmuls can run a little faster or slower than it, and a busy machine measures it low,
-# so at the largest batches the measured curve may touch or pass the roofline.) A GPU streaming a
-# 7B model has the same shape, with the turn at a far larger batch, since its FLOP/s are so much
-# larger than its bandwidth: compute its crossover from lab 00's H100 profile.
+# curve flattens. Where did your measured crossover fall against the roofline's, and which of the
+# two parts in the last printed sentence moved it? A fixed part above the bytes time means the
+# step costs more than reading the weights (a slower read, or overheads of its own: sampling,
+# bookkeeping); a per-request part above the FLOPs time means small products and attention run
+# slower than one large matmul. Compare the fit with the cost model of all steps above, too.
+# (The FLOP/s comes from one 1024 × 1024 matmul: the engine's matmuls can run a little faster or
+# slower than it, and a busy machine measures it low, so at the largest batches the measured curve
+# may touch or pass the roofline.) A GPU streaming a 7B model has the same shape, with the turn at
+# a far larger batch, since its FLOP/s are so much larger than its bandwidth: compute its
+# crossover from lab 00's H100 profile.
 #
 # Two effects of this machine can show up at small batches. The measured curve can stay well below
 # the roofline there: the engine's step also samples and does its bookkeeping, and small matrix
