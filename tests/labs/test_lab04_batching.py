@@ -4,7 +4,9 @@ Oracles: minillm's own step policies (minillm/engine/policy.py), run on an ident
 state through FakeSched, a stand-in for the engine's scheduler with a small KV pool (free blocks,
 a block size, prefix-cache hits on admission), compared on the step, the queues, the preemptions and
 the KV blocks each request holds after it; minillm's runner and paged cache for the flattened
-batch; and for 4.E the real engine with the notebook's policy against the engine with its own.
+batch; and for 4.E the real engine with the notebook's policy against the engine with its own, make_room's
+precondition checked as it is called, so that a step policy that plans a sequence make_room preempted is
+named, not make_room.
 """
 import functools
 import math
