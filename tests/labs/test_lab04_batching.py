@@ -4,8 +4,11 @@ Oracles: minillm's own step policies (minillm/engine/policy.py), run on an ident
 state through FakeSched, a stand-in for the engine's scheduler with a small KV pool (free blocks,
 a block size, prefix-cache hits on admission), compared on the step, the queues, the preemptions and
 the KV blocks each request holds after it; minillm's runner and paged cache for the flattened
-batch; and for 4.E the real engine with the notebook's policy against the engine with its own.
+batch; and for 4.E the real engine with the notebook's policy against the engine with its own, make_room's
+precondition checked as it is called, so that a step policy that plans a sequence make_room preempted is
+named, not make_room.
 """
+import functools
 import math
 import random
 from collections import deque
@@ -21,7 +24,7 @@ from minillm.engine.runner import ModelRunner
 from minillm.labkit import exercise
 from minillm.labkit.endtoend import check_against_reference
 from minillm.labkit.fixtures import one_thread
-from minillm.labkit.plug import lab_components
+from minillm.labkit.plug import LabPartError, lab_components
 from minillm.models.model_config import ModelConfig
 from minillm.sampling import SamplingParams
 from minillm.sequence import Phase, Sequence, SequenceStatus
@@ -176,7 +179,10 @@ def compare(state: State, max_num_seqs: int, mine, reference, budget: int | None
     expected_sched = FakeSched(state, max_num_seqs)
     expected = outcome(expected_sched, reference(expected_sched))
     sched = FakeSched(state, max_num_seqs)
-    result = mine(sched)
+    try:
+        result = mine(sched)
+    except AssertionError as e:  # FakeSched refused an operation: say on which state
+        raise AssertionError(f"{what}: {e}") from None
     if "the answer" not in expected:
         assert_runnable(sched, result, budget, what)
     got = outcome(sched, result)
@@ -401,6 +407,18 @@ def test_an_unchunked_prompt_over_the_budget_runs_only_alone(lab):
 
 
 @exercise("4.3")
+def test_an_idle_running_sequence_keeps_its_seat_in_a_full_batch(lab):
+    """a running sequence that gets no tokens keeps its blocks and its seat: with the batch full, a waiting
+    prompt that fits the budget left stays waiting; with a seat free, it joins"""
+    running = [(0, 6, 1, 6), (1, 50, 0, 0), (2, 7, 1, 7)]  # a decode, a prompt over the budget, a decode
+    for max_num_seqs in (3, 4):
+        continuous(lab, State(4, 100, running, [(3, 3, 0), (4, 2, 0)]), 16, max_num_seqs, False,
+                   f"{max_num_seqs - 3} seat(s) free, a running prompt idle with budget left")
+    running = [(0, 6, 1, 6), (1, 50, 0, 20), (2, 7, 1, 7)]  # the idle prompt part way through its prefill
+    continuous(lab, State(4, 100, running, [(3, 3, 0)]), 16, 3, False, "the batch full, a half-done prompt idle")
+
+
+@exercise("4.3")
 def test_max_num_seqs_caps_admission(lab):
     """no more than max_num_seqs sequences run after the step, however much budget is left"""
     waiting = [(3, 4, 0), (4, 4, 0), (5, 2, 0)]
@@ -608,9 +626,67 @@ def test_flatten_batch_fills_the_last_partial_block(lab):
 
 
 # -- 4.E the whole policy in the real engine --------------------------------------------------
+def _running(sched, seq) -> bool:
+    return any(s is seq for s in sched.running)
+
+
+class _MakeRoomView:
+    """The engine's scheduler as the notebook's make_room sees it: the same queues and operations, with
+    grow and preempt refusing a sequence that is not running, in make_room's name (the engine's own grow
+    would fail deep in the KV cache, with an AttributeError)."""
+
+    def __init__(self, sched, label: str) -> None:
+        self._sched, self._label = sched, label
+
+    def __getattr__(self, name):
+        return getattr(self._sched, name)
+
+    def grow(self, seq, num_tokens):
+        if not _running(self._sched, seq):
+            raise LabPartError(f"{self._label}: make_room asked grow for KV room for request {seq.request_id}, which "
+                               f"is not running: make_room had preempted it already (a preempted sequence holds no "
+                               f"blocks and computes nothing this step)")
+        return self._sched.grow(seq, num_tokens)
+
+    def preempt(self, seq):
+        if not _running(self._sched, seq):
+            raise LabPartError(f"{self._label}: make_room preempted request {seq.request_id}, which is not running")
+        return self._sched.preempt(seq)
+
+
+def watched(components):
+    """The notebook's parts for the engine, with make_room's precondition checked as it is called: a step
+    policy that asks make_room for room for a sequence that is not running is the exercise at fault
+    (4.1 or 4.3), not make_room (4.4). Each wrapper keeps the part's call counter and label."""
+    deciding = [None]  # the label of the step policy planning the current step
+
+    def policy_step(part):
+        @functools.wraps(part)
+        def step(*args, **kwargs):
+            deciding[0] = part.label
+            return part(*args, **kwargs)
+        return step
+
+    room = components.make_room
+
+    @functools.wraps(room)
+    def make_room(sched, seq, num_tokens):
+        if not _running(sched, seq):
+            preempted = seq.request_id in getattr(sched, "preempted_now", [])
+            raise LabPartError(
+                f"{deciding[0]} planned request {seq.request_id}, which is not running: it asked make_room for KV "
+                f"room for it after " + ("make_room had preempted it earlier in this step (for itself or for an older "
+                                         "sequence); a preempted sequence computes nothing this step"
+                                         if preempted else "it left the running sequences"))
+        return room(_MakeRoomView(sched, room.label), seq, num_tokens)
+
+    return replace(components, make_room=make_room, static_step=policy_step(components.static_step),
+                   continuous_step=policy_step(components.continuous_step))
+
+
 @exercise("4.E", timeout=120)
 def test_your_step_policy_runs_the_real_engine(lab):
     ("the real engine with your step policy gives the reference engine's tokens, continuous and static, "
      "leaking no block")
     with one_thread():  # pico's small steps: more threads only wait on a busy machine
-        check_against_reference(lab_components(lab, labs=["04"]))
+        check_against_reference(watched(lab_components(lab, labs=["04"])))
