@@ -97,6 +97,8 @@ class Scheduler:
         return True
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        if seq not in self.running:  # a policy that plans a preempted or finished sequence is named, not the cache
+            raise RuntimeError(f"{self._who()} asked KV room for {seq!r}, which is not running")
         return self.cache.reserve(seq, num_tokens)
 
     def make_room(self, seq: Sequence, num_tokens: int) -> bool:

@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
+from minillm.config import Components
+from minillm.engine.policy import continuous_step
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -137,3 +139,19 @@ def test_batching_moves_logits_by_rounding_only_and_keeps_these_greedy_outputs(h
         torch.testing.assert_close(torch.tensor([mine[t] for t in theirs]), torch.tensor(list(theirs.values())),
                                    atol=1e-4, rtol=0)
     assert crowded.token_ids == alone.token_ids
+
+
+def test_a_policy_that_asks_room_for_a_sequence_it_preempted_is_named():
+    """Scheduler.grow refuses a sequence that is not running, naming the policy deciding: before, a plugged
+    policy that planned a preempted sequence failed deep in the KV cache with an AttributeError."""
+    def plans_the_preempted(sched, budget, max_num_seqs, chunked):
+        batch = continuous_step(sched, budget, max_num_seqs, chunked)
+        if sched.running:
+            seq = sched.running[0]
+            sched.preempt(seq)
+            sched.grow(seq, 1)
+        return batch
+
+    llm = LLM("tiny", components=Components(continuous_step=plans_the_preempted))
+    with pytest.raises(RuntimeError, match=r"plans_the_preempted asked KV room for .*which is not running"):
+        llm.generate(["def f(x):"], SamplingParams(max_tokens=3, temperature=0))
