@@ -127,14 +127,11 @@ print("...", len(raw), "lines in all; the last:", repr(raw[-2]))
 def parse_sse(lines: Iterable[str]) -> Iterator[dict | str]:
     """Decode SSE lines into the payloads of their events, in order (a generator).
 
-    lines: str items, each one line (with or without its line ending) or several lines.
-    Yields json.loads(data) for each event with data, "[DONE]" for the end marker, the raw data
-    string when it is not JSON. data = "\\n".join(the event's data lines, each minus "data:" and
-    one optional space). Events without data lines (only comments, or other fields) yield nothing.
-
-    Hints: about 20 lines. re.split(r"\\r\\n|\\r|\\n", item) splits an item into lines (drop the
-    empty string after its own final line ending); line.partition(":") splits a field from its
-    value; keep the open event's data lines in a list.
+    lines: str items, each one line (with or without its line ending) or several lines, as the rules
+    above say. Yields one item per event that has data: the decoded JSON value (a dict), the string
+    "[DONE]" for the end marker, or the event's data as a str when it is not JSON. Events without data
+    lines (only comments, or other fields) yield nothing; a last event left open when the lines run
+    out is yielded too. Reads `lines` once, lazily (a generator of lines works).
     """
     ### BEGIN SOLUTION
     import re
@@ -166,6 +163,27 @@ def parse_sse(lines: Iterable[str]) -> Iterator[dict | str]:
     ### END SOLUTION
 
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Work in two layers: first turn the items into single lines (an item may hold several, and an item's own
+# final line ending must not make an extra blank line), then feed each line to a tiny state machine whose
+# only state is the data lines of the event still open.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Only three kinds of line matter: blank (close the event: yield if it has data), a comment (skip) and a
+# field. A field's name is what comes before the first colon; only `data` adds to the event. Python's
+# `str.splitlines` breaks at more characters than SSE does (form feeds, Unicode separators): split on the
+# three SSE endings only. After the loop, an event still open is yielded too.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# A regular expression that splits on `\r\n`, `\r` or `\n` (in that order of alternatives), dropping the
+# empty piece after an item's final ending; strip exactly one leading space from a data value; decode with
+# `json`, keeping `[DONE]` and non-JSON text as strings.
+# </details>
+
 # %%
 for payload in parse_sse(raw):
     print(payload if payload == "[DONE]" else payload["choices"][0]["text"].__repr__())
@@ -181,12 +199,14 @@ check("8.1")
 # `output_tokens` (the server's usage count) and `success`. The definitions, as in vLLM's serving
 # benchmark, with chunks at `c_1 < … < c_m`:
 #
-# $$\text{TTFT} = c_1 - \text{start} \qquad \text{E2E} = \text{end} - \text{start} \qquad
-#   \text{ITL} = [c_2 - c_1, \dots, c_m - c_{m-1}]$$
-# $$\text{TPOT} = \frac{\text{E2E} - \text{TTFT}}{\text{output\_tokens} - 1}$$
+# * **TTFT**: from sending to the first chunk; **E2E**: from sending to the end;
+# * **ITL**: the gaps between consecutive chunks, one per pair of neighbours;
+# * **TPOT**: the time *after* the first token, spread over the tokens that came *after* the first.
 #
-# TPOT spreads the time after the first token over the tokens after the first: `output_tokens - 1`
-# of them. (With one token there is no such time: TPOT is `None`.) ITL has one gap per *chunk*, and
+# Count carefully. A worked example on other numbers: a request sent at t = 4.0 s whose first chunk
+# arrives at 4.3 s and which ends at 5.5 s, with 7 tokens: TTFT 0.3 s, E2E 1.5 s, and the 1.2 s after
+# the first token carried the 6 tokens after the first: 0.2 s each. (With one token there is no such
+# time: TPOT is `None`.) ITL has one gap per *chunk*, and
 # TPOT one per *token*; they differ when a chunk carries several tokens (speculative decoding, or a
 # token that completes a multi-byte character) and because the time from the last chunk to the end
 # is in TPOT but in no ITL gap. Neither includes the TTFT: the first token's wait is queueing and
@@ -194,15 +214,13 @@ check("8.1")
 
 # %% exercise="8.2"
 def request_metrics(record: RequestRecord) -> RequestMetrics:
-    """TTFT, TPOT, ITL and E2E of one successful request, in seconds.
+    """TTFT, TPOT, ITL and E2E of one successful request, in seconds (floats), as defined above.
 
-    record: start, chunk_times [m >= 1, ascending], end, output_tokens, success.
-    -> RequestMetrics(ttft, tpot, itl, e2e) with ttft = c_1 - start, e2e = end - start,
-    itl = [c_(i+1) - c_i for i in 1..m-1] (a list, empty for one chunk),
-    tpot = (e2e - ttft) / (output_tokens - 1), or None when output_tokens <= 1.
+    record: start, chunk_times (m >= 1 floats, ascending, seconds on the clock of start), end,
+    output_tokens (the server's count, which may exceed m), success.
+    -> RequestMetrics(ttft, tpot, itl, e2e): itl a list of m - 1 gaps (empty for one chunk); tpot None
+    when there is no token after the first. The record is not changed.
     Raises ValueError, naming the request, when it did not succeed or has no chunk time or no end.
-
-    Hints: 6 lines. zip(times, times[1:]) pairs each chunk with the next.
     """
     ### BEGIN SOLUTION
     if not record.success or not record.chunk_times or record.end is None:
@@ -219,7 +237,22 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
 # %%
 example = RequestRecord("r0", start=10.0, chunk_times=[10.5, 10.6, 10.75, 10.8], end=10.9, output_tokens=5,
                         success=True)
-print(request_metrics(example))  # TTFT 0.5, TPOT (0.9 - 0.5) / 4 = 0.1, ITL [0.1, 0.15, 0.05], E2E 0.9
+print(request_metrics(example))  # work out the four figures by hand first: E2E should be 0.9
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Refuse the records that cannot have metrics first; then each figure is one line.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# ITL pairs each chunk time with the next one. TPOT divides a duration by a count of tokens: which tokens
+# does the duration after the first chunk belong to? The worked example above has the answer's shape.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# TPOT is (E2E − TTFT) divided by one less than the output tokens, when that count is above zero.
+# </details>
 
 # %%
 check("8.2")
@@ -228,25 +261,31 @@ check("8.2")
 # ## Exercise 8.3 · Percentiles and goodput
 #
 # A service is judged on its **tail**: the p99 TTFT is what one request in a hundred is slower
-# than. `percentile(values, q)` is numpy's default: sort the n values, go to position
-# `p = q / 100 * (n - 1)` (0-based), and interpolate linearly between the values at `floor(p)` and
-# `floor(p) + 1`. (Position `q / 100 * n` is the classic off-by-one: at q = 100 it runs past the end.)
+# than. `percentile(values, q)` must agree with numpy's default ("linear"). Build it in steps:
+#
+# * sorted, n values sit at positions 0, 1, …, n − 1; q = 0 must give the smallest, q = 100 the largest;
+#   so the percentile's position is some fraction of the way along those positions;
+# * that position is rarely a whole number: then the answer lies on the straight line between the two
+#   neighbours, as far from the lower one as the position's fractional part says.
+#
+# A worked example on other numbers: for the 5 values `[10, 20, 40, 80, 160]`, q = 0 is 10 and q = 100 is
+# 160. The median (q = 50) falls at position 2, exactly on 40. q = 60 falls 60% of the way from position 0
+# to position 4: at position 2.4, 40% of the way from 40 to 80, so 56. (A classic bug uses the count of
+# values where the last position belongs: at q = 100 it runs past the end.)
 #
 # Throughput counts every finished request, however slow. **Goodput** (DistServe, Zhong et al.
-# 2024) counts only those that met **every** service-level objective at once: requests per second
-# with TTFT ≤ its limit and TPOT ≤ its limit and E2E ≤ its limit, for those limits the `slo` dict
-# names (`{"ttft": 0.5, "tpot": 0.05}`). A value exactly at its limit meets it. A one-token
-# request (TPOT `None`) meets any TPOT limit: no token came after the first. Failed requests never
-# count. Use your `request_metrics` from 8.2.
+# 2024) counts only the requests that met **every** service-level objective (SLO) at once, per
+# second of the run. The `slo` dict names the limits that apply (`{"ttft": 0.5, "tpot": 0.05}`:
+# E2E is free here). The rules: a value exactly at its limit meets it; a one-token request (TPOT
+# `None`) meets any TPOT limit, as no token came after the first; a failed request never counts.
+# For example, 30 requests in 10 s of which 21 met every limit: throughput 3 req/s, goodput 2.1.
+# Use your `request_metrics` from 8.2.
 
 # %% exercise="8.3"
 def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0 <= q <= 100) of values, by linear interpolation (numpy's default).
-
-    p = q / 100 * (n - 1) in the sorted values xs; -> xs[floor(p)] + (xs[floor(p) + 1] - xs[floor(p)])
-    * (p - floor(p)), with the index floor(p) + 1 capped at n - 1. -> nan for no values.
-
-    Hints: 6 lines.
+    """The q-th percentile of values (q from 0 to 100; values: floats, any order, repeats allowed), a float equal
+    to numpy.percentile's default ("linear") up to rounding: the smallest value at q = 0, the largest at
+    q = 100. -> nan for no values. values is not changed (not even reordered).
     """
     ### BEGIN SOLUTION
     if not values:
@@ -260,14 +299,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def goodput(records: list[RequestRecord], duration: float, slo: dict[str, float]) -> float:
-    """Requests per second that succeeded and met every SLO: #good / duration.
+    """Goodput of a run: requests per second (a float) that succeeded and met every SLO in `slo`.
 
-    slo: limits in seconds by metric name, any of "ttft", "tpot", "e2e" (SLO_METRICS); a request is
-    good when success and, for every (name, limit), its metric <= limit (a None TPOT meets any limit).
+    records: the run's RequestRecords, failed ones included; duration: the run's length in seconds.
+    slo: limits in seconds by metric name, any of "ttft", "tpot", "e2e" (SLO_METRICS); the rules of a
+    limit met are those above (at the limit meets it; a None TPOT meets any limit). An empty slo: every
+    successful request is good.
     Raises ValueError unless duration > 0 (0, negative or NaN: say the value), and for an unknown metric
     name (name it), whatever the records.
-
-    Hints: 8 lines. getattr(metrics, name) reads one metric of a RequestMetrics.
     """
     ### BEGIN SOLUTION
     if not duration > 0:
@@ -290,6 +329,24 @@ print("p50, p90, p99 of 1..10:", [percentile(list(range(1, 11)), q) for q in (50
 slow = RequestRecord("r1", start=0.0, chunk_times=[2.0], end=2.2, output_tokens=3, success=True)
 print("goodput of two requests over 4 s, TTFT <= 1 s:", goodput([example, slow], 4.0, {"ttft": 1.0}), "req/s")
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# For `percentile`, redo the worked example with n − 1 = 4 gaps between 5 positions: how far along is q = 60?
+# For `goodput`, check the arguments before looking at a single record.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# The position is q/100 of the way along the positions 0 … n − 1; its whole part picks the lower neighbour,
+# the next one is the upper (never past the last); the fractional part says how far between them. Goodput
+# is a count of good records over the duration; a metric is read off the RequestMetrics by its name.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# position = q / 100 · (n − 1); lower = floor(position); upper = min(lower + 1, n − 1);
+# result = xs[lower] + (xs[upper] − xs[lower]) · (position − lower).
+# </details>
+
 # %%
 check("8.3")
 
@@ -301,25 +358,25 @@ check("8.3")
 # requests at times drawn in advance, whatever the server does. Many independent users make a
 # **Poisson process**: the gaps between requests are exponential with mean `1 / rate`. Real
 # traffic is often burstier (retries, agents fanning out, batch jobs). vLLM's benchmark models that
-# with **gamma** gaps of shape `k` (its `--burstiness`) and scale `1 / (rate · k)`: the mean gap is
-# still `1 / rate`, but the coefficient of variation is `1 / sqrt(k)`, so k < 1 gives clumps and
-# long pauses. Shape 1 is exactly the exponential.
+# with **gamma** gaps whose shape `k` is its `--burstiness`. Two facts about a gamma distribution of
+# shape k and scale θ: its mean is k·θ and its coefficient of variation (spread over mean) is
+# 1/√k. So k < 1 gives clumps and long pauses, k = 1 is exactly the exponential, and the scale is
+# what you must choose so that the mean gap stays what the rate asks for. Worked on other numbers:
+# gaps of mean 0.25 s with shape 4 need θ = 0.0625 s, and their CV is 0.5.
 #
-# Use numpy's seeded generator, `np.random.default_rng(seed)`, and draw all n gaps with one
-# `.gamma(shape=..., scale=..., size=n)` call: then the same seed gives the engine's arrivals
-# exactly. The first request waits one gap too. `rate = inf` means everything at t = 0 (the
-# offline, all-at-once load).
+# The rules the engine's generator keeps, so that the same seed gives its arrivals exactly: numpy's
+# seeded generator (`np.random.default_rng(seed)`), all n gaps drawn at once by its gamma method; the
+# first request waits one gap too; `rate = inf` means everything at t = 0 (the offline, all-at-once
+# load).
 
 # %% exercise="8.4"
 def arrival_times(n: int, rate: float, seed: int, burstiness: float = 1.0) -> list[float]:
     """Seconds after the start at which each of n requests is sent, ascending (a list of n floats).
 
-    gaps g_1..g_n ~ Gamma(shape=burstiness, scale=1 / (rate * burstiness)), drawn with
-    np.random.default_rng(seed).gamma(..., size=n); t_i = g_1 + ... + g_i.
-    Mean gap 1/rate; coefficient of variation 1/sqrt(burstiness). rate = inf: n zeros.
-    Raises ValueError for n not an int >= 0, rate <= 0, or burstiness not finite and > 0 (say the value).
-
-    Hints: 8 lines. np.cumsum(gaps).tolist() gives the times.
+    rate: requests per second on average (> 0; inf: all at once, n zeros); burstiness: the gamma shape
+    (finite, > 0; 1 is Poisson). The gaps have the mean gap the rate asks for and the spread of that shape,
+    drawn as the rules above say, so the same arguments give the engine's times exactly.
+    Raises ValueError for n not an int >= 0, rate <= 0 or NaN, or burstiness not finite and > 0 (say the value).
     """
     ### BEGIN SOLUTION
     if not isinstance(n, int) or n < 0:
@@ -343,6 +400,22 @@ for k, name in ((1.0, "Poisson (burstiness 1)"), (0.25, "bursty (burstiness 0.25
 fig.update_layout(title="40 requests at 4 requests/s on average", xaxis_title="seconds", height=240,
                   showlegend=False)
 fig.show()
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Check the arguments first (NaN compares false with everything: write the tests so that NaN fails them).
+# Then: which scale gives a gamma of shape k the mean gap 1/rate?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Solve k·θ = 1/rate for θ. Draw the n gaps in one call of the seeded generator, then each send time is the
+# sum of the gaps up to and including its own.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# θ = 1 / (rate · k); the times are the running sum of the gaps, as a Python list.
+# </details>
 
 # %%
 check("8.4")
@@ -397,21 +470,24 @@ fig.show()
 #
 # The server (`build_app(..., max_waiting=N, admission=fn)`) calls `admit(num_waiting,
 # max_waiting, drain_rate)` for each new request: `num_waiting` requests already wait for the
-# scheduler, and the queue drains at `drain_rate` requests per second lately. Admit while
-# `num_waiting < max_waiting`. Otherwise, this request would be number `num_waiting - max_waiting
-# + 1` past the room there is; at `drain_rate` per second that many need
-# `(num_waiting - max_waiting + 1) / drain_rate` seconds to drain. Round up to whole seconds (the
-# header carries an integer), never less than 1 (a Retry-After of 0 invites an instant retry storm),
-# and with no recent drain (`drain_rate` 0) assume one request per second.
+# scheduler, and the queue drains at `drain_rate` requests per second lately. The rules it keeps:
+#
+# * a request that finds room in the queue (fewer than `max_waiting` waiting) is admitted;
+# * a refused one is told the time until the queue will have drained enough for **it** to find room,
+#   counting itself among the requests that must go first, at the recent drain rate;
+# * the header carries whole seconds: round so that a client that obeys never comes back too early,
+#   and never say less than 1 (a Retry-After of 0 invites an instant retry storm);
+# * with no recent drain (`drain_rate` 0 or less) assume one request per second.
+#
+# A worked example on other numbers: room for 10, 10 waiting, draining 4 a second: the new request needs
+# one request to leave before it fits, a quarter of a second, so it is told 1 s.
 
 # %% exercise="8.5"
 def admit(num_waiting: int, max_waiting: int, drain_rate: float) -> float | None:
-    """None to admit the request, else the seconds to wait before retrying.
+    """None to admit the request, else the seconds to wait before retrying (a float holding a whole
+    number >= 1), by the rules above.
 
-    Admit (None) when num_waiting < max_waiting. Else retry after
-    max(1, ceil((num_waiting - max_waiting + 1) / r)) seconds, r = drain_rate if > 0 else 1.0.
-
-    Hints: 4 lines.
+    num_waiting, max_waiting: ints >= 0; drain_rate: requests per second (float; 0 or less: no recent drain).
     """
     ### BEGIN SOLUTION
     if num_waiting < max_waiting:
@@ -424,6 +500,21 @@ def admit(num_waiting: int, max_waiting: int, drain_rate: float) -> float | None
 # %%
 for waiting, rate in ((3, 2.0), (4, 2.0), (9, 2.0), (9, 0.0), (9, 0.5)):
     print(f"{waiting} waiting (max 4), draining {rate} req/s: {admit(waiting, 4, rate)}")
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Redo the worked example with 12 waiting instead of 10: how many requests must leave before the new one fits?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# The requests past the room, plus this one, must drain; time = that count / the rate. Which rounding never
+# tells a client to come back before that time?
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# max(1, ceil((num_waiting − max_waiting + 1) / rate)), rate 1.0 when drain_rate is not positive.
+# </details>
 
 # %%
 check("8.5")
@@ -445,17 +536,18 @@ check("8.5")
 #
 # The engine calls your function for the rows of constrained samples in every step, inside
 # batches that also hold free requests (`EngineConfig(components=Components(grammar_mask=fn))`).
+# Grammar engines fill the bitmask on the **CPU** while the logits may sit on an accelerator: whatever
+# you build must live on the device of the tensor it meets (the grader runs your mask with the logits on
+# PyTorch's `meta` device, which has no data, so a CPU tensor mixed in is an error even without a GPU).
 
 # %% exercise="8.6"
 def apply_grammar_mask(logits: Tensor, bitmask: Tensor) -> Tensor:
     """Keep the logits of allowed tokens, -inf elsewhere.
 
-    logits: [rows, vocab] float; bitmask: [rows, words] int32, words >= ceil(vocab / 32); token t of
-    row r is allowed when bit (t % 32) of bitmask[r, t // 32] is 1. -> a new [rows, vocab] tensor of
-    logits' dtype: logits where allowed, -inf elsewhere (logits itself is left unchanged).
-
-    Hints: 4 lines. (bitmask[..., None] >> torch.arange(32, dtype=torch.int32)) & 1 is [rows, words, 32];
-    reshape to [rows, 32 * words], keep the first vocab columns; masked_fill.
+    logits: [rows, vocab] float (float32, float16 or bfloat16), on any device; bitmask: [rows, words]
+    int32, words at least enough for vocab bits (bits past vocab are ignored), laid out as above, on the
+    CPU or on logits' device. -> a new [rows, vocab] tensor of logits' dtype on logits' device: logits
+    where allowed, -inf elsewhere. logits itself is left unchanged.
     """
     ### BEGIN SOLUTION
     vocab = logits.shape[-1]
@@ -468,6 +560,24 @@ def apply_grammar_mask(logits: Tensor, bitmask: Tensor) -> Tensor:
 # %%
 words = torch.tensor([[0b1011, -2**31]], dtype=torch.int32)  # tokens 0, 1, 3 and 63 (word 1's sign bit)
 print(apply_grammar_mask(torch.zeros(1, 64), words).isfinite().nonzero()[:, 1].tolist())
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Turn each int32 word into its 32 bits at once (a shift by every bit position, broadcast), then you have one
+# yes/no per token slot, row by row.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Shift, then keep only the lowest bit (the sign bit's ones would spoil a test against zero); the bits of
+# word w, position b, are token 32·w + b: flatten words and positions in that order and cut at vocab. Fill the
+# forbidden slots of a copy, with the mask on the logits' device.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# `((bitmask[..., None] >> positions) & 1)` with positions 0 … 31 (int32, on the bitmask's device),
+# reshaped to [rows, 32 · words], first vocab columns, as bool, moved to the logits' device; an out-of-place fill.
+# </details>
 
 # %%
 check("8.6")
@@ -491,22 +601,19 @@ for who, engine in (("engine's mask", llm), ("your mask", mine)):
 # ## Exercise 8.7 · What a token costs
 #
 # A GPU is rented by the hour; users are billed by the token. The bridge is the throughput you
-# measured: at `tokens_per_second`, an hour makes `3600 · tokens_per_second` tokens, so
-#
-# $$\text{cost per million tokens} = \frac{\text{price per hour}}{3600 \cdot \text{tokens per second}}
-#   \cdot 10^6.$$
-#
-# (Providers quote prices per **million** tokens; per thousand is an older convention and a
-# thousand times smaller.) Throughput is the lever: the same GPU at 10x the tokens per second sells
-# each token for a tenth.
+# measured: follow the units. A worked example on other numbers: a machine rented at $12 a **day**
+# that makes 50 tokens a **minute** makes 72,000 tokens a day, so a token costs $12 / 72,000 and a
+# thousand of them about 17 cents. Your function does the same with an hourly price, a rate per second
+# and a million tokens. (Providers quote prices per **million** tokens; per thousand is an older
+# convention and a thousand times smaller.) Throughput is the lever: the same GPU at 10x the tokens per
+# second sells each token for a tenth.
 
 # %% exercise="8.7"
 def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> float:
-    """Dollars per million tokens: price_per_hour / (3600 * tokens_per_second) * 1e6.
+    """Dollars per million tokens (a float) for a machine rented at price_per_hour dollars an hour that
+    makes tokens_per_second tokens a second while rented.
 
-    Raises ValueError for tokens_per_second <= 0 (say the value).
-
-    Hints: 3 lines.
+    Raises ValueError for tokens_per_second <= 0 or not a number (say the value).
     """
     ### BEGIN SOLUTION
     if not tokens_per_second > 0:
@@ -516,7 +623,22 @@ def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> 
 
 
 # %%
-print(f"an H100 at $2.50/h making 2,500 tokens/s: ${cost_per_million_tokens(2.5, 2500):.3f} per million tokens")
+print(f"a machine at $2.50/h making 2,500 tokens/s: ${cost_per_million_tokens(2.5, 2500):.3f} per million tokens")
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# How many tokens does the machine make in one hour? What does one of them cost, then?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Cost per token = price per hour / tokens per hour; a million tokens cost a million times that. NaN fails
+# every comparison: test so that it is refused.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# price_per_hour / (3600 · tokens_per_second) · 10⁶.
+# </details>
 
 # %%
 check("8.7")
@@ -566,9 +688,8 @@ class LoopBreaker:
     """A circuit breaker for one agent session: check(output, tokens) after every model call."""
 
     def __init__(self, max_calls: int, max_tokens: int, repeat_window: int, max_repeats: int) -> None:
-        """Caps, each an int >= 1, max_repeats <= repeat_window; raise ValueError otherwise (say which).
-
-        Hints: 10 lines. A deque(maxlen=repeat_window) keeps the last outputs.
+        """Caps, each an int >= 1 (not a bool, not a float), max_repeats <= repeat_window; raise ValueError
+        otherwise (say which). Each breaker keeps its own counts: two breakers never share state.
         """
         ### BEGIN SOLUTION
         for name, value in (("max_calls", max_calls), ("max_tokens", max_tokens),
@@ -583,10 +704,9 @@ class LoopBreaker:
         ### END SOLUTION
 
     def check(self, output: str, tokens: int) -> str | None:
-        """Record one call (its output text, its tokens). -> "repeat: ..." | "tokens: ..." | "calls: ..."
-        (the first rule that fires, in that order), or None to go on.
-
-        Hints: 10 lines. Counter(self.recent)[key] counts one output among the recent ones.
+        """Record one call (its output text, its tokens: an int >= 0). -> a str that starts with the name of
+        the first rule that fires, in the order above ("repeat", "tokens", "calls"; the words after the name
+        are yours), or None to go on.
         """
         ### BEGIN SOLUTION
         self.calls += 1
@@ -608,6 +728,21 @@ breaker = LoopBreaker(max_calls=10, max_tokens=10_000, repeat_window=4, max_repe
 for turn in range(6):
     output = f"call search(page={turn})" if turn > 1 else f"thinking about step {turn}"
     print(turn, repr(output), "->", breaker.check(output, tokens=120))
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# What must the breaker remember between calls? Two running totals, and only the last few outputs.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# A container of bounded length keeps the last `repeat_window` normalised outputs (the oldest falls out by
+# itself); count how often the newest occurs among them. Check the rules in their order, each with `>=`.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# `collections.deque` with `maxlen`, and a count of the newest output in it; return the first rule's reason.
+# </details>
 
 # %%
 check("8.8")

@@ -92,15 +92,14 @@ torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fig
 
 # %% exercise="9.1"
 def shard_columns(weight: Tensor, rank: int, world: int) -> Tensor:
-    """Rank `rank`'s shard of a column-parallel linear layer: a block of output features.
+    """Rank `rank`'s shard of a column-parallel linear layer: its block of output features, as the rules
+    above say (consecutive, equal blocks, rank 0 first).
 
-    weight: [out_features, in_features] -> [out_features / world, in_features], rows
-    rank * out/world ... (rank + 1) * out/world - 1: a contiguous copy in weight's dtype, sharing no
-    memory with weight (even for world 1).
-    Raises ValueError when world < 1, rank not in 0..world-1, or world does not divide out_features.
-
-    Hints: 6 lines. weight.shape[0] // world rows per rank;
-    .clone(memory_format=torch.contiguous_format) copies into a contiguous tensor.
+    weight: a 2-D tensor [out_features, in_features], any dtype and device. -> a 2-D tensor with the
+    rank's share of the output features and every input feature: a contiguous copy in weight's dtype,
+    sharing no memory with weight (even for world 1). weight is not changed.
+    Raises ValueError (saying the values) for a world below 1 or one that does not split the output
+    features evenly, and for a rank outside the world.
     """
     ### BEGIN SOLUTION
     out_features = weight.shape[0]
@@ -114,13 +113,9 @@ def shard_columns(weight: Tensor, rank: int, world: int) -> Tensor:
 
 
 def shard_rows(weight: Tensor, rank: int, world: int) -> Tensor:
-    """Rank `rank`'s shard of a row-parallel linear layer: a block of input features.
-
-    weight: [out_features, in_features] -> [out_features, in_features / world], columns
-    rank * in/world ... (rank + 1) * in/world - 1: a contiguous copy, as shard_columns returns.
-    Raises ValueError as shard_columns does, for in_features.
-
-    Hints: 1 line: the columns of weight are the rows of weight.T.
+    """Rank `rank`'s shard of a row-parallel linear layer: its block of input features, every output
+    feature; a contiguous copy as shard_columns returns. Raises ValueError as shard_columns does, for the
+    input features.
     """
     ### BEGIN SOLUTION
     return shard_columns(weight.T, rank, world).T.contiguous()
@@ -131,6 +126,21 @@ def shard_rows(weight: Tensor, rank: int, world: int) -> Tensor:
 w = torch.arange(24.0).reshape(4, 6)  # 4 output features, 6 input features
 print("column shard of rank 1 of 2:\n", shard_columns(w, 1, 2))
 print("row shard of rank 1 of 3:\n", shard_rows(w, 1, 3))
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Refuse the bad arguments first. Then: how many rows does each rank get, and where does rank r's block start?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# A slice of rows is a view: copy it, and make sure the copy is contiguous (a row shard's slice of columns
+# is not). The columns of a weight are the rows of its transpose: one function can serve both.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# part = size // world; the block is part·rank … part·(rank + 1); `clone` with the contiguous memory format.
+# </details>
 
 # %%
 check("9.1")
@@ -160,15 +170,12 @@ check("9.1")
 # %% exercise="9.2"
 def tp_mlp_forward(x: Tensor, gate_up: Tensor, down: Tensor, world: int,
                    all_reduce: Callable[[list[Tensor]], list[Tensor]]) -> Tensor:
-    """The SwiGLU MLP, tensor-parallel over `world` simulated ranks, with one all-reduce.
+    """The SwiGLU MLP, tensor-parallel over `world` simulated ranks, as Megatron places it.
 
-    x: [tokens, H]; gate_up: [2 * I, H] (gate rows, then up rows); down: [H, I].
-    Rank r: gate_r = x @ shard_columns(gate, r, world).T, up_r likewise   [tokens, I / world]
-            partial_r = (silu(gate_r) * up_r) @ shard_rows(down, r, world).T   [tokens, H]
-    Then all_reduce([partial_0, ..., partial_(world-1)]) once; -> rank 0's result [tokens, H]
-    (equal to down(silu(gate(x)) * up(x)), the unsharded MLP).
-
-    Hints: 7 lines. gate_up.chunk(2) gives the gate and the up weights; use your 9.1 functions.
+    x: [tokens, H]; gate_up: [2 * I, H] (the gate's I rows, then the up's); down: [H, I]; world divides I.
+    Each rank computes only from its own shards (your 9.1 functions); all_reduce (given: a list of one
+    tensor per rank -> a list of their sums) is called exactly once, with one [tokens, H] tensor per rank.
+    -> rank 0's result [tokens, H], equal to the unsharded MLP up to float rounding. No argument is changed.
     """
     ### BEGIN SOLUTION
     gate, up = gate_up.chunk(2)
@@ -195,6 +202,21 @@ reference = (F.silu(g) * u) @ down.T
 for world in (1, 2, 4):
     got = tp_mlp_forward(x, gate_up, down, world, simulated_all_reduce)
     print(f"world {world}: largest difference from the unsharded MLP {(got - reference).abs().max():.2e}")
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Split the fused weight into the gate and the up first; shard each of them, never the fused matrix.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Per rank: its gate and up slices give its slice of the activation (no communication); its slice of `down`
+# turns that into a partial of the whole output. Collect the partials, reduce them once.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# partial_r = (silu(x gate_rᵀ) · x up_rᵀ) down_rᵀ, with `down_r` a row shard; return all_reduce(partials)[0].
+# </details>
 
 # %%
 check("9.2")
@@ -266,14 +288,11 @@ fig.show()
 def pack_kv(k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int], num_tokens: int) -> Tensor:
     """One sequence's K and V, gathered from its blocks into one contiguous buffer.
 
-    k_blocks, v_blocks: [layers, num_blocks, block_size, kv_heads, head_dim] (a pool, by block);
-    block_table: the sequence's block ids, in order, len == ceil(num_tokens / block_size).
-    -> [2, layers, num_tokens, kv_heads, head_dim]: buffer[0] the keys, buffer[1] the values, token t
-    from slot t % block_size of block block_table[t // block_size]; nothing from the empty slots.
-    Raises ValueError when len(block_table) != ceil(num_tokens / block_size) (say both).
-
-    Hints: 6 lines. k_blocks[:, table] is [layers, len(table), block_size, ...]; flatten dims 1-2 and keep
-    the first num_tokens.
+    k_blocks, v_blocks: [layers, num_blocks, block_size, kv_heads, head_dim] (a pool, by block, laid out
+    as above); block_table: the sequence's block ids, in token order, exactly as many as its num_tokens
+    need. -> a new contiguous [2, layers, num_tokens, kv_heads, head_dim] of the pool's dtype: [0] the
+    keys, [1] the values, tokens in order; nothing from the empty slots. The pool is not changed.
+    Raises ValueError when the block table's length does not fit num_tokens (say both).
     """
     ### BEGIN SOLUTION
     block_size = k_blocks.shape[2]
@@ -288,14 +307,11 @@ def pack_kv(k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int], num_
 
 
 def unpack_kv(buffer: Tensor, k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int]) -> None:
-    """The inverse of pack_kv: write a packed sequence into these blocks of a pool, in place.
+    """The inverse of pack_kv: write a packed sequence into these blocks of a pool, in place; -> None.
 
-    buffer: [2, layers, num_tokens, kv_heads, head_dim]; k_blocks, v_blocks: a pool, by block;
-    block_table: the receiving sequence's block ids, len == ceil(num_tokens / block_size).
-    Writes token t to slot t % block_size of block block_table[t // block_size], K and V; touches no
-    other slot (the rest of the last block, other sequences' blocks). Raises ValueError as pack_kv does.
-
-    Hints: 6 lines. Per block i, the tokens i * block_size ... min((i + 1) * block_size, num_tokens).
+    buffer: as pack_kv returns it; k_blocks, v_blocks: a pool, by block; block_table: the receiving
+    sequence's block ids. Each token's K and V land in the slot the layout gives it; no other slot is
+    touched (the rest of the last block, other sequences' blocks). Raises ValueError as pack_kv does.
     """
     ### BEGIN SOLUTION
     num_tokens, block_size = buffer.shape[2], k_blocks.shape[2]
@@ -321,6 +337,23 @@ other_k, other_v = torch.zeros_like(pool_k), torch.zeros_like(pool_v)
 unpack_kv(buffer, other_k, other_v, [0, 1, 3])
 print("the same keys in the other pool's blocks 0, 1, 3:",
       torch.equal(pack_kv(other_k, other_v, [0, 1, 3], 10), buffer))
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# How many blocks do 10 tokens in blocks of 4 need? Write that count without floats, then refuse a table of
+# another length.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Packing: index the pool's block dimension with the whole table at once, merge the block and slot dimensions
+# into one token dimension, cut at num_tokens. Unpacking cannot write a whole last block: go block by block,
+# writing only the tokens that belong to it.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# Block i of the table holds tokens i·block_size … min((i + 1)·block_size, num_tokens) − 1.
+# </details>
 
 # %%
 check("9.3")
@@ -366,12 +399,10 @@ class PrefixAware:
         ### END SOLUTION
 
     def choose(self, replicas: Sequence[ReplicaView], prompt_tokens: int) -> int:
-        """-> the index of the chosen replica in `replicas`.
-
-        candidates = alive i with replicas[i].load <= min(alive loads) + slack; -> the candidate with the
-        most cached_tokens, ties: lower load, then lower index. RuntimeError when none is alive.
-
-        Hints: 6 lines. max(..., key=lambda i: (cached, -load, -i)).
+        """-> the index (an int) in `replicas` of the replica the rules above choose: never a replica that
+        is not alive; only among those within `slack` of the lightest alive load (at slack exactly counts);
+        the best hit among those, ties to the lower load, then the lower index. replicas is not changed.
+        Raises RuntimeError when none is alive.
         """
         ### BEGIN SOLUTION
         alive = [i for i, r in enumerate(replicas) if r.alive]
@@ -388,6 +419,21 @@ views = [ReplicaView(load=9, cached_tokens=2000), ReplicaView(load=3, cached_tok
          ReplicaView(load=2, cached_tokens=0), ReplicaView(load=0, cached_tokens=4000, alive=False)]
 print("slack 4 picks", PrefixAware(4).choose(views, 2100), "- slack 0 picks", PrefixAware(0).choose(views, 2100),
       "- slack 100 picks", PrefixAware(100).choose(views, 2100))
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Work on indices, not on the views: the answer is an index, and ties go to the lower one.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Filter twice (alive, then within the slack of the lightest alive load), then take the best by a key that
+# ranks more cache first, then less load, then a lower index.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# A tuple key (cached tokens, minus load, minus index) and the maximum over the candidates.
+# </details>
 
 # %%
 check("9.4")
@@ -434,25 +480,24 @@ fig.show()
 #
 # The obvious rule, "enough replicas for the queue right now" (`queue_rule`), **flaps**: it scales
 # down the moment the queue shrinks, and when the next wave comes the replicas it needs are 20 s
-# away. Yours follows the queue up at once, and comes down slowly:
+# away. Yours follows the queue up at once, and comes down slowly. The rules it keeps:
 #
-# 1. `want = ceil((waiting + running) / per_replica)`; `have = replicas + starting` (the ones
-#    starting are on their way: do not ask for them twice);
-# 2. `want >= have`: return `want` (scale up, or stay);
-# 3. replicas are still starting: return `have` (never shrink while the fleet is growing);
-# 4. `want <= keep · replicas` (the fleet is at most `keep` used): shrink to
-#    `max(1, floor(keep · replicas))`, a fraction at a time;
-# 5. otherwise stay at `replicas`.
+# * **the need**: enough replicas for every request waiting or running at `per_replica` requests
+#   each, never a fraction of a replica short;
+# * **up at once**: when the need is at least what the fleet has or will soon have (replicas serving
+#   plus those starting: they are on their way, do not ask for them twice), ask for the need;
+# * **never down while growing**: while replicas are still starting, keep what is on its way;
+# * **down slowly**: only when the need fits in a `keep` share of the serving replicas, and then by
+#   one step to that share of them (rounded down, never below one replica); otherwise stay.
+#
+# A worked example on other numbers (per_replica 10, keep 0.5): 8 serving, none starting, 35 requests:
+# the need is 4, which fits in half of 8, so the rule asks for 4; with 45 requests the need is 5: stay at 8.
 
 # %% exercise="9.5"
 def autoscale_rule(state: FleetState, per_replica: float = 16.0, keep: float = 0.7) -> int:
-    """The replicas wanted, given the fleet now (the Autoscaler calls it every interval).
-
-    want = ceil((waiting + running) / per_replica), have = replicas + starting.
-    -> want if want >= have; else have if starting > 0; else max(1, floor(keep * replicas)) if
-    want <= keep * replicas; else replicas.
-
-    Hints: 8 lines.
+    """The replicas wanted (an int >= 1 whenever the fleet has a replica), given the fleet now, by the
+    rules above (the Autoscaler calls it every interval and clamps the answer). per_replica > 0 requests a
+    replica; 0 < keep < 1. state is not changed.
     """
     ### BEGIN SOLUTION
     want = math.ceil((state.waiting + state.running) / per_replica)
@@ -473,6 +518,20 @@ for state in (FleetState(0, replicas=2, starting=0, waiting=40, running=20),
               FleetState(60, replicas=10, starting=0, waiting=0, running=50),
               FleetState(65, replicas=10, starting=0, waiting=0, running=120)):
     print(state, "->", autoscale_rule(state))
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Compute two numbers first: the need, and what the fleet has or will have. Then the rules, in the order above.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Round the need up. Compare the need with the share `keep` of the serving replicas, not with whole replicas.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# need = ceil((waiting + running) / per_replica); the shrunk fleet is max(1, floor(keep · replicas)).
+# </details>
 
 # %%
 check("9.5")
@@ -613,25 +672,19 @@ fig.show()
 # %% [markdown]
 # ## Exercise 9.6 · What tensor parallelism costs on the link
 #
-# A Llama layer needs two all-reduces per forward pass with Megatron's recipe: one after the
-# attention's row-parallel output projection, one after the MLP's `down`. Each reduces a
-# `[tokens, H]` activation. The usual algorithm, **ring all-reduce** (a reduce-scatter, then an
-# all-gather), has every rank send `2 (world - 1) / world` times the tensor's bytes, however many
-# ranks there are: the figure NCCL's own tests report as "bus bandwidth". So, per token:
-#
-# $$\text{bytes sent per rank} = \text{layers} \cdot 2 \cdot \frac{2(\text{world} - 1)}{\text{world}}
-#   \cdot H \cdot \text{dtype bytes}.$$
-#
-# One rank (world = 1) sends nothing.
+# Count the all-reduces of one forward pass with Megatron's recipe: in each Llama layer, one after
+# the attention's row-parallel output projection and one after the MLP's `down`. Each reduces a
+# `[tokens, H]` activation. The usual algorithm, **ring all-reduce**, is a reduce-scatter then an
+# all-gather: in each half, every rank sends `world − 1` pieces of `1/world` of the tensor (NCCL's
+# tests call the resulting per-rank traffic over the tensor's size the "bus bandwidth" factor).
+# Worked on other numbers: a 1 MB tensor over 5 ranks: each half sends 4 pieces of 0.2 MB, so 1.6 MB
+# per rank for the all-reduce. One rank (world = 1) sends nothing.
 
 # %% exercise="9.6"
 def allreduce_bytes_per_token(hidden_size: int, num_layers: int, world: int, dtype_bytes: int = 2) -> float:
-    """Bytes each rank sends per token in a tensor-parallel forward pass with ring all-reduces.
-
-    -> num_layers * 2 * 2 * (world - 1) / world * hidden_size * dtype_bytes (0 for world 1).
+    """Bytes (a float) each rank sends per token in a tensor-parallel forward pass of a Llama model with
+    ring all-reduces, as described above; 0.0 for world 1. hidden_size, num_layers, dtype_bytes: ints >= 1.
     Raises ValueError when world < 1 (say the value).
-
-    Hints: 3 lines.
     """
     ### BEGIN SOLUTION
     if world < 1:
@@ -646,6 +699,22 @@ for world in (1, 2, 4, 8):
     print(f"Llama-3.1-8B at TP={world}: {per_token / 1e6:.2f} MB per token per rank; a prefill of 4096 tokens "
           f"moves {per_token * 4096 / 1e9:.2f} GB per rank: {per_token * 4096 / 450e9 * 1e3:.1f} ms over "
           f"NVLink (450 GB/s one way), {per_token * 4096 / 25e9 * 1e3:.0f} ms over 200 Gb/s Ethernet")
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Three factors: how many all-reduces per token, how many bytes each reduces, and what the ring multiplies
+# those bytes by for each rank.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Two per layer; H values of dtype_bytes each per token; the ring's factor from the worked example, with
+# world ranks instead of 5.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# layers · 2 · 2(world − 1)/world · H · dtype_bytes.
+# </details>
 
 # %%
 check("9.6")
