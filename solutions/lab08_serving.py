@@ -283,7 +283,7 @@ check("8.2")
 
 # %% exercise="8.3"
 def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile of values (q from 0 to 100; values: floats, any order, repeats allowed), a float equal
+    """The percentile q of values (q from 0 to 100; values: floats, any order, repeats allowed), a float equal
     to numpy.percentile's default ("linear") up to rounding: the smallest value at q = 0, the largest at
     q = 100. -> nan for no values. values is not changed (not even reordered).
     """
