@@ -421,50 +421,11 @@ fig.show()
 check("8.4")
 
 # %% [markdown]
-# ## The latency–throughput curve of this server
-#
-# Now the load generator (`minillm/serve/loadgen.py`) drives the server above with **your**
-# `parse_sse` and `arrival_times` (its `parse_sse=` and `arrivals=` parameters), at a few request
-# rates, 12 short requests each, and your `request_metrics` and `percentile` turn its records into
-# figures. As the rate grows, throughput grows with it while the server keeps up; past that,
-# requests queue, TTFT climbs steeply and throughput flattens: the knee of the curve is this
-# server's capacity. (A shared 2-core CPU is noisy: expect the shape, not the decimals.)
-
-# %%
-items = make_workload(12, seed=0, prompt_len=32, output_len=12)
-
-
-def load_test(rate: float, max_concurrency: int | None = None) -> dict:
-    load = run_load(server.base_url, items, rate=rate, seed=0, ignore_eos=True, progress=False,
-                    max_concurrency=max_concurrency, parse_sse=parse_sse, arrivals=arrival_times)
-    with ThreadPoolExecutor(1) as pool:  # Jupyter's event loop runs in this thread: the test gets its own
-        result = pool.submit(asyncio.run, load).result()
-    done = [r for r in result.records if r.success]
-    metrics = [request_metrics(r) for r in done]
-    ttfts = [m.ttft for m in metrics]
-    return {"rate": rate, "throughput": sum(r.output_tokens for r in done) / result.duration,
-            "ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
-            "tpot_p50": percentile([m.tpot for m in metrics if m.tpot is not None], 50),
-            "failed": len(result.records) - len(done)}
-
-
-curve = [load_test(rate) for rate in (4.0, 16.0, 64.0, math.inf)]
-print(f"{'rate req/s':>10} {'tokens/s':>9} {'TTFT p50 ms':>12} {'TTFT p90 ms':>12} {'TPOT p50 ms':>12} failed")
-for row in curve:
-    print(f"{row['rate']:>10} {row['throughput']:9.1f} {row['ttft_p50'] * 1e3:12.0f} {row['ttft_p90'] * 1e3:12.0f} "
-          f"{row['tpot_p50'] * 1e3:12.1f} {row['failed']:6d}")
-fig = go.Figure(go.Scatter(x=[r["throughput"] for r in curve], y=[r["ttft_p90"] * 1e3 for r in curve],
-                           mode="markers+lines+text", text=[f"{r['rate']} req/s" for r in curve],
-                           textposition="top left"))
-fig.update_layout(title="Latency against throughput: tiny on this CPU", xaxis_title="output tokens/s",
-                  yaxis_title="TTFT p90 (ms)", height=340)
-fig.show()
-
-# %% [markdown]
 # ## Exercise 8.5 · Admission control: 429 and Retry-After
 #
-# Past the knee, a server that queues every request looks healthy while every request's TTFT
-# grows without bound. Better to refuse early: admitted requests stay fast, and a refused client
+# A server has a capacity: past the rate at which it can finish requests (the **knee** of its
+# latency–throughput curve, which you will measure on SmolLM2 below), a server that queues every
+# request looks healthy while every request's TTFT grows without bound. Better to refuse early: admitted requests stay fast, and a refused client
 # is told when to come back. HTTP has the words for it: status **429 Too Many Requests** with a
 # **Retry-After** header in seconds (RFC 6585, RFC 9110).
 #
@@ -644,25 +605,170 @@ print(f"a machine at $2.50/h making 2,500 tokens/s: ${cost_per_million_tokens(2.
 check("8.7")
 
 # %% [markdown]
-# ## Online or batch: the price of waiting
+# ## Measure it: SmolLM2 behind the server (~25 min)
+#
+# Now the main experiment, on the real chat model **SmolLM2-135M-Instruct** behind the real server:
+# `serve_in_thread` runs the same application as `minillm serve` (in this process, bound to
+# 127.0.0.1 on a free port), and the load generator (`minillm/serve/loadgen.py`) drives it with **your**
+# `parse_sse` and `arrival_times` (its `parse_sse=` and `arrivals=` parameters). Your `request_metrics`,
+# `percentile`, `goodput` and `cost_per_million_tokens` turn its records into the figures a service
+# sells. Three questions, each answered first on paper:
+#
+# 1. what throughput does the server reach when every request arrives at once (its capacity)?
+# 2. past which request rate does the p99 TTFT break the SLO?
+# 3. how much more does a token cost served online, one request at a time, than in a batch job?
+#
+# **The theory: step costs.** A request of P prompt tokens and O output tokens costs one prefill
+# (which yields its first token) and O − 1 decode steps. Served alone, it pays every decode step by
+# itself. With B requests decoding together (lab 04), a step costs a little more than a step of one,
+# but each request pays only a B-th of it. The next cell measures the three costs that decide it, on
+# this machine: a prefill of one prompt, a decode step of one sequence, a decode step of B.
+
+# %%
+import time
+
+from minillm.labkit import REAL_MODEL, compare, quick_run, real_model_installed
+
+REAL = REAL_MODEL
+QUICK = quick_run()  # True under the test suite: fewer requests and rates, the same method
+N_REQUESTS, PROMPT_LEN, OUTPUT_LEN, MAX_SEQS = (6, 32, 8, 4) if QUICK else (24, 32, 16, 4)
+HAVE_REAL = real_model_installed()
+if HAVE_REAL:
+    real_llm = LLM(REAL, max_num_seqs=MAX_SEQS)
+    real_items = make_workload(N_REQUESTS, seed=0, prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN,
+                               tokenizer_model=REAL)
+    prompt_ids = [real_llm.tokenizer.encode(item.prompt) for item in real_items[:MAX_SEQS]]
+
+    def timed(prompts: list, max_tokens: int, reps: int = 1 if QUICK else 3) -> float:
+        """The fastest of `reps` runs of these prompts to max_tokens tokens each, in seconds."""
+        best = math.inf
+        for _ in range(reps):
+            start = time.perf_counter()
+            real_llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                              use_tqdm=False)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed(prompt_ids[:1], 2, reps=1)  # warm-up: the first forward pays for allocations
+    K = 8  # decode steps timed
+    prefill_s = timed(prompt_ids[:1], 1)
+    step_1 = (timed(prompt_ids[:1], 1 + K) - prefill_s) / K
+    step_b = (timed(prompt_ids, 1 + K) - timed(prompt_ids, 1)) / K
+    print(f"on this machine, {REAL} with one thread: a prefill of {len(prompt_ids[0])} tokens {prefill_s * 1e3:.0f} ms; "
+          f"a decode step of 1 sequence {step_1 * 1e3:.1f} ms, of {MAX_SEQS} sequences {step_b * 1e3:.1f} ms")
+    print(f"the workload: {N_REQUESTS} requests of about {PROMPT_LEN} prompt tokens and {OUTPUT_LEN} output tokens; "
+          f"the server batches up to {MAX_SEQS} sequences")
+
+# %% [markdown]
+# **Predict.** From the three costs above, work out the output tokens per second the server makes
+# when all the requests arrive at once and it keeps `MAX_SEQS` of them decoding (ignore HTTP, and
+# count the prefills as the engine's time too). Write it down before you run the sweep.
+#
+# <details><summary>Hint: the shape of the estimate</summary>
+#
+# At capacity, each request costs the engine one prefill plus its share of O − 1 batched decode steps; the
+# number of requests per second is one over that; each brings O tokens.
+# </details>
+
+# %%
+MY_PREDICTION = None  # output tokens/s with all requests at once: work it out from the step costs above
+
+# %% [markdown]
+# The sweep: the same requests at a few rates, from well below the capacity your theory gives to
+# past it, then all at once. The SLO is set from this machine's own step costs (a TTFT of a few
+# prefills, a TPOT of a little more than a batched step), so that it means the same on a fast and
+# a slow CPU. (A shared CPU is noisy: expect the shape, not the decimals.)
+
+# %%
+def load_test(base_url: str, rate: float, max_concurrency: int | None = None) -> dict:
+    """The workload at `rate` requests/s through the server at base_url; -> the figures of one point."""
+    load = run_load(base_url, real_items, model=REAL, rate=rate, seed=0, ignore_eos=True, progress=False,
+                    max_concurrency=max_concurrency, parse_sse=parse_sse, arrivals=arrival_times)
+    with ThreadPoolExecutor(1) as pool:  # Jupyter's event loop runs in this thread: the test gets its own
+        result = pool.submit(asyncio.run, load).result()
+    done = [r for r in result.records if r.success]
+    metrics = [request_metrics(r) for r in done]
+    ttfts = [m.ttft for m in metrics]
+    return {"rate": rate, "throughput": sum(r.output_tokens for r in done) / result.duration,
+            "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
+            "tpot_p50": percentile([m.tpot for m in metrics if m.tpot is not None], 50),
+            "goodput": goodput(result.records, result.duration, SLO), "failed": len(result.records) - len(done)}
+
+
+if HAVE_REAL:
+    per_request = prefill_s + (OUTPUT_LEN - 1) * step_b / MAX_SEQS  # engine seconds per request at capacity
+    capacity = 1 / per_request  # requests/s
+    bound = OUTPUT_LEN * capacity  # output tokens/s
+    alone = OUTPUT_LEN / (prefill_s + (OUTPUT_LEN - 1) * step_1)  # tokens/s of one request at a time
+    SLO = {"ttft": 4 * prefill_s, "tpot": 1.5 * step_b}
+    print(f"the theory: capacity {capacity:.2f} req/s = {bound:.1f} output tokens/s; one at a time {alone:.1f} "
+          f"tokens/s. SLO: TTFT <= {SLO['ttft'] * 1e3:.0f} ms, TPOT <= {SLO['tpot'] * 1e3:.0f} ms")
+    fractions = (0.5, 1.5) if QUICK else (0.25, 0.5, 0.8, 1.0, 1.5)
+    with serve_in_thread(real_llm) as real_server:  # stops when the block ends
+        online = load_test(real_server.base_url, math.inf, max_concurrency=1)  # one at a time (also warms it up)
+        curve = [load_test(real_server.base_url, f * capacity) for f in fractions]
+        curve.append(load_test(real_server.base_url, math.inf))
+    print(f"{'rate req/s':>10} {'tokens/s':>9} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'TPOT p50 ms':>12} "
+          f"{'goodput req/s':>14} failed")
+    for row in curve:
+        print(f"{row['rate']:10.2f} {row['throughput']:9.1f} {row['ttft_p50'] * 1e3:12.0f} "
+              f"{row['ttft_p99'] * 1e3:12.0f} {row['tpot_p50'] * 1e3:12.1f} {row['goodput']:14.2f} {row['failed']:6d}")
+    broken = next((row["rate"] for row in curve if row["ttft_p99"] > SLO["ttft"]), None)
+    print(f"the first rate whose p99 TTFT broke the SLO: "
+          f"{'none of those tried' if broken is None else f'{broken:.2f} req/s'} (the theory's capacity: "
+          f"{capacity:.2f} req/s)")
+    compare(f"{REAL} behind the server, all requests at once", MY_PREDICTION, theory=bound,
+            measured=curve[-1]["throughput"], unit="tokens/s", theory_name="step-cost bound",
+            gap="below 1: HTTP, streaming, scheduling and the prefills that stall the batch cost more than the "
+                "bare steps; above 1: the prefills of several prompts shared a step")
+    fig = go.Figure(go.Scatter(x=[r["throughput"] for r in curve], y=[r["ttft_p99"] * 1e3 for r in curve],
+                               mode="markers+lines+text", textposition="top left",
+                               text=[f"{r['rate']:.2f} req/s" for r in curve]))
+    fig.add_hline(y=SLO["ttft"] * 1e3, line_dash="dot", annotation_text="TTFT SLO")
+    fig.add_vline(x=bound, line_dash="dash", annotation_text="step-cost bound")
+    fig.update_layout(title=f"Latency against throughput: {REAL} behind the server on this CPU",
+                      xaxis_title="output tokens/s", yaxis_title="TTFT p99 (ms)", height=360)
+    fig.show()
+
+# %% [markdown]
+# Read the table from the top: while the rate is below the capacity, throughput follows the rate and
+# TTFT is about a prefill; near the capacity, requests start to wait for a free slot and the p99 TTFT
+# climbs; past it, the queue grows for as long as requests keep coming, and goodput falls while
+# throughput stays flat. Goodput is the figure to sell: the throughput of requests that were served
+# on time.
+#
+# ## Online or batch: the price of waiting (~10 min)
 #
 # An online request must be answered now, so the engine runs with whatever is in the queue and
 # keeps latency low. A batch job can wait: the engine packs every prompt in at once and runs at its
 # best throughput. OpenAI's Batch API sells exactly that trade: requests submitted as a file,
 # results within 24 hours, at half the price of the same requests made synchronously (OpenAI's
-# documentation and pricing page). Below, this machine's own numbers: the same 12 requests served
-# one at a time (the most latency-friendly way: nothing waits behind anything) against all at once
-# (the batch job, the last point of the curve), priced at `DEFAULT_PRICE_PER_HOUR` of
-# `minillm/perf/cost.py`, the listed on-demand price of a 2-vCPU cloud VM (see its comment).
+# documentation and pricing page). Above, the sweep also served the same requests one at a time
+# (the most latency-friendly way: nothing waits behind anything); the last point of the curve is
+# the batch job. Priced at `DEFAULT_PRICE_PER_HOUR` of `minillm/perf/cost.py`, the listed on-demand
+# price of a 2-vCPU cloud VM (see its comment; pass your own machine's price instead).
+#
+# **Predict** first: how many times a batch token's cost is an online token's, from the step costs
+# (the theory's two throughputs above).
+
+# %%
+MY_COST_RATIO = None  # an online token's cost over a batch token's: work it out from the step costs
 
 # %%
 PRICE_PER_HOUR = DEFAULT_PRICE_PER_HOUR
-online, batch = load_test(math.inf, max_concurrency=1), curve[-1]
-for name, row in (("online, one at a time", online), ("batch, all at once", batch)):
-    print(f"{name:>20}: {row['throughput']:6.1f} tokens/s, "
-          f"${cost_per_million_tokens(PRICE_PER_HOUR, row['throughput']):7.2f} per million tokens, "
-          f"TTFT p90 {row['ttft_p90'] * 1e3:.0f} ms")
-print(f"here a batch token costs {online['throughput'] / batch['throughput']:.2f}x an online one")
+if HAVE_REAL:
+    batch = curve[-1]
+    for name, row in (("online, one at a time", online), ("batch, all at once", batch)):
+        print(f"{name:>22}: {row['throughput']:6.1f} tokens/s, "
+              f"${cost_per_million_tokens(PRICE_PER_HOUR, row['throughput']):7.2f} per million tokens, "
+              f"TTFT p99 {row['ttft_p99'] * 1e3:.0f} ms")
+    compare("an online token's cost over a batch token's", MY_COST_RATIO, theory=bound / alone,
+            measured=cost_per_million_tokens(PRICE_PER_HOUR, online["throughput"])
+            / cost_per_million_tokens(PRICE_PER_HOUR, batch["throughput"]), unit="x",
+            theory_name="step-cost ratio",
+            gap="the batch's advantage is how much a decode step of MAX_SEQS sequences costs less than MAX_SEQS "
+                "steps of one; a GPU, whose steps barely grow with the batch, widens it")
+    del real_llm
 
 # %% [markdown]
 # ## Exercise 8.8 · Stop a runaway agent
@@ -822,13 +928,8 @@ server.stop()
 # how to install it and skips.
 
 # %%
-import time
-
 import jsonschema
 
-from minillm.labkit import REAL_MODEL, real_model_installed
-
-REAL = REAL_MODEL
 CAPITAL = {"type": "object", "additionalProperties": False, "required": ["city", "country"],
            "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}}}
 
@@ -856,7 +957,7 @@ def ask(base_url: str, question: str, response_format: dict | None) -> tuple[str
     return text, record
 
 
-if real_model_installed():
+if HAVE_REAL:
     json_format = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL}}
     lands = ["France", "Japan", "Italy"]
     questions = [f"What is the capital of {land}? Give the city and the country." for land in lands]
