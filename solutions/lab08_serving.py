@@ -1,15 +1,19 @@
 # %% [markdown]
 # # Lab 08 · Serving
 #
-# **Time:** about 100 minutes. **You need:** lab 02 (TTFT and TPOT of one request), lab 04
-# (continuous batching: why one more request slows the others) and lab 00 (what a step costs).
+# **Time:** about 125 minutes (each section's heading gives its share). **You need:** lab 02 (TTFT
+# and TPOT of one request), lab 04 (continuous batching: why one more request slows the others) and
+# lab 00 (what a step costs). **See also:** the visualizer's **Serving** page (`make app`), which
+# drives the same server and load generator with sliders, and `docs/serving.md`.
 #
 # An engine turns prompts into tokens; a **service** turns HTTP requests from many users into
 # streamed answers, on time, at a price, without falling over when too many arrive. This lab is
 # about that layer. `minillm` has an OpenAI-compatible server (`minillm/serve/app.py`), a load
 # generator in the style of vLLM's serving benchmark (`minillm/serve/loadgen.py`), structured
 # output (`minillm/structured/`) and an agent harness (`minillm/agents/`). You write eight of
-# their parts, each with the engine's signature, and then run **your** parts inside them:
+# their parts, each with the engine's signature, and then run **your** parts inside them. The main
+# experiment puts the real chat model, SmolLM2-135M-Instruct, behind the server: you predict its
+# capacity and the price of a token from step costs you measure, then measure both.
 #
 # | exercise | your part | runs inside |
 # | --- | --- | --- |
@@ -26,10 +30,11 @@
 # By the end you can
 # 1. read a streamed completion off the wire (server-sent events) and time each token as it arrives;
 # 2. define TTFT, TPOT, ITL and E2E exactly, report their percentiles, and say what goodput adds;
-# 3. generate open-loop load (Poisson and bursty arrivals) and draw a latency–throughput curve;
+# 3. generate open-loop load (Poisson and bursty arrivals), predict a server's capacity from its step
+#    costs, and measure its latency–throughput curve and goodput;
 # 4. protect a server with admission control, and tell clients when to come back;
 # 5. constrain generation to a JSON schema with a token bitmask, inside batching;
-# 6. price a token, online and in batch;
+# 6. price a token, online and in batch, from your own measurements;
 # 7. stop a runaway agent, and see what offloading its KV cache between calls buys.
 #
 # ## How this lab works
@@ -75,7 +80,7 @@ from minillm.structured import StructuredOutput
 torch.set_num_threads(1)  # a small model on a shared CPU: one thread avoids fighting over the cores
 
 # %% [markdown]
-# ## A request's life in a server
+# ## A request's life in a server (~5 min)
 #
 # A client sends `POST /v1/completions` with `"stream": true`. The server queues the prompt in the
 # engine (lab 04's scheduler takes it when there is room), and from the step that computes its
@@ -108,7 +113,7 @@ for line in raw[:6]:
 print("...", len(raw), "lines in all; the last:", repr(raw[-2]))
 
 # %% [markdown]
-# ## Exercise 8.1 · Parse server-sent events
+# ## Exercise 8.1 · Parse server-sent events (~12 min)
 #
 # The rules you need (the WHATWG HTML standard defines the format):
 #
@@ -192,7 +197,7 @@ for payload in parse_sse(raw):
 check("8.1")
 
 # %% [markdown]
-# ## Exercise 8.2 · TTFT, TPOT, ITL and E2E
+# ## Exercise 8.2 · TTFT, TPOT, ITL and E2E (~8 min)
 #
 # A `RequestRecord` (imported from `minillm.perf.serving`) holds what the load generator saw of one
 # request: `start` (when it was sent), `chunk_times` (when each chunk with tokens arrived), `end`,
@@ -258,7 +263,7 @@ print(request_metrics(example))  # work out the four figures by hand first: E2E 
 check("8.2")
 
 # %% [markdown]
-# ## Exercise 8.3 · Percentiles and goodput
+# ## Exercise 8.3 · Percentiles and goodput (~10 min)
 #
 # A service is judged on its **tail**: the p99 TTFT is what one request in a hundred is slower
 # than. `percentile(values, q)` must agree with numpy's default ("linear"). Build it in steps:
@@ -351,7 +356,7 @@ print("goodput of two requests over 4 s, TTFT <= 1 s:", goodput([example, slow],
 check("8.3")
 
 # %% [markdown]
-# ## Exercise 8.4 · When requests arrive
+# ## Exercise 8.4 · When requests arrive (~8 min)
 #
 # A benchmark that sends the next request when the last one finishes (a **closed loop**) never
 # overloads the server: it slows down with it. Users don't. An **open-loop** load test sends
@@ -421,7 +426,7 @@ fig.show()
 check("8.4")
 
 # %% [markdown]
-# ## Exercise 8.5 · Admission control: 429 and Retry-After
+# ## Exercise 8.5 · Admission control: 429 and Retry-After (~6 min)
 #
 # A server has a capacity: past the rate at which it can finish requests (the **knee** of its
 # latency–throughput curve, which you will measure on SmolLM2 below), a server that queues every
@@ -481,7 +486,7 @@ for waiting, rate in ((3, 2.0), (4, 2.0), (9, 2.0), (9, 0.0), (9, 0.5)):
 check("8.5")
 
 # %% [markdown]
-# ## Exercise 8.6 · Structured output: the grammar mask
+# ## Exercise 8.6 · Structured output: the grammar mask (~10 min)
 #
 # Ask for `{"type": "object", "properties": {"n": {"type": "integer"}}}` and a model *usually*
 # answers with JSON. A program needs *always*. Structured output makes it so: a grammar engine
@@ -559,7 +564,7 @@ for who, engine in (("engine's mask", llm), ("your mask", mine)):
     print(f"{who:>13}: {outs[0].text!r} | free: {outs[1].text!r}")
 
 # %% [markdown]
-# ## Exercise 8.7 · What a token costs
+# ## Exercise 8.7 · What a token costs (~5 min)
 #
 # A GPU is rented by the hour; users are billed by the token. The bridge is the throughput you
 # measured: follow the units. A worked example on other numbers: a machine rented at $12 a **day**
@@ -771,7 +776,7 @@ if HAVE_REAL:
     del real_llm
 
 # %% [markdown]
-# ## Exercise 8.8 · Stop a runaway agent
+# ## Exercise 8.8 · Stop a runaway agent (~10 min)
 #
 # An agent calls the model, runs the tool it asked for, and calls the model again with the result,
 # until the task is done. Sometimes it never is: the model asks for the same tool call forever, or
@@ -854,7 +859,7 @@ for turn in range(6):
 check("8.8")
 
 # %% [markdown]
-# ## Agents and the KV cache: offload between calls
+# ## Agents and the KV cache: offload between calls (~5 min)
 #
 # Every call of an agent session starts with the whole previous call, so the prefix cache could
 # skip all of it: if the blocks are still in the pool. While the agent waits for its tool, other
@@ -885,7 +890,7 @@ for offload in (False, True):
           f"{run.blocks_offloaded} blocks offloaded; sessions ended by {dict(stops)}")
 
 # %% [markdown]
-# ## Your parts inside the real server, load generator, engine and harness
+# ## Your parts inside the real server, load generator, engine and harness (~5 min)
 #
 # `check("8.E")` (also part of `make grade LAB=08`) plugs your parts in where they belong and runs
 # them for real, through `minillm.labkit.plug`:
@@ -905,7 +910,7 @@ check("8.E")
 server.stop()
 
 # %% [markdown]
-# ## Measure it: a real chat model behind the server
+# ## Measure it: a real chat model behind the server (~5 min)
 #
 # Everything above was served by `tiny`, a model of code that continues text and cannot answer a
 # question. **SmolLM2-135M-Instruct** is a chat model: 135M parameters, trained to answer the
@@ -924,7 +929,7 @@ server.stop()
 # `RequestRecord` for your `request_metrics`, and each answer is checked against the schema with
 # `jsonschema`. Then one
 # question without `response_format`, to see what the model writes when nothing constrains it.
-# It takes well under a minute on a 2-core CPU; if the model is not installed, the cell tells you
+# If the model is not installed, the cell tells you
 # how to install it and skips.
 
 # %%
@@ -997,7 +1002,7 @@ if HAVE_REAL:
 # (which yields the first token) and the trip through HTTP. TPOT is a decode step of a 540 MB
 # model on this CPU, the mask included. A GPU would shrink both.
 #
-# ## How production engines do it
+# ## How production engines do it (~3 min)
 #
 # * **vLLM** serves the OpenAI API (`vllm serve`) with completions and chat, SSE streaming with
 #   `stream_options.include_usage`, structured output through `guided_json` / `response_format`
