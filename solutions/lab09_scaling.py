@@ -579,95 +579,180 @@ fig.show()
 # `waves`, or `startup_seconds=120`.
 
 # %% [markdown]
-# ## Same weights, different performance
+# ## Your engine, calibrated: one replica predicted, then measured (~20 min)
 #
-# One model, one GPU type, one workload: what you get still depends on how you serve it. The same
-# Llama-3.1-8B traffic (agent sessions, 8 replicas) under a few engine configurations:
-# the token budget per step (how much prefill a step may hold), the sequences per batch, the
-# routing policy.
-
-# %%
-configs = [("budget 512, 64 seqs, least loaded", dict(max_num_batched_tokens=512, max_num_seqs=64), "least_loaded"),
-           ("budget 4096, 64 seqs, least loaded", dict(max_num_batched_tokens=4096, max_num_seqs=64), "least_loaded"),
-           ("budget 4096, 16 seqs, least loaded", dict(max_num_batched_tokens=4096, max_num_seqs=16), "least_loaded"),
-           ("budget 4096, 64 seqs, prefix aware", dict(max_num_batched_tokens=4096, max_num_seqs=64), "prefix_aware")]
-same = []
-for name, knobs, router in configs:
-    result = simulate([], fleet_profile, replicas=8, router=router, sessions=agent_sessions(80, rate=80 / 40, seed=2),
-                      kv_blocks=20_000, **knobs)
-    s = summary(result.requests, {"ttft": 1.0, "tpot": 0.05})
-    same.append((name, s))
-    print(f"{name:>36}: {s['output_throughput']:7.0f} tok/s, TTFT p99 {s['ttft_p99'] * 1e3:6.0f} ms, "
-          f"TPOT p99 {s['tpot_p99'] * 1e3:5.1f} ms, goodput {s['goodput']:.2f} req/s")
-fig = go.Figure(go.Scatter(x=[s["ttft_p99"] for _, s in same], y=[s["tpot_p99"] * 1e3 for _, s in same],
-                           mode="markers+text", text=[n for n, _ in same], textposition="top center"))
-fig.update_layout(title="Same weights, same GPUs: tail latency by configuration (simulated)",
-                  xaxis_title="TTFT p99 (s)", yaxis_title="TPOT p99 (ms)", height=360)
-fig.show()
-
-# %% [markdown]
-# ## Tails come from variance
-#
-# A simulator is only as good as its step costs. Measured on the real engine (`python -m
-# minillm.bench profile`), a profile holds a price per step, from the tokens it computes and the
-# context its decodes read, and also how far real steps strayed from that price: on a shared CPU
-# the same step takes 10-20% more or less from one moment to the next (another process, a cold
-# cache, the OS taking the core). If the mean is right, does the spread matter? Queueing theory
-# says it does. In an M/G/1 queue (Poisson arrivals, one server, any service time S) the mean wait
-# is λ·E[S²] / (2(1 − ρ)), the Pollaczek-Khinchine formula: it grows with the service time's
-# second moment, so steps that vary make requests wait longer than constant steps of the same
-# mean, and the tail (p99) most of all.
-#
-# The formula assumes each service time is drawn independently. Real steps are not: a slow step is
-# followed by slow ones (the core stays busy elsewhere for a while), and on this engine consecutive
-# steps' ratios to their price correlate about 0.6-0.8. A measured profile keeps that too, as its
-# `persistence`: each step's pace keeps that share of the last one's (an AR(1) process, see
-# `minillm/sim/pace.py`), while every step alone still follows the spread.
-#
-# Below, the bundled `tiny` model is measured on this machine (a few seconds), then one replica
-# serving the same Poisson workload is simulated three ways (`predict` takes the median of 5 seeded
-# runs): as measured, with the spread and its persistence; with the spread drawn afresh each step;
-# and every step costing its price times the spread's mean (a measured profile keeps the long steps'
-# spread apart, as they stray less): the same mean, no variance. (Without the
-# spread, `python -m minillm.bench cluster` put the tails of its real runs up to a quarter short;
-# without the persistence, its TPOT p99 on a run's own steps up to a third short.)
+# Every simulation so far priced its steps with a roofline of an H100 that nobody here measured.
+# A capacity plan deserves better: the step costs of **your** engine on **your** machine. The
+# simulator's `StepProfile` (`minillm/sim/step_profile.py`) prices a step from what it holds: a
+# fixed part, the tokens it computes (prefill and decode tokens alike, along a measured curve), and
+# the context its decodes read. `measure_profile` (`minillm/sim/calibrate.py`, also `python -m
+# minillm bench profile`) replays a calibration workload through the real engine (bursts, a trickle,
+# lone prompts), records every step and fits those prices to them. Below it runs on
+# SmolLM2-135M-Instruct here (about half a minute under the test suite, longer for your run).
 
 # %%
 import dataclasses
 import statistics
+import time
 
 from minillm import EngineConfig
+from minillm.config import QuantConfig
 from minillm.engine.engine import LLMEngine
-from minillm.sim.calibrate import alone_seconds, measure_profile, replica_knobs, workload
+from minillm.labkit import REAL_MODEL, compare, quick_run, real_model_installed
+from minillm.sim.calibrate import alone_seconds, measure_profile, replay, replica_knobs, workload
 from minillm.sim.plan import predict
 
-engine = LLMEngine(EngineConfig.from_knobs("tiny", max_num_seqs=16, enable_prefix_caching=False))
-measured = measure_profile(engine, requests=24)
-print(f"measured: {measured.describe()}")
-work = workload(300, 1.5 / alone_seconds(measured), seed=3)  # 1.5x what one request at a time could serve
+QUICK = quick_run()  # True under the test suite: a smaller calibration and workload, the same method
+HAVE_REAL = real_model_installed()
+MODEL_HERE = REAL_MODEL if HAVE_REAL else "tiny"  # without SmolLM2 installed, the bundled tiny model stands in
+engine = LLMEngine(EngineConfig.from_knobs(MODEL_HERE, max_num_seqs=8, enable_prefix_caching=False))
+started = time.perf_counter()
+mine = measure_profile(engine, requests=8 if QUICK else 48)
+print(f"calibrated in {time.perf_counter() - started:.0f} s: {mine.describe()}")
+print(f"steps stay slow or fast together: persistence {mine.persistence:.2f} (0: each step independent)")
+
+# %% [markdown]
+# **Predict.** The workload below is a stream of short chat requests (prompts of `PROMPT` tokens,
+# outputs of `OUTPUT` tokens, uniform in those ranges) arriving at `RATE` per second, about twice what
+# this replica could serve one request at a time. From the profile's step costs printed above, work
+# out the output tokens per second this replica sustains on it (hint: does the replica keep up, and
+# if so what does it make per second; if not, what does a batched step of its sequences make?).
+
+# %%
+N_REQUESTS, PROMPT, OUTPUT = (6, (16, 64), (4, 12)) if QUICK else (24, (16, 128), (8, 32))
+mean_prompt, mean_output = sum(PROMPT) / 2, sum(OUTPUT) / 2
+one_at_a_time = mine.step_time(int(mean_prompt), 0, 0) + mean_output * mine.step_time(0, 1, int(mean_prompt))
+RATE = 2.0 / one_at_a_time
+print(f"{N_REQUESTS} requests at {RATE:.2f} per second; one mean request alone costs this replica "
+      f"{one_at_a_time:.2f} s")
+
+MY_PREDICTION = None  # output tokens/s of one replica on this workload: from the step costs above
+
+# %%
+work = workload(N_REQUESTS, RATE, seed=3, prompt=PROMPT, output=OUTPUT)
+predicted = predict(work, mine, **replica_knobs(engine))  # the simulator: the median of 5 seeded runs
+real = summary(replay(engine, work))                       # the same requests through the real engine, in real time
+print(f"{'':>10} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}")
+for name, row in (("simulated", predicted), ("measured", real)):
+    print(f"{name:>10} {row['output_throughput']:9.2f} {row['ttft_median'] * 1e3:7.0f}ms {row['ttft_p99'] * 1e3:7.0f}ms "
+          f"{row['tpot_median'] * 1e3:7.1f}ms {row['tpot_p99'] * 1e3:7.1f}ms")
+compare(f"one replica of {MODEL_HERE} here, {N_REQUESTS} requests at {RATE:.2f}/s", MY_PREDICTION,
+        theory=predicted["output_throughput"], measured=real["output_throughput"], unit="tokens/s",
+        theory_name="simulator on your profile",
+        gap="near 1: the profile prices your engine's steps; the TTFT and TPOT columns above say whether the tails "
+            "agree as well as the mean (a short run's p99 is its slowest request or two)")
+
+# %% [markdown]
+# A simulator that matches one replica is worth trusting a little for many. Read the two rows:
+# which figure agrees best, and which worst? The throughput is set by the arrivals when the replica
+# keeps up, so it agrees almost by construction; the latencies are the real test of the profile.
+#
+# ## Same weights, different performance (~20 min)
+#
+# One model, one machine, one workload: what you get still depends on how you serve it. Here the
+# same SmolLM2 weights and the same requests, under three configurations of the engine:
+#
+# * **default**: up to 8 sequences in a batch (what you just measured);
+# * **one sequence at a time**: `max_num_seqs=1`, no batching;
+# * **int8 weights**: `quantization=QuantConfig("int8")` (lab 06), batching as the default.
+#
+# **Predict** both before you run them, from the step profile. For one sequence at a time, the
+# simulator can tell you (the profile holds what a batched step costs against a step of one); work
+# out first which way it moves, and by how much. For int8, the profile of the float32 weights cannot:
+# a decode step of a small batch reads every weight once (lab 00), and int8 weights are a quarter of
+# the bytes. What TPOT would a step that is only weight bytes give?
+
+# %%
+MY_PREDICTIONS = {"one sequence at a time (tokens/s)": None,  # from the profile: batching's worth here
+                  "int8 weights (TPOT p50, ms)": None}        # from the bytes a decode step reads
+
+# %%
+configs = {"default": engine,
+           "one sequence at a time": LLMEngine(EngineConfig.from_knobs(MODEL_HERE, max_num_seqs=1,
+                                                                       enable_prefix_caching=False)),
+           "int8 weights": LLMEngine(EngineConfig.from_knobs(MODEL_HERE, max_num_seqs=8, enable_prefix_caching=False,
+                                                             quantization=QuantConfig("int8")))}
+same = {"default": (predicted, real)}
+for name, eng in configs.items():
+    if name not in same:
+        same[name] = (predict(work, mine, **replica_knobs(eng)), summary(replay(eng, work)))
+print(f"{'':>24} {'tokens/s':>9} {'TTFT p50':>9} {'TPOT p50':>9}   the fp32 profile's simulation")
+for name, (sim, got) in same.items():
+    print(f"{name:>24} {got['output_throughput']:9.2f} {got['ttft_median'] * 1e3:7.0f}ms {got['tpot_median'] * 1e3:7.1f}ms"
+          f"   {sim['output_throughput']:6.2f} tokens/s, TTFT {sim['ttft_median'] * 1e3:5.0f} ms, "
+          f"TPOT {sim['tpot_median'] * 1e3:5.1f} ms")
+one_sim, one_real = same["one sequence at a time"]
+compare("one sequence at a time: output tokens/s", MY_PREDICTIONS["one sequence at a time (tokens/s)"],
+        theory=one_sim["output_throughput"], measured=one_real["output_throughput"], unit="tokens/s",
+        theory_name="simulator on your profile",
+        gap="the simulator knows what a step of one costs against a batched step: if it matches, batching's worth "
+            "on this machine is in the profile")
+int8_sim, int8_real = same["int8 weights"]
+compare("int8 weights: TPOT p50", MY_PREDICTIONS["int8 weights (TPOT p50, ms)"],
+        theory=real["tpot_median"] * 1e3 / 4, measured=int8_real["tpot_median"] * 1e3, unit="ms",
+        theory_name="a quarter of float32's bytes",
+        gap="above 1: a decode step is not only weight bytes (the fixed work per step, dequantizing, the LM head); "
+            "the fp32 profile's simulation (right column above) misses int8 entirely: a new engine needs a new profile")
+fig = go.Figure([go.Bar(name=stat, x=list(same), y=[got[key] * 1e3 for _, got in same.values()])
+                 for stat, key in (("TTFT p50", "ttft_median"), ("TPOT p50", "tpot_median"))])
+fig.update_layout(title=f"The same {MODEL_HERE} weights, three configurations, measured here", yaxis_title="ms",
+                  barmode="group", height=340)
+fig.show()
+
+# %% [markdown]
+# Explain the three rows from the step profile before you read on. Where does the default's
+# advantage over one sequence at a time come from: the profile's price of a step of one token
+# against a step of a few (`describe()` above)? Which of TTFT and TPOT does batching cost, and
+# which does it buy? And int8: it changes the engine, so the profile of the float32 weights no
+# longer prices it; a plan for an int8 fleet needs `measure_profile` on the int8 engine.
+#
+# ## Tails come from variance (~10 min)
+#
+# A simulator is only as good as its step costs. A measured profile holds a price per step, and also
+# how far real steps strayed from that price: the calibration above printed the spread of your
+# machine's steps (the share of steps within a band of their price) and their persistence. If the
+# mean is right, does the spread matter? Queueing theory says it does. In an M/G/1 queue (Poisson
+# arrivals, one server, any service time S) the mean wait is λ·E[S²] / (2(1 − ρ)), the
+# Pollaczek-Khinchine formula: it grows with the service time's second moment, so steps that vary
+# make requests wait longer than constant steps of the same mean, and the tail (p99) most of all.
+#
+# The formula assumes each service time is drawn independently. Real steps are not: a slow step is
+# often followed by slow ones (the core stays busy elsewhere for a while). A measured profile keeps
+# that too, as its `persistence`: each step's pace keeps that share of the last one's (an AR(1)
+# process, see `minillm/sim/pace.py`), while every step alone still follows the spread.
+#
+# Below, one replica with your profile serves a longer Poisson workload in the simulator, three
+# ways (`predict` takes the median of 5 seeded runs): as measured, with the spread and its
+# persistence; with the spread drawn afresh each step; and every step costing its price times the
+# spread's mean (a measured profile keeps the long steps' spread apart, as they stray less): the
+# same mean, no variance.
+
+# %%
+long_work = workload(300, 1.5 / alone_seconds(mine), seed=3)  # 1.5x what one request at a time could serve
 tails = {}
 constant = dataclasses.replace(  # each step its spread's mean cost relative to its price (long steps their own)
-    measured, spread=(statistics.fmean(measured.spread),),
-    long_spread=(statistics.fmean(measured.long_spread),) if measured.long_spread else ())
-for name, profile in (("as measured", measured),
-                      ("spread drawn afresh", dataclasses.replace(measured, persistence=0.0)),
+    mine, spread=(statistics.fmean(mine.spread),) if mine.spread else (),
+    long_spread=(statistics.fmean(mine.long_spread),) if mine.long_spread else ())
+for name, profile in (("as measured", mine),
+                      ("spread drawn afresh", dataclasses.replace(mine, persistence=0.0)),
                       ("every step its mean cost", constant)):
-    tails[name] = predict(work, profile, **replica_knobs(engine))
+    tails[name] = predict(long_work, profile, **replica_knobs(engine))
     t = tails[name]
-    print(f"{name:>28}: TTFT p50 {t['ttft_median'] * 1e3:5.1f} ms, p99 {t['ttft_p99'] * 1e3:5.1f} ms; "
-          f"TPOT p50 {t['tpot_median'] * 1e3:4.1f} ms, p99 {t['tpot_p99'] * 1e3:4.1f} ms")
+    print(f"{name:>28}: TTFT p50 {t['ttft_median']:6.2f} s, p99 {t['ttft_p99']:6.2f} s; "
+          f"TPOT p50 {t['tpot_median'] * 1e3:5.1f} ms, p99 {t['tpot_p99'] * 1e3:5.1f} ms")
 fig = go.Figure([go.Bar(name=name, x=["TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"],
                         y=[t[k] * 1e3 for k in ("ttft_median", "ttft_p99", "tpot_median", "tpot_p99")])
                  for name, t in tails.items()])
-fig.update_layout(title="One replica of tiny here (simulated): the same mean step, three ways to vary it",
+fig.update_layout(title=f"One replica of {MODEL_HERE} here (simulated): the same mean step, three ways to vary it",
                   yaxis_title="ms", height=340)
 fig.show()
 
 # %% [markdown]
-# The medians barely move; the p99s do. A capacity plan priced with constant steps promises tails
-# it will not meet, which is why a measured profile carries its spread. Persistence moves TPOT p99
-# most: a request's TPOT averages its own steps, which independent draws even out and slow spells do
-# not. And a plan should be checked against a real run of one or two replicas before it is trusted.
+# Compare the medians with the p99s across the three rows. Which moves more when the variance goes?
+# Persistence should matter most to TPOT p99: a request's TPOT averages its own steps, which
+# independent draws even out and slow spells do not. (With a persistence near 0 in your profile, the
+# first two rows agree: your machine's slow steps came alone.) A capacity plan priced with constant
+# steps promises the tails the last row shows; check which one your real run above came closest to.
 
 # %% [markdown]
 # ## Exercise 9.6 · What tensor parallelism costs on the link
@@ -725,33 +810,42 @@ check("9.6")
 # the ranks grow, while the compute per rank does.
 
 # %% [markdown]
-# ## A capacity plan
+# ## A capacity plan, on paper, from your profile (~10 min)
 #
-# How many H100s does a product need? Say 8 agent sessions start per second (each 1-50 calls, 16
-# tenants), and every call must meet TTFT ≤ 1 s and TPOT ≤ 50 ms for 99% of calls. `replicas_needed`
-# (`minillm/sim/plan.py`) simulates the traffic on 1, 2, 4, … replicas, then bisects to the fewest
-# that meet the SLO. One replica here is Llama-3.1-8B on one H100; with TP=2 a replica is two GPUs
-# whose steps are (roughly) twice as fast, and your 9.6 says what they pay on the link.
+# How many replicas of **your** engine does a product need? Say chat requests like those above
+# arrive at 20 times the rate one replica sustained, and every request must meet a TTFT and a TPOT
+# SLO for 99% of them. The SLO is stated in your machine's own step costs (a TTFT of a few mean
+# prefills, a TPOT of twice a decode step), so that it means the same on a fast and a slow CPU.
+# `replicas_needed` (`minillm/sim/plan.py`) simulates the traffic on 1, 2, 4, … replicas, then
+# bisects to the fewest that meet the SLO. With TP=2 a replica is two machines whose steps are (at
+# best) twice as fast, and your 9.6 says what they pay on the link. This is paper: the profile is
+# measured, the fleet is not; a plan is checked against a real run of one or two replicas (you did
+# one above) before it is trusted.
 
 # %%
-slo = {"ttft": 1.0, "tpot": 0.05}
+slo = {"ttft": 4 * mine.step_time(int(mean_prompt), 0, 0), "tpot": 2 * mine.step_time(0, 1, int(mean_prompt))}
+traffic = 20 * RATE
 plan = {}
-halved = StepProfile(fleet_profile.fixed / 2, fleet_profile.per_prefill_token / 2, fleet_profile.per_decode_seq / 2,
-                     fleet_profile.per_context_token / 2, "TP=2, an ideal 2x")
-for name, profile, gpus_per_replica in (("TP=1", fleet_profile, 1), ("TP=2", halved, 2)):
-    needed, s = replicas_needed(lambda: ([], agent_sessions(240, rate=8.0, seed=1)), profile, slo, kv_blocks=20_000,
-                                router="prefix_aware")
-    plan[name] = needed * gpus_per_replica
-    print(f"{name}: {needed} replicas = {needed * gpus_per_replica} H100s (SLO met by {s['slo_attainment']:.1%} "
-          f"of calls, TTFT p99 {s['ttft_p99']:.2f} s)")
-link = allreduce_bytes_per_token(llama8b.hidden_size, llama8b.num_hidden_layers, 2)
-print(f"TP=2 moves {link / 1e3:.0f} kB per token per GPU over NVLink, which the ideal TP=2 profile ignores")
+halved = dataclasses.replace(mine, fixed=mine.fixed / 2, per_prefill_token=mine.per_prefill_token / 2,
+                             per_decode_seq=mine.per_decode_seq / 2, per_context_token=mine.per_context_token / 2,
+                             token_curve=tuple((n, t / 2) for n, t in mine.token_curve), source="TP=2, an ideal 2x")
+print(f"traffic {traffic:.1f} requests/s; SLO: TTFT <= {slo['ttft']:.2f} s, TPOT <= {slo['tpot'] * 1e3:.0f} ms")
+for name, profile, machines_per_replica in (("TP=1", mine, 1), ("TP=2", halved, 2)):
+    needed, s = replicas_needed(lambda: (workload(200 if QUICK else 600, traffic, seed=1, prompt=PROMPT,
+                                                  output=OUTPUT), []), profile, slo, **replica_knobs(engine))
+    plan[name] = needed * machines_per_replica
+    print(f"{name}: {needed} replicas = {needed * machines_per_replica} machines like this one (SLO met by "
+          f"{s['slo_attainment']:.1%} of requests, TTFT p99 {s['ttft_p99']:.2f} s)")
+shape = engine.model_config
+link = allreduce_bytes_per_token(shape.hidden_size, shape.num_hidden_layers, 2, dtype_bytes=engine.dtype.itemsize)
+print(f"TP=2 of {MODEL_HERE} ({shape.num_hidden_layers} layers of {shape.hidden_size}, {engine.dtype}) moves "
+      f"{link / 1e3:.0f} kB per token per rank, which the ideal TP=2 profile ignores")
 
 # %% [markdown]
-# Read the plan critically: the profile is a roofline at 60% of peak, not a measurement on an H100;
-# the workload is a model of agents, not your traffic; the TP=2 profile assumes a perfect 2x. What
-# the plan is good for is the *shape*: which SLO binds, how the answer moves with the traffic, and
-# where a measurement (`python -m minillm.bench profile` on the real GPU) would change it most.
+# Read the plan critically: the profile was measured on one machine at one moment (a shared CPU's
+# steps drift), the workload is a model of chat traffic, not yours, and the TP=2 profile assumes a
+# perfect 2x with a free link. What the plan is good for is the *shape*: which SLO binds, how the
+# answer moves with the traffic, and where a measurement would change it most.
 
 # %% [markdown]
 # ## Your parts inside the real pieces
