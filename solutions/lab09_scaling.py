@@ -1,16 +1,20 @@
 # %% [markdown]
 # # Lab 09 · Scaling out
 #
-# **Time:** about 100 minutes. **You need:** lab 00 (the roofline: what a step costs), lab 03
-# (paged KV blocks and the prefix cache) and lab 08 (TTFT, TPOT, ITL, goodput and SLOs).
+# **Time:** about 145 minutes (each section's heading gives its share). **You need:** lab 00 (the
+# roofline: what a step costs), lab 03 (paged KV blocks and the prefix cache), lab 06 (int8 weights)
+# and lab 08 (TTFT, TPOT, ITL, goodput and SLOs). **See also:** the visualizer's **Cluster** page
+# (`make app`), which runs the same simulator with sliders, and `docs/scaling.md`.
 #
 # One engine on one GPU serves one model up to a point. Past it there are two ways out: split the
 # **model** over several GPUs (tensor parallelism), or run many **copies** of the engine behind a
 # router, and maybe split the two phases of a request over different machines (disaggregated
 # prefill and decode). Each way trades something: bytes on a link, cache hits, idle machines.
 # This lab builds the small parts that decide those trades, each with the interface of the piece
-# it plugs into, and measures the trades in `minillm`'s cluster simulator (`minillm/sim/`), which is
-# calibrated on the real engine.
+# it plugs into, and measures the trades in `minillm`'s cluster simulator (`minillm/sim/`). The
+# main experiment calibrates that simulator on **your** engine: a step profile of SmolLM2 on your
+# machine, one replica predicted and then measured, the same weights under three configurations,
+# and a fleet planned on paper from your own step costs.
 #
 # | exercise | your part | runs inside |
 # | --- | --- | --- |
@@ -28,7 +32,9 @@
 # 3. move a sequence's KV cache from one engine to another without sending a single empty slot;
 # 4. route requests to the replica that holds their prefix, without overloading it;
 # 5. scale a fleet up and down without flapping, and price the result in replica-seconds;
-# 6. plan how many GPUs a given traffic needs at a given SLO, and read the plan critically.
+# 6. calibrate a simulator on your own engine, check it against a real run, and plan how many
+#    replicas a given traffic needs at a given SLO, and read the plan critically;
+# 7. explain from a step profile why the same weights serve faster or slower under another configuration.
 #
 # ## How this lab works
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
@@ -62,7 +68,7 @@ from minillm.sim.workloads import agent_sessions
 torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fighting over the cores
 
 # %% [markdown]
-# ## Tensor parallelism: one layer over several GPUs
+# ## Tensor parallelism: one layer over several GPUs (~5 min)
 #
 # A linear layer computes `y = x Wᵀ`, with `W` stored as PyTorch stores it: `[out_features,
 # in_features]`. Split it over `world` GPUs (ranks) in one of two ways (Megatron-LM, Shoeybi et
@@ -80,7 +86,7 @@ torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fig
 # the columns of `A`, i.e. the rows of our `W`.)
 
 # %% [markdown]
-# ## Exercise 9.1 · Shard a weight
+# ## Exercise 9.1 · Shard a weight (~10 min)
 #
 # Split evenly: each rank gets `size / world` consecutive features, rank 0 the first ones. Refuse
 # a `world` below 1 or that does not divide the size, and a rank outside `0 … world-1`, with a
@@ -146,7 +152,7 @@ print("row shard of rank 1 of 3:\n", shard_rows(w, 1, 3))
 check("9.1")
 
 # %% [markdown]
-# ## Exercise 9.2 · Where the all-reduce goes
+# ## Exercise 9.2 · Where the all-reduce goes (~10 min)
 #
 # The MLP of a Llama layer (`minillm/layers/mlp.py`) is `down(silu(gate(x)) · up(x))`, with
 # `gate` and `up` fused into one weight `gate_up: [2·I, H]` (the gate's I rows, then the up's I
@@ -222,16 +228,18 @@ for world in (1, 2, 4):
 check("9.2")
 
 # %% [markdown]
-# ## Disaggregation: prefill here, decode there
+# ## Disaggregation: prefill here, decode there (~5 min)
 #
 # A long prompt's prefill is compute-bound and takes a whole step's budget; decodes are
 # memory-bound and want short, regular steps. Sharing one engine, every long prefill stalls the
 # decodes batched with it: a user reading a stream sees a hiccup (a long ITL). **Disaggregated**
 # serving (DistServe, Zhong et al. 2024; Splitwise; Mooncake, Qin et al. 2024) runs prefill on one
 # pool of GPUs and decode on another, and sends each request's KV cache from the first to the
-# second. Below, the simulator with a profile of Llama-3.1-8B on an H100 (from the roofline,
-# `StepProfile.from_roofline`): the same bursty mix of long and short prompts on 4 colocated
-# replicas, then on 1 prefill + 3 decode replicas.
+# second. Below, the simulator with a profile of Llama-3.1-8B on an H100 **on paper**: a roofline
+# (`StepProfile.from_roofline`) from NVIDIA's H100 SXM datasheet peaks (`minillm/perf/hardware.py`)
+# at 60% of peak, not a measurement; later in the lab you calibrate the simulator on your own engine.
+# The same bursty mix of long and short prompts on 4 colocated replicas, then on 1 prefill + 3 decode
+# replicas.
 
 # %%
 llama8b = model_shape("Llama-3.1-8B")
@@ -266,12 +274,13 @@ fig.update_layout(title="Inter-token latency, Llama-3.1-8B on H100s (simulated)"
 fig.show()
 
 # %% [markdown]
-# The decode pool's steps never hold a prefill, so its p99 ITL falls to about its median. The price
-# is on the other side: one prefill replica serves every prompt, and the KV cache must travel
-# (`transfer_seconds_per_token`: here 2 µs a token, about 128 KiB a token of Llama-3.1-8B's K/V over
-# a 64 GB/s link). Try `prefill_replicas=2`, or a slower link.
+# Compare each row's ITL p99 with its p50: the decode pool's steps never hold a prefill, so what
+# should happen to its tail? The price is on the other side: one prefill replica serves every
+# prompt (look at the TTFTs), and the KV cache must travel (`transfer_seconds_per_token`: here 2 µs a
+# token, about 128 KiB a token of Llama-3.1-8B's K/V over an assumed 64 GB/s link). Try
+# `prefill_replicas=2`, or a slower link.
 #
-# ## Exercise 9.3 · KV blocks on the wire
+# ## Exercise 9.3 · KV blocks on the wire (~12 min)
 #
 # The decode engine receives the prompt's K/V and writes it into **its own** blocks: block ids
 # mean nothing across machines. So the prefill side **packs** a sequence's K/V into one contiguous
@@ -359,7 +368,7 @@ print("the same keys in the other pool's blocks 0, 1, 3:",
 check("9.3")
 
 # %% [markdown]
-# ## Routing: which replica serves a request
+# ## Routing: which replica serves a request (~3 min)
 #
 # A router in front of many replicas sees, for each replica, its **load** (requests in flight)
 # and, from the prompts it sent there, how many of this request's prompt tokens that replica's
@@ -373,7 +382,7 @@ check("9.3")
 # takes the best hit among the replicas whose load is close enough to the lightest one.
 
 # %% [markdown]
-# ## Exercise 9.4 · A prefix-aware routing policy
+# ## Exercise 9.4 · A prefix-aware routing policy (~10 min)
 #
 # The interface of `minillm/router/policies.py`, shared by the simulator and the real router:
 # `choose(replicas, prompt_tokens) -> index`, where `replicas[i]` is a `ReplicaView(load,
@@ -439,11 +448,11 @@ print("slack 4 picks", PrefixAware(4).choose(views, 2100), "- slack 0 picks", Pr
 check("9.4")
 
 # %% [markdown]
-# ## Routing agent sessions at fleet scale
+# ## Routing agent sessions at fleet scale (~5 min)
 #
 # Your policy in the simulator, against round robin and least-loaded: agent sessions of 16 tenants
 # (each with its own 500-2000 token system prompt), 1-50 calls each, bursty arrivals, on 16 and
-# then 64 replicas of Llama-3.1-8B on H100s.
+# then 64 replicas of Llama-3.1-8B on H100s (the roofline profile, on paper).
 
 # %%
 routers = {"round_robin": "round_robin", "least_loaded": "least_loaded", "yours": PrefixAware}  # a name, or your class
@@ -466,10 +475,12 @@ fig.update_layout(title="Prefix-cache hit rate of agent sessions by routing poli
 fig.show()
 
 # %% [markdown]
-# The more replicas, the worse blind routing does: a session's next call lands on the replica
-# holding its history one time in N. Cache-aware routing keeps the hit rate whatever N is.
+# Before reading the bars, the theory: with blind routing, a session's next call lands on the
+# replica holding its history about one time in N, so its hit rate should fall as N grows; a
+# cache-aware policy should keep it whatever N is. Do the printed hit rates at 16 and 64 replicas
+# bear that out?
 #
-# ## Exercise 9.5 · An autoscaling rule
+# ## Exercise 9.5 · An autoscaling rule (~12 min)
 #
 # Traffic comes in waves; a replica costs money every second it runs, and a new one serves only
 # after a **startup** delay (loading tens of GB of weights, warming up): 20-120 s in practice. The
@@ -538,7 +549,7 @@ check("9.5")
 
 # %% [markdown]
 # Your rule in the simulator against the queue rule and a fixed fleet, on traffic that swings
-# between 1 and 12 requests per second every 30 s (Llama-3.1-8B on H100s, startup 20 s, SLO:
+# between 1 and 12 requests per second every 30 s (Llama-3.1-8B on H100s, the roofline profile, startup 20 s, SLO:
 # TTFT ≤ 1 s and TPOT ≤ 50 ms). The cost is **replica-seconds**: every replica held, serving,
 # starting or draining, times the seconds it was held.
 
@@ -571,12 +582,12 @@ fig.update_layout(title="Serving replicas over time", xaxis_title="simulated sec
 fig.show()
 
 # %% [markdown]
-# Read the three lines together. The queue rule is the cheapest and fails most requests: every wave
-# finds it shrunk, and the replicas it then asks for arrive 20 s late. Your rule holds its replicas
-# between waves and meets the SLO far more often, for more replica-seconds. A fleet fixed at the
-# peak's size meets it always, at the highest cost: autoscaling pays when the quiet periods are long
-# compared with the startup delay (nights, weekends), and here they are not. Try `period=600` in
-# `waves`, or `startup_seconds=120`.
+# Read the three lines together: which rule is cheapest, and which meets the SLO most often? A
+# rule that shrinks the moment a wave ends finds itself short when the next one comes, and the
+# replicas it then asks for arrive 20 s late; a fleet fixed at the peak's size pays for its quiet
+# periods. Autoscaling pays when the quiet periods are long compared with the startup delay
+# (nights, weekends). Try `period=600` in `waves`, or `startup_seconds=120`, and see whether the
+# ranking changes.
 
 # %% [markdown]
 # ## Your engine, calibrated: one replica predicted, then measured (~20 min)
@@ -755,7 +766,7 @@ fig.show()
 # steps promises the tails the last row shows; check which one your real run above came closest to.
 
 # %% [markdown]
-# ## Exercise 9.6 · What tensor parallelism costs on the link
+# ## Exercise 9.6 · What tensor parallelism costs on the link (~6 min)
 #
 # Count the all-reduces of one forward pass with Megatron's recipe: in each Llama layer, one after
 # the attention's row-parallel output projection and one after the MLP's `down`. Each reduces a
@@ -783,7 +794,7 @@ for world in (1, 2, 4, 8):
     per_token = allreduce_bytes_per_token(llama8b.hidden_size, llama8b.num_hidden_layers, world)
     print(f"Llama-3.1-8B at TP={world}: {per_token / 1e6:.2f} MB per token per rank; a prefill of 4096 tokens "
           f"moves {per_token * 4096 / 1e9:.2f} GB per rank: {per_token * 4096 / 450e9 * 1e3:.1f} ms over "
-          f"NVLink (450 GB/s one way), {per_token * 4096 / 25e9 * 1e3:.0f} ms over 200 Gb/s Ethernet")
+          f"NVLink (450 GB/s each way), {per_token * 4096 / 25e9 * 1e3:.0f} ms over 200 Gb/s Ethernet")
 
 # %% [markdown]
 # <details><summary>Hint 1: a nudge</summary>
@@ -805,7 +816,9 @@ for world in (1, 2, 4, 8):
 check("9.6")
 
 # %% [markdown]
-# Those figures are why tensor parallelism stays inside one machine (NVLink), and across machines
+# (The link rates are vendors' figures: NVIDIA's H100 SXM datasheet gives NVLink 900 GB/s, both
+# directions together; a 200 Gb/s Ethernet port carries 25 GB/s.) Those figures are why tensor
+# parallelism stays inside one machine (NVLink), and across machines
 # one uses pipeline parallelism or more replicas instead: the per-token traffic does not shrink as
 # the ranks grow, while the compute per rank does.
 
@@ -848,7 +861,7 @@ print(f"TP=2 of {MODEL_HERE} ({shape.num_hidden_layers} layers of {shape.hidden_
 # answer moves with the traffic, and where a measurement would change it most.
 
 # %% [markdown]
-# ## Your parts inside the real pieces
+# ## Your parts inside the real pieces (~5 min)
 #
 # `check("9.E")` (also part of `make grade LAB=09`) plugs your parts in where they belong
 # (`minillm.labkit.plug.lab_parts`):
@@ -865,7 +878,7 @@ print(f"TP=2 of {MODEL_HERE} ({shape.num_hidden_layers} layers of {shape.hidden_
 check("9.E")
 
 # %% [markdown]
-# ## How production engines do it
+# ## How production engines do it (~3 min)
 #
 # * **vLLM** shards models with Megatron-style `ColumnParallelLinear` / `RowParallelLinear` layers
 #   (`--tensor-parallel-size`), and fuses gate and up into a `MergedColumnParallelLinear` that
