@@ -439,8 +439,8 @@ check("8.4")
 # scheduler, and the queue drains at `drain_rate` requests per second lately. The rules it keeps:
 #
 # * a request that finds room in the queue (fewer than `max_waiting` waiting) is admitted;
-# * a refused one is told the time until the queue will have drained enough for **it** to find room,
-#   counting itself among the requests that must go first, at the recent drain rate;
+# * a refused one is told how long it will take, at the recent drain rate, for enough of the waiting
+#   requests to leave that **it** would find room;
 # * the header carries whole seconds: round so that a client that obeys never comes back too early,
 #   and never say less than 1 (a Retry-After of 0 invites an instant retry storm);
 # * with no recent drain (`drain_rate` 0 or less) assume one request per second.

@@ -670,12 +670,13 @@ compare(f"one replica of {MODEL_HERE} here, {N_REQUESTS} requests at {RATE:.2f}/
 # **Predict** both before you run them, from the step profile. For one sequence at a time, the
 # simulator can tell you (the profile holds what a batched step costs against a step of one); work
 # out first which way it moves, and by how much. For int8, the profile of the float32 weights cannot:
-# a decode step of a small batch reads every weight once (lab 00), and int8 weights are a quarter of
-# the bytes. What TPOT would a step that is only weight bytes give?
+# the engine itself changed, so it gets a profile of its own below. Predict that profile's price of
+# a decode step of one sequence: such a step reads every weight once (lab 00), and int8 weights are a
+# quarter of float32's bytes.
 
 # %%
-MY_PREDICTIONS = {"one sequence at a time (tokens/s)": None,  # from the profile: batching's worth here
-                  "int8 weights (TPOT p50, ms)": None}        # from the bytes a decode step reads
+MY_PREDICTIONS = {"one sequence at a time (tokens/s)": None,       # from the profile: batching's worth here
+                  "int8: a decode step of one sequence (ms)": None}  # from the bytes that step reads
 
 # %%
 configs = {"default": engine,
@@ -683,11 +684,14 @@ configs = {"default": engine,
                                                                        enable_prefix_caching=False)),
            "int8 weights": LLMEngine(EngineConfig.from_knobs(MODEL_HERE, max_num_seqs=8, enable_prefix_caching=False,
                                                              quantization=QuantConfig("int8")))}
+int8_profile = measure_profile(configs["int8 weights"], requests=8 if QUICK else 48)
+print(f"float32: {mine.describe()}\nint8:    {int8_profile.describe()}")
+profiles = {"default": mine, "one sequence at a time": mine, "int8 weights": int8_profile}
 same = {"default": (predicted, real)}
 for name, eng in configs.items():
     if name not in same:
-        same[name] = (predict(work, mine, **replica_knobs(eng)), summary(replay(eng, work)))
-print(f"{'':>24} {'tokens/s':>9} {'TTFT p50':>9} {'TPOT p50':>9}   the fp32 profile's simulation")
+        same[name] = (predict(work, profiles[name], **replica_knobs(eng)), summary(replay(eng, work)))
+print(f"{'':>24} {'tokens/s':>9} {'TTFT p50':>9} {'TPOT p50':>9}   simulated on its profile")
 for name, (sim, got) in same.items():
     print(f"{name:>24} {got['output_throughput']:9.2f} {got['ttft_median'] * 1e3:7.0f}ms {got['tpot_median'] * 1e3:7.1f}ms"
           f"   {sim['output_throughput']:6.2f} tokens/s, TTFT {sim['ttft_median'] * 1e3:5.0f} ms, "
@@ -698,12 +702,12 @@ compare("one sequence at a time: output tokens/s", MY_PREDICTIONS["one sequence 
         theory_name="simulator on your profile",
         gap="the simulator knows what a step of one costs against a batched step: if it matches, batching's worth "
             "on this machine is in the profile")
-int8_sim, int8_real = same["int8 weights"]
-compare("int8 weights: TPOT p50", MY_PREDICTIONS["int8 weights (TPOT p50, ms)"],
-        theory=real["tpot_median"] * 1e3 / 4, measured=int8_real["tpot_median"] * 1e3, unit="ms",
-        theory_name="a quarter of float32's bytes",
-        gap="above 1: a decode step is not only weight bytes (the fixed work per step, dequantizing, the LM head); "
-            "the fp32 profile's simulation (right column above) misses int8 entirely: a new engine needs a new profile")
+context = int(mean_prompt + mean_output / 2)  # what a mean decode reads
+compare("int8: a decode step of one sequence", MY_PREDICTIONS["int8: a decode step of one sequence (ms)"],
+        theory=mine.step_time(0, 1, context) * 1e3 / 4, measured=int8_profile.step_time(0, 1, context) * 1e3,
+        unit="ms", theory_name="float32's step, a quarter of the bytes",
+        gap="above 1: a step is not only weight bytes (the fixed work of a step, dequantizing, the sampler); near 1: "
+            "this machine's decode step was bandwidth-bound, as lab 00's roofline says")
 fig = go.Figure([go.Bar(name=stat, x=list(same), y=[got[key] * 1e3 for _, got in same.values()])
                  for stat, key in (("TTFT p50", "ttft_median"), ("TPOT p50", "tpot_median"))])
 fig.update_layout(title=f"The same {MODEL_HERE} weights, three configurations, measured here", yaxis_title="ms",
@@ -714,8 +718,10 @@ fig.show()
 # Explain the three rows from the step profile before you read on. Where does the default's
 # advantage over one sequence at a time come from: the profile's price of a step of one token
 # against a step of a few (`describe()` above)? Which of TTFT and TPOT does batching cost, and
-# which does it buy? And int8: it changes the engine, so the profile of the float32 weights no
-# longer prices it; a plan for an int8 fleet needs `measure_profile` on the int8 engine.
+# which does it buy? And int8: it changed the engine, so it needed a profile of its own. Compare the
+# two profiles' lines: which price moved (the step of one token, the extra per token, the prefill
+# tokens), and does that explain the int8 row's TTFT and TPOT? (On a busy shared CPU, rerun the cell
+# before you trust a difference of a few percent.)
 #
 # ## Tails come from variance (~10 min)
 #
@@ -739,7 +745,7 @@ fig.show()
 # same mean, no variance.
 
 # %%
-long_work = workload(300, 1.5 / alone_seconds(mine), seed=3)  # 1.5x what one request at a time could serve
+long_work = workload(100 if QUICK else 300, 1.5 / alone_seconds(mine), seed=3)  # 1.5x one at a time's rate
 tails = {}
 constant = dataclasses.replace(  # each step its spread's mean cost relative to its price (long steps their own)
     mine, spread=(statistics.fmean(mine.spread),) if mine.spread else (),
