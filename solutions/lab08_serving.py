@@ -430,7 +430,8 @@ check("8.4")
 #
 # A server has a capacity: past the rate at which it can finish requests (the **knee** of its
 # latency–throughput curve, which you will measure on SmolLM2 below), a server that queues every
-# request looks healthy while every request's TTFT grows without bound. Better to refuse early: admitted requests stay fast, and a refused client
+# request looks healthy while every request's TTFT grows without bound. Better to refuse early:
+# admitted requests stay fast, and a refused client
 # is told when to come back. HTTP has the words for it: status **429 Too Many Requests** with a
 # **Retry-After** header in seconds (RFC 6585, RFC 9110).
 #
@@ -659,7 +660,8 @@ if HAVE_REAL:
     prefill_s = timed(prompt_ids[:1], 1)
     step_1 = (timed(prompt_ids[:1], 1 + K) - prefill_s) / K
     step_b = (timed(prompt_ids, 1 + K) - timed(prompt_ids, 1)) / K
-    print(f"on this machine, {REAL} with one thread: a prefill of {len(prompt_ids[0])} tokens {prefill_s * 1e3:.0f} ms; "
+    print(f"on this machine, {REAL} with one thread: a prefill of {len(prompt_ids[0])} tokens "
+          f"{prefill_s * 1e3:.0f} ms; "
           f"a decode step of 1 sequence {step_1 * 1e3:.1f} ms, of {MAX_SEQS} sequences {step_b * 1e3:.1f} ms")
     print(f"the workload: {N_REQUESTS} requests of about {PROMPT_LEN} prompt tokens and {OUTPUT_LEN} output tokens; "
           f"the server batches up to {MAX_SEQS} sequences")
