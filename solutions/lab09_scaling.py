@@ -159,16 +159,22 @@ check("9.1")
 #
 # The MLP of a Llama layer (`minillm/layers/mlp.py`) is `down(silu(gate(x)) · up(x))`, with
 # `gate` and `up` fused into one weight `gate_up: [2·I, H]` (the gate's I rows, then the up's I
-# rows) and `down: [H, I]`. Megatron's recipe needs **one** all-reduce for the whole MLP:
+# rows) and `down: [H, I]`. Megatron's recipe needs **one** all-reduce for the whole MLP. Find
+# where it goes by asking, of each operation, what a rank can compute from its own shards:
 #
-# 1. `gate` and `up` are column-parallel: rank `r` keeps features `r·I/world …` of **each** of
-#    them, so it holds matching slices of the gate and of the up. (Shard the fused weight as one
-#    `[2I, H]` matrix and rank 0 gets the whole gate and no up.)
-# 2. `silu(gate_r) · up_r` is element-wise: each rank computes its slice of the activation with no
-#    communication at all. This is why the column split comes first.
-# 3. `down` is row-parallel over the same features: rank `r` has exactly the slice of the
-#    activation its shard of `down` needs, and produces a partial `[tokens, H]`.
-# 4. **One all-reduce** of the partials gives every rank the full output.
+# * a column-parallel layer gives each rank a *slice of features* of its output, complete: no
+#   communication needed to use them element by element, as long as the slices line up;
+# * an element-wise function of two tensors (`silu(a) · b`) needs, for each feature, that feature
+#   of both tensors on the same rank;
+# * a row-parallel layer takes a slice of features of its input and gives a *partial sum* of its
+#   whole output: useless until the ranks' partials are added.
+#
+# A worked example on another function, `y = C (relu(A x))` with A column-parallel and C
+# row-parallel over 2 ranks: rank 0 computes features 0 … k−1 of `A x`, applies relu to them (an
+# element-wise function needs nothing else), and multiplies by its columns of C: a partial `y₀`;
+# rank 1 likewise `y₁`; `y = y₀ + y₁`, one all-reduce at the very end. Now the SwiGLU MLP: which
+# slices of the gate and of the up must one rank hold for `silu(gate) · up` to be element-wise on
+# it? (Shard the fused weight as one `[2I, H]` matrix and rank 0 gets the whole gate and no up.)
 #
 # An all-reduce earlier, on the gate/up slices, would add slices of *different* features (wrong);
 # one after each layer would send twice the bytes for nothing. Here the ranks are simulated: your
@@ -486,7 +492,7 @@ fig.show()
 # ## Exercise 9.5 · An autoscaling rule (~12 min)
 #
 # Traffic comes in waves; a replica costs money every second it runs, and a new one serves only
-# after a **startup** delay (loading tens of GB of weights, warming up): 20-120 s in practice. The
+# after a **startup** delay (loading tens of GB of weights, warming up): tens of seconds or more. The
 # simulator's `Autoscaler` (`minillm/sim/autoscale.py`) reads the fleet every `interval` seconds as a
 # `FleetState(now, replicas, starting, waiting, running)` and asks a rule how many replicas it
 # wants (it clamps the answer to `min_replicas … max_replicas`, starts replicas, or drains the
