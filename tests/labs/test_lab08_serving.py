@@ -399,7 +399,7 @@ def test_admit_fixed_cases(lab):
 @exercise("8.5")
 def test_admit_matches_the_rule_on_random_queues(lab):
     """500 seeded (waiting, max, drain rate) cases (no drain, a negative one, exactly full queues): None below the
-    max, else max(1, ceil(excess / rate)), at least 1"""
+    max, else the reference's Retry-After: whole seconds, never early, at least 1"""
     rng = random.Random(805)
     for _ in range(500):
         max_waiting = rng.randint(1, 20)
@@ -497,7 +497,8 @@ def test_cost_per_million_tokens_fixed_cases(lab):
 
 @exercise("8.7")
 def test_cost_per_million_tokens_on_random_prices(lab):
-    """200 seeded (price, throughput) pairs: price / (3600 * throughput) * 1e6, inversely proportional to throughput"""
+    """200 seeded (price, throughput) pairs: the reference's dollars per million tokens, inversely proportional to
+    throughput"""
     rng = random.Random(807)
     for _ in range(200):
         price, rate = rng.uniform(0.01, 100), 10 ** rng.uniform(-1, 5)
