@@ -757,7 +757,7 @@ if HAVE_REAL:
 # the batch job. Priced at `DEFAULT_PRICE_PER_HOUR` of `minillm/perf/cost.py`, the listed on-demand
 # price of a 2-vCPU cloud VM (see its comment; pass your own machine's price instead).
 #
-# **Predict** first: how many times a batch token's cost is an online token's, from the step costs
+# **Predict** first: how many times an online token's cost is a batch token's, from the step costs
 # (the theory's two throughputs above).
 
 # %%
