@@ -729,7 +729,8 @@ if HAVE_REAL:
     compare(f"{REAL} behind the server, all requests at once", MY_PREDICTION, theory=bound,
             measured=curve[-1]["throughput"], unit="tokens/s", theory_name="step-cost bound",
             gap="below 1: HTTP, streaming, scheduling and the prefills that stall the batch cost more than the "
-                "bare steps; above 1: the prefills of several prompts shared a step")
+                "bare steps; above 1: the prefills of several prompts shared a step, or a shared CPU ran faster "
+                "during the sweep than when the steps were timed (rerun both cells)")
     fig = go.Figure(go.Scatter(x=[r["throughput"] for r in curve], y=[r["ttft_p99"] * 1e3 for r in curve],
                                mode="markers+lines+text", textposition="top left",
                                text=[f"{r['rate']:.2f} req/s" for r in curve]))
