@@ -1,15 +1,19 @@
 # %% [markdown]
 # # Lab 08 · Serving
 #
-# **Time:** about 100 minutes. **You need:** lab 02 (TTFT and TPOT of one request), lab 04
-# (continuous batching: why one more request slows the others) and lab 00 (what a step costs).
+# **Time:** about 125 minutes (each section's heading gives its share). **You need:** lab 02 (TTFT
+# and TPOT of one request), lab 04 (continuous batching: why one more request slows the others) and
+# lab 00 (what a step costs). **See also:** the visualizer's **Serving** page (`make app`), which
+# drives the same server and load generator with sliders, and `docs/serving.md`.
 #
 # An engine turns prompts into tokens; a **service** turns HTTP requests from many users into
 # streamed answers, on time, at a price, without falling over when too many arrive. This lab is
 # about that layer. `minillm` has an OpenAI-compatible server (`minillm/serve/app.py`), a load
 # generator in the style of vLLM's serving benchmark (`minillm/serve/loadgen.py`), structured
 # output (`minillm/structured/`) and an agent harness (`minillm/agents/`). You write eight of
-# their parts, each with the engine's signature, and then run **your** parts inside them:
+# their parts, each with the engine's signature, and then run **your** parts inside them. The main
+# experiment puts the real chat model, SmolLM2-135M-Instruct, behind the server: you predict its
+# capacity and the price of a token from step costs you measure, then measure both.
 #
 # | exercise | your part | runs inside |
 # | --- | --- | --- |
@@ -26,10 +30,11 @@
 # By the end you can
 # 1. read a streamed completion off the wire (server-sent events) and time each token as it arrives;
 # 2. define TTFT, TPOT, ITL and E2E exactly, report their percentiles, and say what goodput adds;
-# 3. generate open-loop load (Poisson and bursty arrivals) and draw a latency–throughput curve;
+# 3. generate open-loop load (Poisson and bursty arrivals), predict a server's capacity from its step
+#    costs, and measure its latency–throughput curve and goodput;
 # 4. protect a server with admission control, and tell clients when to come back;
 # 5. constrain generation to a JSON schema with a token bitmask, inside batching;
-# 6. price a token, online and in batch;
+# 6. price a token, online and in batch, from your own measurements;
 # 7. stop a runaway agent, and see what offloading its KV cache between calls buys.
 #
 # ## How this lab works
@@ -75,7 +80,7 @@ from minillm.structured import StructuredOutput
 torch.set_num_threads(1)  # a small model on a shared CPU: one thread avoids fighting over the cores
 
 # %% [markdown]
-# ## A request's life in a server
+# ## A request's life in a server (~5 min)
 #
 # A client sends `POST /v1/completions` with `"stream": true`. The server queues the prompt in the
 # engine (lab 04's scheduler takes it when there is room), and from the step that computes its
@@ -108,7 +113,7 @@ for line in raw[:6]:
 print("...", len(raw), "lines in all; the last:", repr(raw[-2]))
 
 # %% [markdown]
-# ## Exercise 8.1 · Parse server-sent events
+# ## Exercise 8.1 · Parse server-sent events (~12 min)
 #
 # The rules you need (the WHATWG HTML standard defines the format):
 #
@@ -127,14 +132,11 @@ print("...", len(raw), "lines in all; the last:", repr(raw[-2]))
 def parse_sse(lines: Iterable[str]) -> Iterator[dict | str]:
     """Decode SSE lines into the payloads of their events, in order (a generator).
 
-    lines: str items, each one line (with or without its line ending) or several lines.
-    Yields json.loads(data) for each event with data, "[DONE]" for the end marker, the raw data
-    string when it is not JSON. data = "\\n".join(the event's data lines, each minus "data:" and
-    one optional space). Events without data lines (only comments, or other fields) yield nothing.
-
-    Hints: about 20 lines. re.split(r"\\r\\n|\\r|\\n", item) splits an item into lines (drop the
-    empty string after its own final line ending); line.partition(":") splits a field from its
-    value; keep the open event's data lines in a list.
+    lines: str items, each one line (with or without its line ending) or several lines, as the rules
+    above say. Yields one item per event that has data: the decoded JSON value (a dict), the string
+    "[DONE]" for the end marker, or the event's data as a str when it is not JSON. Events without data
+    lines (only comments, or other fields) yield nothing; a last event left open when the lines run
+    out is yielded too. Reads `lines` once, lazily (a generator of lines works).
     """
     ### BEGIN SOLUTION
     import re
@@ -166,6 +168,27 @@ def parse_sse(lines: Iterable[str]) -> Iterator[dict | str]:
     ### END SOLUTION
 
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Work in two layers: first turn the items into single lines (an item may hold several, and an item's own
+# final line ending must not make an extra blank line), then feed each line to a tiny state machine whose
+# only state is the data lines of the event still open.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Only three kinds of line matter: blank (close the event: yield if it has data), a comment (skip) and a
+# field. A field's name is what comes before the first colon; only `data` adds to the event. Python's
+# `str.splitlines` breaks at more characters than SSE does (form feeds, Unicode separators): split on the
+# three SSE endings only. After the loop, an event still open is yielded too.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# A regular expression that splits on `\r\n`, `\r` or `\n` (in that order of alternatives), dropping the
+# empty piece after an item's final ending; strip exactly one leading space from a data value; decode with
+# `json`, keeping `[DONE]` and non-JSON text as strings.
+# </details>
+
 # %%
 for payload in parse_sse(raw):
     print(payload if payload == "[DONE]" else payload["choices"][0]["text"].__repr__())
@@ -174,19 +197,21 @@ for payload in parse_sse(raw):
 check("8.1")
 
 # %% [markdown]
-# ## Exercise 8.2 · TTFT, TPOT, ITL and E2E
+# ## Exercise 8.2 · TTFT, TPOT, ITL and E2E (~8 min)
 #
 # A `RequestRecord` (imported from `minillm.perf.serving`) holds what the load generator saw of one
 # request: `start` (when it was sent), `chunk_times` (when each chunk with tokens arrived), `end`,
 # `output_tokens` (the server's usage count) and `success`. The definitions, as in vLLM's serving
 # benchmark, with chunks at `c_1 < … < c_m`:
 #
-# $$\text{TTFT} = c_1 - \text{start} \qquad \text{E2E} = \text{end} - \text{start} \qquad
-#   \text{ITL} = [c_2 - c_1, \dots, c_m - c_{m-1}]$$
-# $$\text{TPOT} = \frac{\text{E2E} - \text{TTFT}}{\text{output\_tokens} - 1}$$
+# * **TTFT**: from sending to the first chunk; **E2E**: from sending to the end;
+# * **ITL**: the gaps between consecutive chunks, one per pair of neighbours;
+# * **TPOT**: the time *after* the first token, spread over the tokens that came *after* the first.
 #
-# TPOT spreads the time after the first token over the tokens after the first: `output_tokens - 1`
-# of them. (With one token there is no such time: TPOT is `None`.) ITL has one gap per *chunk*, and
+# Count carefully. A worked example on other numbers: a request sent at t = 4.0 s whose first chunk
+# arrives at 4.3 s and which ends at 5.5 s, with 7 tokens: TTFT 0.3 s, E2E 1.5 s, and the 1.2 s after
+# the first token carried the 6 tokens after the first: 0.2 s each. (With one token there is no such
+# time: TPOT is `None`.) ITL has one gap per *chunk*, and
 # TPOT one per *token*; they differ when a chunk carries several tokens (speculative decoding, or a
 # token that completes a multi-byte character) and because the time from the last chunk to the end
 # is in TPOT but in no ITL gap. Neither includes the TTFT: the first token's wait is queueing and
@@ -194,15 +219,13 @@ check("8.1")
 
 # %% exercise="8.2"
 def request_metrics(record: RequestRecord) -> RequestMetrics:
-    """TTFT, TPOT, ITL and E2E of one successful request, in seconds.
+    """TTFT, TPOT, ITL and E2E of one successful request, in seconds (floats), as defined above.
 
-    record: start, chunk_times [m >= 1, ascending], end, output_tokens, success.
-    -> RequestMetrics(ttft, tpot, itl, e2e) with ttft = c_1 - start, e2e = end - start,
-    itl = [c_(i+1) - c_i for i in 1..m-1] (a list, empty for one chunk),
-    tpot = (e2e - ttft) / (output_tokens - 1), or None when output_tokens <= 1.
+    record: start, chunk_times (m >= 1 floats, ascending, seconds on the clock of start), end,
+    output_tokens (the server's count, which may exceed m), success.
+    -> RequestMetrics(ttft, tpot, itl, e2e): itl a list of m - 1 gaps (empty for one chunk); tpot None
+    when there is no token after the first. The record is not changed.
     Raises ValueError, naming the request, when it did not succeed or has no chunk time or no end.
-
-    Hints: 6 lines. zip(times, times[1:]) pairs each chunk with the next.
     """
     ### BEGIN SOLUTION
     if not record.success or not record.chunk_times or record.end is None:
@@ -219,34 +242,55 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
 # %%
 example = RequestRecord("r0", start=10.0, chunk_times=[10.5, 10.6, 10.75, 10.8], end=10.9, output_tokens=5,
                         success=True)
-print(request_metrics(example))  # TTFT 0.5, TPOT (0.9 - 0.5) / 4 = 0.1, ITL [0.1, 0.15, 0.05], E2E 0.9
+print(request_metrics(example))  # work out the four figures by hand first: E2E should be 0.9
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Refuse the records that cannot have metrics first; then each figure is one line.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# ITL pairs each chunk time with the next one. TPOT divides a duration by a count of tokens: which tokens
+# does the duration after the first chunk belong to? The worked example above has the answer's shape.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# TPOT is (E2E − TTFT) divided by one less than the output tokens, when that count is above zero.
+# </details>
 
 # %%
 check("8.2")
 
 # %% [markdown]
-# ## Exercise 8.3 · Percentiles and goodput
+# ## Exercise 8.3 · Percentiles and goodput (~10 min)
 #
 # A service is judged on its **tail**: the p99 TTFT is what one request in a hundred is slower
-# than. `percentile(values, q)` is numpy's default: sort the n values, go to position
-# `p = q / 100 * (n - 1)` (0-based), and interpolate linearly between the values at `floor(p)` and
-# `floor(p) + 1`. (Position `q / 100 * n` is the classic off-by-one: at q = 100 it runs past the end.)
+# than. `percentile(values, q)` must agree with numpy's default ("linear"). Build it in steps:
+#
+# * sorted, n values sit at positions 0, 1, …, n − 1; q = 0 must give the smallest, q = 100 the largest;
+#   so the percentile's position is some fraction of the way along those positions;
+# * that position is rarely a whole number: then the answer lies on the straight line between the two
+#   neighbours, as far from the lower one as the position's fractional part says.
+#
+# A worked example on other numbers: for the 5 values `[10, 20, 40, 80, 160]`, q = 0 is 10 and q = 100 is
+# 160. The median (q = 50) falls at position 2, exactly on 40. q = 60 falls 60% of the way from position 0
+# to position 4: at position 2.4, 40% of the way from 40 to 80, so 56. (A classic bug uses the count of
+# values where the last position belongs: at q = 100 it runs past the end.)
 #
 # Throughput counts every finished request, however slow. **Goodput** (DistServe, Zhong et al.
-# 2024) counts only those that met **every** service-level objective at once: requests per second
-# with TTFT ≤ its limit and TPOT ≤ its limit and E2E ≤ its limit, for those limits the `slo` dict
-# names (`{"ttft": 0.5, "tpot": 0.05}`). A value exactly at its limit meets it. A one-token
-# request (TPOT `None`) meets any TPOT limit: no token came after the first. Failed requests never
-# count. Use your `request_metrics` from 8.2.
+# 2024) counts only the requests that met **every** service-level objective (SLO) at once, per
+# second of the run. The `slo` dict names the limits that apply (`{"ttft": 0.5, "tpot": 0.05}`:
+# E2E is free here). The rules: a value exactly at its limit meets it; a one-token request (TPOT
+# `None`) meets any TPOT limit, as no token came after the first; a failed request never counts.
+# For example, 30 requests in 10 s of which 21 met every limit: throughput 3 req/s, goodput 2.1.
+# Use your `request_metrics` from 8.2.
 
 # %% exercise="8.3"
 def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0 <= q <= 100) of values, by linear interpolation (numpy's default).
-
-    p = q / 100 * (n - 1) in the sorted values xs; -> xs[floor(p)] + (xs[floor(p) + 1] - xs[floor(p)])
-    * (p - floor(p)), with the index floor(p) + 1 capped at n - 1. -> nan for no values.
-
-    Hints: 6 lines.
+    """The percentile q of values (q from 0 to 100; values: floats, any order, repeats allowed), a float equal
+    to numpy.percentile's default ("linear") up to rounding: the smallest value at q = 0, the largest at
+    q = 100. -> nan for no values. values is not changed (not even reordered).
     """
     ### BEGIN SOLUTION
     if not values:
@@ -260,14 +304,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def goodput(records: list[RequestRecord], duration: float, slo: dict[str, float]) -> float:
-    """Requests per second that succeeded and met every SLO: #good / duration.
+    """Goodput of a run: requests per second (a float) that succeeded and met every SLO in `slo`.
 
-    slo: limits in seconds by metric name, any of "ttft", "tpot", "e2e" (SLO_METRICS); a request is
-    good when success and, for every (name, limit), its metric <= limit (a None TPOT meets any limit).
+    records: the run's RequestRecords, failed ones included; duration: the run's length in seconds.
+    slo: limits in seconds by metric name, any of "ttft", "tpot", "e2e" (SLO_METRICS); the rules of a
+    limit met are those above (at the limit meets it; a None TPOT meets any limit). An empty slo: every
+    successful request is good.
     Raises ValueError unless duration > 0 (0, negative or NaN: say the value), and for an unknown metric
     name (name it), whatever the records.
-
-    Hints: 8 lines. getattr(metrics, name) reads one metric of a RequestMetrics.
     """
     ### BEGIN SOLUTION
     if not duration > 0:
@@ -290,36 +334,54 @@ print("p50, p90, p99 of 1..10:", [percentile(list(range(1, 11)), q) for q in (50
 slow = RequestRecord("r1", start=0.0, chunk_times=[2.0], end=2.2, output_tokens=3, success=True)
 print("goodput of two requests over 4 s, TTFT <= 1 s:", goodput([example, slow], 4.0, {"ttft": 1.0}), "req/s")
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# For `percentile`, redo the worked example with n − 1 = 4 gaps between 5 positions: how far along is q = 60?
+# For `goodput`, check the arguments before looking at a single record.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# The position is q/100 of the way along the positions 0 … n − 1; its whole part picks the lower neighbour,
+# the next one is the upper (never past the last); the fractional part says how far between them. Goodput
+# is a count of good records over the duration; a metric is read off the RequestMetrics by its name.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# position = q / 100 · (n − 1); lower = floor(position); upper = min(lower + 1, n − 1);
+# result = xs[lower] + (xs[upper] − xs[lower]) · (position − lower).
+# </details>
+
 # %%
 check("8.3")
 
 # %% [markdown]
-# ## Exercise 8.4 · When requests arrive
+# ## Exercise 8.4 · When requests arrive (~8 min)
 #
 # A benchmark that sends the next request when the last one finishes (a **closed loop**) never
 # overloads the server: it slows down with it. Users don't. An **open-loop** load test sends
 # requests at times drawn in advance, whatever the server does. Many independent users make a
 # **Poisson process**: the gaps between requests are exponential with mean `1 / rate`. Real
 # traffic is often burstier (retries, agents fanning out, batch jobs). vLLM's benchmark models that
-# with **gamma** gaps of shape `k` (its `--burstiness`) and scale `1 / (rate · k)`: the mean gap is
-# still `1 / rate`, but the coefficient of variation is `1 / sqrt(k)`, so k < 1 gives clumps and
-# long pauses. Shape 1 is exactly the exponential.
+# with **gamma** gaps whose shape `k` is its `--burstiness`. Two facts about a gamma distribution of
+# shape k and scale θ: its mean is k·θ and its coefficient of variation (spread over mean) is
+# 1/√k. So k < 1 gives clumps and long pauses, k = 1 is exactly the exponential, and the scale is
+# what you must choose so that the mean gap stays what the rate asks for. Worked on other numbers:
+# gaps of mean 0.25 s with shape 4 need θ = 0.0625 s, and their CV is 0.5.
 #
-# Use numpy's seeded generator, `np.random.default_rng(seed)`, and draw all n gaps with one
-# `.gamma(shape=..., scale=..., size=n)` call: then the same seed gives the engine's arrivals
-# exactly. The first request waits one gap too. `rate = inf` means everything at t = 0 (the
-# offline, all-at-once load).
+# The rules the engine's generator keeps, so that the same seed gives its arrivals exactly: numpy's
+# seeded generator (`np.random.default_rng(seed)`), all n gaps drawn at once by its gamma method; the
+# first request waits one gap too; `rate = inf` means everything at t = 0 (the offline, all-at-once
+# load).
 
 # %% exercise="8.4"
 def arrival_times(n: int, rate: float, seed: int, burstiness: float = 1.0) -> list[float]:
     """Seconds after the start at which each of n requests is sent, ascending (a list of n floats).
 
-    gaps g_1..g_n ~ Gamma(shape=burstiness, scale=1 / (rate * burstiness)), drawn with
-    np.random.default_rng(seed).gamma(..., size=n); t_i = g_1 + ... + g_i.
-    Mean gap 1/rate; coefficient of variation 1/sqrt(burstiness). rate = inf: n zeros.
-    Raises ValueError for n not an int >= 0, rate <= 0, or burstiness not finite and > 0 (say the value).
-
-    Hints: 8 lines. np.cumsum(gaps).tolist() gives the times.
+    rate: requests per second on average (> 0; inf: all at once, n zeros); burstiness: the gamma shape
+    (finite, > 0; 1 is Poisson). The gaps have the mean gap the rate asks for and the spread of that shape,
+    drawn as the rules above say, so the same arguments give the engine's times exactly.
+    Raises ValueError for n not an int >= 0, rate <= 0 or NaN, or burstiness not finite and > 0 (say the value).
     """
     ### BEGIN SOLUTION
     if not isinstance(n, int) or n < 0:
@@ -344,74 +406,55 @@ fig.update_layout(title="40 requests at 4 requests/s on average", xaxis_title="s
                   showlegend=False)
 fig.show()
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Check the arguments first (NaN compares false with everything: write the tests so that NaN fails them).
+# Then: which scale gives a gamma of shape k the mean gap 1/rate?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Solve k·θ = 1/rate for θ. Draw the n gaps in one call of the seeded generator, then each send time is the
+# sum of the gaps up to and including its own.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# θ = 1 / (rate · k); the times are the running sum of the gaps, as a Python list.
+# </details>
+
 # %%
 check("8.4")
 
 # %% [markdown]
-# ## The latency–throughput curve of this server
+# ## Exercise 8.5 · Admission control: 429 and Retry-After (~6 min)
 #
-# Now the load generator (`minillm/serve/loadgen.py`) drives the server above with **your**
-# `parse_sse` and `arrival_times` (its `parse_sse=` and `arrivals=` parameters), at a few request
-# rates, 12 short requests each, and your `request_metrics` and `percentile` turn its records into
-# figures. As the rate grows, throughput grows with it while the server keeps up; past that,
-# requests queue, TTFT climbs steeply and throughput flattens: the knee of the curve is this
-# server's capacity. (A shared 2-core CPU is noisy: expect the shape, not the decimals.)
-
-# %%
-items = make_workload(12, seed=0, prompt_len=32, output_len=12)
-
-
-def load_test(rate: float, max_concurrency: int | None = None) -> dict:
-    load = run_load(server.base_url, items, rate=rate, seed=0, ignore_eos=True, progress=False,
-                    max_concurrency=max_concurrency, parse_sse=parse_sse, arrivals=arrival_times)
-    with ThreadPoolExecutor(1) as pool:  # Jupyter's event loop runs in this thread: the test gets its own
-        result = pool.submit(asyncio.run, load).result()
-    done = [r for r in result.records if r.success]
-    metrics = [request_metrics(r) for r in done]
-    ttfts = [m.ttft for m in metrics]
-    return {"rate": rate, "throughput": sum(r.output_tokens for r in done) / result.duration,
-            "ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
-            "tpot_p50": percentile([m.tpot for m in metrics if m.tpot is not None], 50),
-            "failed": len(result.records) - len(done)}
-
-
-curve = [load_test(rate) for rate in (4.0, 16.0, 64.0, math.inf)]
-print(f"{'rate req/s':>10} {'tokens/s':>9} {'TTFT p50 ms':>12} {'TTFT p90 ms':>12} {'TPOT p50 ms':>12} failed")
-for row in curve:
-    print(f"{row['rate']:>10} {row['throughput']:9.1f} {row['ttft_p50'] * 1e3:12.0f} {row['ttft_p90'] * 1e3:12.0f} "
-          f"{row['tpot_p50'] * 1e3:12.1f} {row['failed']:6d}")
-fig = go.Figure(go.Scatter(x=[r["throughput"] for r in curve], y=[r["ttft_p90"] * 1e3 for r in curve],
-                           mode="markers+lines+text", text=[f"{r['rate']} req/s" for r in curve],
-                           textposition="top left"))
-fig.update_layout(title="Latency against throughput: tiny on this CPU", xaxis_title="output tokens/s",
-                  yaxis_title="TTFT p90 (ms)", height=340)
-fig.show()
-
-# %% [markdown]
-# ## Exercise 8.5 · Admission control: 429 and Retry-After
-#
-# Past the knee, a server that queues every request looks healthy while every request's TTFT
-# grows without bound. Better to refuse early: admitted requests stay fast, and a refused client
+# A server has a capacity: past the rate at which it can finish requests (the **knee** of its
+# latency–throughput curve, which you will measure on SmolLM2 below), a server that queues every
+# request looks healthy while every request's TTFT grows without bound. Better to refuse early:
+# admitted requests stay fast, and a refused client
 # is told when to come back. HTTP has the words for it: status **429 Too Many Requests** with a
 # **Retry-After** header in seconds (RFC 6585, RFC 9110).
 #
 # The server (`build_app(..., max_waiting=N, admission=fn)`) calls `admit(num_waiting,
 # max_waiting, drain_rate)` for each new request: `num_waiting` requests already wait for the
-# scheduler, and the queue drains at `drain_rate` requests per second lately. Admit while
-# `num_waiting < max_waiting`. Otherwise, this request would be number `num_waiting - max_waiting
-# + 1` past the room there is; at `drain_rate` per second that many need
-# `(num_waiting - max_waiting + 1) / drain_rate` seconds to drain. Round up to whole seconds (the
-# header carries an integer), never less than 1 (a Retry-After of 0 invites an instant retry storm),
-# and with no recent drain (`drain_rate` 0) assume one request per second.
+# scheduler, and the queue drains at `drain_rate` requests per second lately. The rules it keeps:
+#
+# * a request that finds room in the queue (fewer than `max_waiting` waiting) is admitted;
+# * a refused one is told how long it will take, at the recent drain rate, for enough of the waiting
+#   requests to leave that **it** would find room;
+# * the header carries whole seconds: round so that a client that obeys never comes back too early,
+#   and never say less than 1 (a Retry-After of 0 invites an instant retry storm);
+# * with no recent drain (`drain_rate` 0 or less) assume one request per second.
+#
+# A worked example on other numbers: room for 10, 10 waiting, draining 4 a second: the new request needs
+# one request to leave before it fits, a quarter of a second, so it is told 1 s.
 
 # %% exercise="8.5"
 def admit(num_waiting: int, max_waiting: int, drain_rate: float) -> float | None:
-    """None to admit the request, else the seconds to wait before retrying.
+    """None to admit the request, else the seconds to wait before retrying (a float holding a whole
+    number >= 1), by the rules above.
 
-    Admit (None) when num_waiting < max_waiting. Else retry after
-    max(1, ceil((num_waiting - max_waiting + 1) / r)) seconds, r = drain_rate if > 0 else 1.0.
-
-    Hints: 4 lines.
+    num_waiting, max_waiting: ints >= 0; drain_rate: requests per second (float; 0 or less: no recent drain).
     """
     ### BEGIN SOLUTION
     if num_waiting < max_waiting:
@@ -425,11 +468,26 @@ def admit(num_waiting: int, max_waiting: int, drain_rate: float) -> float | None
 for waiting, rate in ((3, 2.0), (4, 2.0), (9, 2.0), (9, 0.0), (9, 0.5)):
     print(f"{waiting} waiting (max 4), draining {rate} req/s: {admit(waiting, 4, rate)}")
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Redo the worked example with 12 waiting instead of 10: how many requests must leave before the new one fits?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# The requests past the room, plus this one, must drain; time = that count / the rate. Which rounding never
+# tells a client to come back before that time?
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# max(1, ceil((num_waiting − max_waiting + 1) / rate)), rate 1.0 when drain_rate is not positive.
+# </details>
+
 # %%
 check("8.5")
 
 # %% [markdown]
-# ## Exercise 8.6 · Structured output: the grammar mask
+# ## Exercise 8.6 · Structured output: the grammar mask (~10 min)
 #
 # Ask for `{"type": "object", "properties": {"n": {"type": "integer"}}}` and a model *usually*
 # answers with JSON. A program needs *always*. Structured output makes it so: a grammar engine
@@ -445,17 +503,18 @@ check("8.5")
 #
 # The engine calls your function for the rows of constrained samples in every step, inside
 # batches that also hold free requests (`EngineConfig(components=Components(grammar_mask=fn))`).
+# Grammar engines fill the bitmask on the **CPU** while the logits may sit on an accelerator: whatever
+# you build must live on the device of the tensor it meets (the grader runs your mask with the logits on
+# PyTorch's `meta` device, which has no data, so a CPU tensor mixed in is an error even without a GPU).
 
 # %% exercise="8.6"
 def apply_grammar_mask(logits: Tensor, bitmask: Tensor) -> Tensor:
     """Keep the logits of allowed tokens, -inf elsewhere.
 
-    logits: [rows, vocab] float; bitmask: [rows, words] int32, words >= ceil(vocab / 32); token t of
-    row r is allowed when bit (t % 32) of bitmask[r, t // 32] is 1. -> a new [rows, vocab] tensor of
-    logits' dtype: logits where allowed, -inf elsewhere (logits itself is left unchanged).
-
-    Hints: 4 lines. (bitmask[..., None] >> torch.arange(32, dtype=torch.int32)) & 1 is [rows, words, 32];
-    reshape to [rows, 32 * words], keep the first vocab columns; masked_fill.
+    logits: [rows, vocab] float (float32, float16 or bfloat16), on any device; bitmask: [rows, words]
+    int32, words at least enough for vocab bits (bits past vocab are ignored), laid out as above, on the
+    CPU or on logits' device. -> a new [rows, vocab] tensor of logits' dtype on logits' device: logits
+    where allowed, -inf elsewhere. logits itself is left unchanged.
     """
     ### BEGIN SOLUTION
     vocab = logits.shape[-1]
@@ -468,6 +527,24 @@ def apply_grammar_mask(logits: Tensor, bitmask: Tensor) -> Tensor:
 # %%
 words = torch.tensor([[0b1011, -2**31]], dtype=torch.int32)  # tokens 0, 1, 3 and 63 (word 1's sign bit)
 print(apply_grammar_mask(torch.zeros(1, 64), words).isfinite().nonzero()[:, 1].tolist())
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Turn each int32 word into its 32 bits at once (a shift by every bit position, broadcast), then you have one
+# yes/no per token slot, row by row.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Shift, then keep only the lowest bit (the sign bit's ones would spoil a test against zero); the bits of
+# word w, position b, are token 32·w + b: flatten words and positions in that order and cut at vocab. Fill the
+# forbidden slots of a copy, with the mask on the logits' device.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# `((bitmask[..., None] >> positions) & 1)` with positions 0 … 31 (int32, on the bitmask's device),
+# reshaped to [rows, 32 · words], first vocab columns, as bool, moved to the logits' device; an out-of-place fill.
+# </details>
 
 # %%
 check("8.6")
@@ -488,25 +565,22 @@ for who, engine in (("engine's mask", llm), ("your mask", mine)):
     print(f"{who:>13}: {outs[0].text!r} | free: {outs[1].text!r}")
 
 # %% [markdown]
-# ## Exercise 8.7 · What a token costs
+# ## Exercise 8.7 · What a token costs (~5 min)
 #
 # A GPU is rented by the hour; users are billed by the token. The bridge is the throughput you
-# measured: at `tokens_per_second`, an hour makes `3600 · tokens_per_second` tokens, so
-#
-# $$\text{cost per million tokens} = \frac{\text{price per hour}}{3600 \cdot \text{tokens per second}}
-#   \cdot 10^6.$$
-#
-# (Providers quote prices per **million** tokens; per thousand is an older convention and a
-# thousand times smaller.) Throughput is the lever: the same GPU at 10x the tokens per second sells
-# each token for a tenth.
+# measured: follow the units. A worked example on other numbers: a machine rented at $12 a **day**
+# that makes 50 tokens a **minute** makes 72,000 tokens a day, so a token costs $12 / 72,000 and a
+# thousand of them about 17 cents. Your function does the same with an hourly price, a rate per second
+# and a million tokens. (Providers quote prices per **million** tokens; per thousand is an older
+# convention and a thousand times smaller.) Throughput is the lever: the same GPU at 10x the tokens per
+# second sells each token for a tenth.
 
 # %% exercise="8.7"
 def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> float:
-    """Dollars per million tokens: price_per_hour / (3600 * tokens_per_second) * 1e6.
+    """Dollars per million tokens (a float) for a machine rented at price_per_hour dollars an hour that
+    makes tokens_per_second tokens a second while rented.
 
-    Raises ValueError for tokens_per_second <= 0 (say the value).
-
-    Hints: 3 lines.
+    Raises ValueError for tokens_per_second <= 0 or not a number (say the value).
     """
     ### BEGIN SOLUTION
     if not tokens_per_second > 0:
@@ -516,34 +590,198 @@ def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> 
 
 
 # %%
-print(f"an H100 at $2.50/h making 2,500 tokens/s: ${cost_per_million_tokens(2.5, 2500):.3f} per million tokens")
+print(f"a machine at $2.50/h making 2,500 tokens/s: ${cost_per_million_tokens(2.5, 2500):.3f} per million tokens")
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# How many tokens does the machine make in one hour? What does one of them cost, then?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Cost per token = price per hour / tokens per hour; a million tokens cost a million times that. NaN fails
+# every comparison: test so that it is refused.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# price_per_hour / (3600 · tokens_per_second) · 10⁶.
+# </details>
 
 # %%
 check("8.7")
 
 # %% [markdown]
-# ## Online or batch: the price of waiting
+# ## Measure it: SmolLM2 behind the server (~25 min)
+#
+# Now the main experiment, on the real chat model **SmolLM2-135M-Instruct** behind the real server:
+# `serve_in_thread` runs the same application as `minillm serve` (in this process, bound to
+# 127.0.0.1 on a free port), and the load generator (`minillm/serve/loadgen.py`) drives it with **your**
+# `parse_sse` and `arrival_times` (its `parse_sse=` and `arrivals=` parameters). Your `request_metrics`,
+# `percentile`, `goodput` and `cost_per_million_tokens` turn its records into the figures a service
+# sells. Three questions, each answered first on paper:
+#
+# 1. what throughput does the server reach when every request arrives at once (its capacity)?
+# 2. past which request rate does the p99 TTFT break the SLO?
+# 3. how much more does a token cost served online, one request at a time, than in a batch job?
+#
+# **The theory: step costs.** A request of P prompt tokens and O output tokens costs one prefill
+# (which yields its first token) and O − 1 decode steps. Served alone, it pays every decode step by
+# itself. With B requests decoding together (lab 04), a step costs a little more than a step of one,
+# but each request pays only a B-th of it. The next cell measures the three costs that decide it, on
+# this machine: a prefill of one prompt, a decode step of one sequence, a decode step of B.
+
+# %%
+import time
+
+from minillm.labkit import REAL_MODEL, compare, quick_run, real_model_installed
+
+REAL = REAL_MODEL
+QUICK = quick_run()  # True under the test suite: fewer requests and rates, the same method
+N_REQUESTS, PROMPT_LEN, OUTPUT_LEN, MAX_SEQS = (6, 32, 8, 4) if QUICK else (24, 32, 16, 4)
+HAVE_REAL = real_model_installed()
+if HAVE_REAL:
+    real_llm = LLM(REAL, max_num_seqs=MAX_SEQS)
+    real_items = make_workload(N_REQUESTS, seed=0, prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN,
+                               tokenizer_model=REAL)
+    prompt_ids = [real_llm.tokenizer.encode(item.prompt) for item in real_items[:MAX_SEQS]]
+
+    def timed(prompts: list, max_tokens: int, reps: int = 1 if QUICK else 3) -> float:
+        """The fastest of `reps` runs of these prompts to max_tokens tokens each, in seconds."""
+        best = math.inf
+        for _ in range(reps):
+            start = time.perf_counter()
+            real_llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                              use_tqdm=False)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed(prompt_ids[:1], 2, reps=1)  # warm-up: the first forward pays for allocations
+    K = 8  # decode steps timed
+    prefill_s = timed(prompt_ids[:1], 1)
+    step_1 = (timed(prompt_ids[:1], 1 + K) - prefill_s) / K
+    step_b = (timed(prompt_ids, 1 + K) - timed(prompt_ids, 1)) / K
+    print(f"on this machine, {REAL} with one thread: a prefill of {len(prompt_ids[0])} tokens "
+          f"{prefill_s * 1e3:.0f} ms; "
+          f"a decode step of 1 sequence {step_1 * 1e3:.1f} ms, of {MAX_SEQS} sequences {step_b * 1e3:.1f} ms")
+    print(f"the workload: {N_REQUESTS} requests of about {PROMPT_LEN} prompt tokens and {OUTPUT_LEN} output tokens; "
+          f"the server batches up to {MAX_SEQS} sequences")
+
+# %% [markdown]
+# **Predict.** From the three costs above, work out the output tokens per second the server makes
+# when all the requests arrive at once and it keeps `MAX_SEQS` of them decoding (ignore HTTP, and
+# count the prefills as the engine's time too). Write it down before you run the sweep.
+#
+# <details><summary>Hint: the shape of the estimate</summary>
+#
+# At capacity, each request costs the engine one prefill plus its share of O − 1 batched decode steps; the
+# number of requests per second is one over that; each brings O tokens.
+# </details>
+
+# %%
+MY_PREDICTION = None  # output tokens/s with all requests at once: work it out from the step costs above
+
+# %% [markdown]
+# The sweep: the same requests at a few rates, from well below the capacity your theory gives to
+# past it, then all at once. The SLO is set from this machine's own step costs (a TTFT of a few
+# prefills, a TPOT of a little more than a batched step), so that it means the same on a fast and
+# a slow CPU. (A shared CPU is noisy, and a few Poisson arrivals clump: expect the shape, not the
+# decimals, and run it again with more requests if the rows disagree with each other.)
+
+# %%
+def load_test(base_url: str, rate: float, max_concurrency: int | None = None) -> dict:
+    """The workload at `rate` requests/s through the server at base_url; -> the figures of one point."""
+    load = run_load(base_url, real_items, model=REAL, rate=rate, seed=0, ignore_eos=True, progress=False,
+                    max_concurrency=max_concurrency, parse_sse=parse_sse, arrivals=arrival_times)
+    with ThreadPoolExecutor(1) as pool:  # Jupyter's event loop runs in this thread: the test gets its own
+        result = pool.submit(asyncio.run, load).result()
+    done = [r for r in result.records if r.success]
+    metrics = [request_metrics(r) for r in done]
+    ttfts = [m.ttft for m in metrics]
+    return {"rate": rate, "throughput": sum(r.output_tokens for r in done) / result.duration,
+            "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
+            "tpot_p50": percentile([m.tpot for m in metrics if m.tpot is not None], 50),
+            "goodput": goodput(result.records, result.duration, SLO), "failed": len(result.records) - len(done)}
+
+
+if HAVE_REAL:
+    per_request = prefill_s + (OUTPUT_LEN - 1) * step_b / MAX_SEQS  # engine seconds per request at capacity
+    capacity = 1 / per_request  # requests/s
+    bound = OUTPUT_LEN * capacity  # output tokens/s
+    alone = OUTPUT_LEN / (prefill_s + (OUTPUT_LEN - 1) * step_1)  # tokens/s of one request at a time
+    SLO = {"ttft": 4 * prefill_s, "tpot": 1.5 * step_b}
+    print(f"the theory: capacity {capacity:.2f} req/s = {bound:.1f} output tokens/s; one at a time {alone:.1f} "
+          f"tokens/s. SLO: TTFT <= {SLO['ttft'] * 1e3:.0f} ms, TPOT <= {SLO['tpot'] * 1e3:.0f} ms")
+    fractions = (0.5, 1.5) if QUICK else (0.25, 0.5, 0.8, 1.0, 1.5)
+    with serve_in_thread(real_llm) as real_server:  # stops when the block ends
+        load_test(real_server.base_url, math.inf)  # a warm-up, not kept: the first batched steps of a shape pay extra
+        online = load_test(real_server.base_url, math.inf, max_concurrency=1)  # one at a time
+        curve = [load_test(real_server.base_url, f * capacity) for f in fractions]
+        curve.append(load_test(real_server.base_url, math.inf))
+    print(f"{'rate req/s':>10} {'tokens/s':>9} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'TPOT p50 ms':>12} "
+          f"{'goodput req/s':>14} failed")
+    for row in curve:
+        print(f"{row['rate']:10.2f} {row['throughput']:9.1f} {row['ttft_p50'] * 1e3:12.0f} "
+              f"{row['ttft_p99'] * 1e3:12.0f} {row['tpot_p50'] * 1e3:12.1f} {row['goodput']:14.2f} {row['failed']:6d}")
+    broken = next((row["rate"] for row in curve if row["ttft_p99"] > SLO["ttft"]), None)
+    print(f"the first rate whose p99 TTFT broke the SLO: "
+          f"{'none of those tried' if broken is None else f'{broken:.2f} req/s'} (the theory's capacity: "
+          f"{capacity:.2f} req/s)")
+    compare(f"{REAL} behind the server, all requests at once", MY_PREDICTION, theory=bound,
+            measured=curve[-1]["throughput"], unit="tokens/s", theory_name="step-cost bound",
+            gap="below 1: HTTP, streaming, scheduling and the prefills that stall the batch cost more than the "
+                "bare steps; above 1: the prefills of several prompts shared a step, or a shared CPU ran faster "
+                "during the sweep than when the steps were timed (rerun both cells)")
+    fig = go.Figure(go.Scatter(x=[r["throughput"] for r in curve], y=[r["ttft_p99"] * 1e3 for r in curve],
+                               mode="markers+lines+text", textposition="top left",
+                               text=[f"{r['rate']:.2f} req/s" for r in curve]))
+    fig.add_hline(y=SLO["ttft"] * 1e3, line_dash="dot", annotation_text="TTFT SLO")
+    fig.add_vline(x=bound, line_dash="dash", annotation_text="step-cost bound")
+    fig.update_layout(title=f"Latency against throughput: {REAL} behind the server on this CPU",
+                      xaxis_title="output tokens/s", yaxis_title="TTFT p99 (ms)", height=360)
+    fig.show()
+
+# %% [markdown]
+# Read the table from the top: while the rate is below the capacity, throughput follows the rate and
+# TTFT is about a prefill; near the capacity, requests start to wait for a free slot and the p99 TTFT
+# climbs; past it, the queue grows for as long as requests keep coming, and goodput falls while
+# throughput stays flat. Goodput is the figure to sell: the throughput of requests that were served
+# on time.
+#
+# ## Online or batch: the price of waiting (~10 min)
 #
 # An online request must be answered now, so the engine runs with whatever is in the queue and
 # keeps latency low. A batch job can wait: the engine packs every prompt in at once and runs at its
 # best throughput. OpenAI's Batch API sells exactly that trade: requests submitted as a file,
 # results within 24 hours, at half the price of the same requests made synchronously (OpenAI's
-# documentation and pricing page). Below, this machine's own numbers: the same 12 requests served
-# one at a time (the most latency-friendly way: nothing waits behind anything) against all at once
-# (the batch job, the last point of the curve), priced at `DEFAULT_PRICE_PER_HOUR` of
-# `minillm/perf/cost.py`, the listed on-demand price of a 2-vCPU cloud VM (see its comment).
+# documentation and pricing page). Above, the sweep also served the same requests one at a time
+# (the most latency-friendly way: nothing waits behind anything); the last point of the curve is
+# the batch job. Priced at `DEFAULT_PRICE_PER_HOUR` of `minillm/perf/cost.py`, the listed on-demand
+# price of a 2-vCPU cloud VM (see its comment; pass your own machine's price instead).
+#
+# **Predict** first: how many times an online token's cost is a batch token's, from the step costs
+# (the theory's two throughputs above).
+
+# %%
+MY_COST_RATIO = None  # an online token's cost over a batch token's: work it out from the step costs
 
 # %%
 PRICE_PER_HOUR = DEFAULT_PRICE_PER_HOUR
-online, batch = load_test(math.inf, max_concurrency=1), curve[-1]
-for name, row in (("online, one at a time", online), ("batch, all at once", batch)):
-    print(f"{name:>20}: {row['throughput']:6.1f} tokens/s, "
-          f"${cost_per_million_tokens(PRICE_PER_HOUR, row['throughput']):7.2f} per million tokens, "
-          f"TTFT p90 {row['ttft_p90'] * 1e3:.0f} ms")
-print(f"here a batch token costs {online['throughput'] / batch['throughput']:.2f}x an online one")
+if HAVE_REAL:
+    batch = curve[-1]
+    for name, row in (("online, one at a time", online), ("batch, all at once", batch)):
+        print(f"{name:>22}: {row['throughput']:6.1f} tokens/s, "
+              f"${cost_per_million_tokens(PRICE_PER_HOUR, row['throughput']):7.2f} per million tokens, "
+              f"TTFT p99 {row['ttft_p99'] * 1e3:.0f} ms")
+    compare("an online token's cost over a batch token's", MY_COST_RATIO, theory=bound / alone,
+            measured=cost_per_million_tokens(PRICE_PER_HOUR, online["throughput"])
+            / cost_per_million_tokens(PRICE_PER_HOUR, batch["throughput"]), unit="x",
+            theory_name="step-cost ratio",
+            gap="the batch's advantage is how much a decode step of MAX_SEQS sequences costs less than MAX_SEQS "
+                "steps of one; a GPU, whose steps barely grow with the batch, widens it")
+    del real_llm
 
 # %% [markdown]
-# ## Exercise 8.8 · Stop a runaway agent
+# ## Exercise 8.8 · Stop a runaway agent (~10 min)
 #
 # An agent calls the model, runs the tool it asked for, and calls the model again with the result,
 # until the task is done. Sometimes it never is: the model asks for the same tool call forever, or
@@ -566,9 +804,8 @@ class LoopBreaker:
     """A circuit breaker for one agent session: check(output, tokens) after every model call."""
 
     def __init__(self, max_calls: int, max_tokens: int, repeat_window: int, max_repeats: int) -> None:
-        """Caps, each an int >= 1, max_repeats <= repeat_window; raise ValueError otherwise (say which).
-
-        Hints: 10 lines. A deque(maxlen=repeat_window) keeps the last outputs.
+        """Caps, each an int >= 1 (not a bool, not a float), max_repeats <= repeat_window; raise ValueError
+        otherwise (say which). Each breaker keeps its own counts: two breakers never share state.
         """
         ### BEGIN SOLUTION
         for name, value in (("max_calls", max_calls), ("max_tokens", max_tokens),
@@ -583,10 +820,9 @@ class LoopBreaker:
         ### END SOLUTION
 
     def check(self, output: str, tokens: int) -> str | None:
-        """Record one call (its output text, its tokens). -> "repeat: ..." | "tokens: ..." | "calls: ..."
-        (the first rule that fires, in that order), or None to go on.
-
-        Hints: 10 lines. Counter(self.recent)[key] counts one output among the recent ones.
+        """Record one call (its output text, its tokens: an int >= 0). -> a str that starts with the name of
+        the first rule that fires, in the order above ("repeat", "tokens", "calls"; the words after the name
+        are yours), or None to go on.
         """
         ### BEGIN SOLUTION
         self.calls += 1
@@ -609,11 +845,26 @@ for turn in range(6):
     output = f"call search(page={turn})" if turn > 1 else f"thinking about step {turn}"
     print(turn, repr(output), "->", breaker.check(output, tokens=120))
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# What must the breaker remember between calls? Two running totals, and only the last few outputs.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# A container of bounded length keeps the last `repeat_window` normalised outputs (the oldest falls out by
+# itself); count how often the newest occurs among them. Check the rules in their order, each with `>=`.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# `collections.deque` with `maxlen`, and a count of the newest output in it; return the first rule's reason.
+# </details>
+
 # %%
 check("8.8")
 
 # %% [markdown]
-# ## Agents and the KV cache: offload between calls
+# ## Agents and the KV cache: offload between calls (~5 min)
 #
 # Every call of an agent session starts with the whole previous call, so the prefix cache could
 # skip all of it: if the blocks are still in the pool. While the agent waits for its tool, other
@@ -644,7 +895,7 @@ for offload in (False, True):
           f"{run.blocks_offloaded} blocks offloaded; sessions ended by {dict(stops)}")
 
 # %% [markdown]
-# ## Your parts inside the real server, load generator, engine and harness
+# ## Your parts inside the real server, load generator, engine and harness (~5 min)
 #
 # `check("8.E")` (also part of `make grade LAB=08`) plugs your parts in where they belong and runs
 # them for real, through `minillm.labkit.plug`:
@@ -664,7 +915,7 @@ check("8.E")
 server.stop()
 
 # %% [markdown]
-# ## Measure it: a real chat model behind the server
+# ## Measure it: a real chat model behind the server (~5 min)
 #
 # Everything above was served by `tiny`, a model of code that continues text and cannot answer a
 # question. **SmolLM2-135M-Instruct** is a chat model: 135M parameters, trained to answer the
@@ -683,17 +934,12 @@ server.stop()
 # `RequestRecord` for your `request_metrics`, and each answer is checked against the schema with
 # `jsonschema`. Then one
 # question without `response_format`, to see what the model writes when nothing constrains it.
-# It takes well under a minute on a 2-core CPU; if the model is not installed, the cell tells you
+# If the model is not installed, the cell tells you
 # how to install it and skips.
 
 # %%
-import time
-
 import jsonschema
 
-from minillm.labkit import REAL_MODEL, real_model_installed
-
-REAL = REAL_MODEL
 CAPITAL = {"type": "object", "additionalProperties": False, "required": ["city", "country"],
            "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}}}
 
@@ -721,7 +967,7 @@ def ask(base_url: str, question: str, response_format: dict | None) -> tuple[str
     return text, record
 
 
-if real_model_installed():
+if HAVE_REAL:
     json_format = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL}}
     lands = ["France", "Japan", "Italy"]
     questions = [f"What is the capital of {land}? Give the city and the country." for land in lands]
@@ -761,7 +1007,7 @@ if real_model_installed():
 # (which yields the first token) and the trip through HTTP. TPOT is a decode step of a 540 MB
 # model on this CPU, the mask included. A GPU would shrink both.
 #
-# ## How production engines do it
+# ## How production engines do it (~3 min)
 #
 # * **vLLM** serves the OpenAI API (`vllm serve`) with completions and chat, SSE streaming with
 #   `stream_options.include_usage`, structured output through `guided_json` / `response_format`

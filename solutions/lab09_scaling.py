@@ -1,16 +1,20 @@
 # %% [markdown]
 # # Lab 09 · Scaling out
 #
-# **Time:** about 100 minutes. **You need:** lab 00 (the roofline: what a step costs), lab 03
-# (paged KV blocks and the prefix cache) and lab 08 (TTFT, TPOT, ITL, goodput and SLOs).
+# **Time:** about 145 minutes (each section's heading gives its share). **You need:** lab 00 (the
+# roofline: what a step costs), lab 03 (paged KV blocks and the prefix cache), lab 06 (int8 weights)
+# and lab 08 (TTFT, TPOT, ITL, goodput and SLOs). **See also:** the visualizer's **Cluster** page
+# (`make app`), which runs the same simulator with sliders, and `docs/scaling.md`.
 #
 # One engine on one GPU serves one model up to a point. Past it there are two ways out: split the
 # **model** over several GPUs (tensor parallelism), or run many **copies** of the engine behind a
 # router, and maybe split the two phases of a request over different machines (disaggregated
 # prefill and decode). Each way trades something: bytes on a link, cache hits, idle machines.
 # This lab builds the small parts that decide those trades, each with the interface of the piece
-# it plugs into, and measures the trades in `minillm`'s cluster simulator (`minillm/sim/`), which is
-# calibrated on the real engine.
+# it plugs into, and measures the trades in `minillm`'s cluster simulator (`minillm/sim/`). The
+# main experiment calibrates that simulator on **your** engine: a step profile of SmolLM2 on your
+# machine, one replica predicted and then measured, the same weights under three configurations,
+# and a fleet planned on paper from your own step costs.
 #
 # | exercise | your part | runs inside |
 # | --- | --- | --- |
@@ -28,7 +32,9 @@
 # 3. move a sequence's KV cache from one engine to another without sending a single empty slot;
 # 4. route requests to the replica that holds their prefix, without overloading it;
 # 5. scale a fleet up and down without flapping, and price the result in replica-seconds;
-# 6. plan how many GPUs a given traffic needs at a given SLO, and read the plan critically.
+# 6. calibrate a simulator on your own engine, check it against a real run, and plan how many
+#    replicas a given traffic needs at a given SLO, and read the plan critically;
+# 7. explain from a step profile why the same weights serve faster or slower under another configuration.
 #
 # ## How this lab works
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
@@ -58,11 +64,14 @@ from minillm.sim import SimRequest, StepProfile, simulate
 from minillm.sim.autoscale import Autoscaler, fixed_rule, queue_rule
 from minillm.sim.plan import replicas_needed, summary
 from minillm.sim.workloads import agent_sessions
+from minillm.labkit import quick_run
+
+QUICK = quick_run()  # True under the test suite: smaller simulations and measurements, the same method
 
 torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fighting over the cores
 
 # %% [markdown]
-# ## Tensor parallelism: one layer over several GPUs
+# ## Tensor parallelism: one layer over several GPUs (~5 min)
 #
 # A linear layer computes `y = x Wᵀ`, with `W` stored as PyTorch stores it: `[out_features,
 # in_features]`. Split it over `world` GPUs (ranks) in one of two ways (Megatron-LM, Shoeybi et
@@ -80,7 +89,7 @@ torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fig
 # the columns of `A`, i.e. the rows of our `W`.)
 
 # %% [markdown]
-# ## Exercise 9.1 · Shard a weight
+# ## Exercise 9.1 · Shard a weight (~10 min)
 #
 # Split evenly: each rank gets `size / world` consecutive features, rank 0 the first ones. Refuse
 # a `world` below 1 or that does not divide the size, and a rank outside `0 … world-1`, with a
@@ -92,15 +101,14 @@ torch.set_num_threads(1)  # small tensors on a shared CPU: one thread avoids fig
 
 # %% exercise="9.1"
 def shard_columns(weight: Tensor, rank: int, world: int) -> Tensor:
-    """Rank `rank`'s shard of a column-parallel linear layer: a block of output features.
+    """Rank `rank`'s shard of a column-parallel linear layer: its block of output features, as the rules
+    above say (consecutive, equal blocks, rank 0 first).
 
-    weight: [out_features, in_features] -> [out_features / world, in_features], rows
-    rank * out/world ... (rank + 1) * out/world - 1: a contiguous copy in weight's dtype, sharing no
-    memory with weight (even for world 1).
-    Raises ValueError when world < 1, rank not in 0..world-1, or world does not divide out_features.
-
-    Hints: 6 lines. weight.shape[0] // world rows per rank;
-    .clone(memory_format=torch.contiguous_format) copies into a contiguous tensor.
+    weight: a 2-D tensor [out_features, in_features], any dtype and device. -> a 2-D tensor with the
+    rank's share of the output features and every input feature: a contiguous copy in weight's dtype,
+    sharing no memory with weight (even for world 1). weight is not changed.
+    Raises ValueError (saying the values) for a world below 1 or one that does not split the output
+    features evenly, and for a rank outside the world.
     """
     ### BEGIN SOLUTION
     out_features = weight.shape[0]
@@ -114,13 +122,9 @@ def shard_columns(weight: Tensor, rank: int, world: int) -> Tensor:
 
 
 def shard_rows(weight: Tensor, rank: int, world: int) -> Tensor:
-    """Rank `rank`'s shard of a row-parallel linear layer: a block of input features.
-
-    weight: [out_features, in_features] -> [out_features, in_features / world], columns
-    rank * in/world ... (rank + 1) * in/world - 1: a contiguous copy, as shard_columns returns.
-    Raises ValueError as shard_columns does, for in_features.
-
-    Hints: 1 line: the columns of weight are the rows of weight.T.
+    """Rank `rank`'s shard of a row-parallel linear layer: its block of input features, every output
+    feature; a contiguous copy as shard_columns returns. Raises ValueError as shard_columns does, for the
+    input features.
     """
     ### BEGIN SOLUTION
     return shard_columns(weight.T, rank, world).T.contiguous()
@@ -132,24 +136,45 @@ w = torch.arange(24.0).reshape(4, 6)  # 4 output features, 6 input features
 print("column shard of rank 1 of 2:\n", shard_columns(w, 1, 2))
 print("row shard of rank 1 of 3:\n", shard_rows(w, 1, 3))
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Refuse the bad arguments first. Then: how many rows does each rank get, and where does rank r's block start?
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# A slice of rows is a view: copy it, and make sure the copy is contiguous (a row shard's slice of columns
+# is not). The columns of a weight are the rows of its transpose: one function can serve both.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# part = size // world; the block is part·rank … part·(rank + 1); `clone` with the contiguous memory format.
+# </details>
+
 # %%
 check("9.1")
 
 # %% [markdown]
-# ## Exercise 9.2 · Where the all-reduce goes
+# ## Exercise 9.2 · Where the all-reduce goes (~10 min)
 #
 # The MLP of a Llama layer (`minillm/layers/mlp.py`) is `down(silu(gate(x)) · up(x))`, with
 # `gate` and `up` fused into one weight `gate_up: [2·I, H]` (the gate's I rows, then the up's I
-# rows) and `down: [H, I]`. Megatron's recipe needs **one** all-reduce for the whole MLP:
+# rows) and `down: [H, I]`. Megatron's recipe needs **one** all-reduce for the whole MLP. Find
+# where it goes by asking, of each operation, what a rank can compute from its own shards:
 #
-# 1. `gate` and `up` are column-parallel: rank `r` keeps features `r·I/world …` of **each** of
-#    them, so it holds matching slices of the gate and of the up. (Shard the fused weight as one
-#    `[2I, H]` matrix and rank 0 gets the whole gate and no up.)
-# 2. `silu(gate_r) · up_r` is element-wise: each rank computes its slice of the activation with no
-#    communication at all. This is why the column split comes first.
-# 3. `down` is row-parallel over the same features: rank `r` has exactly the slice of the
-#    activation its shard of `down` needs, and produces a partial `[tokens, H]`.
-# 4. **One all-reduce** of the partials gives every rank the full output.
+# * a column-parallel layer gives each rank a *slice of features* of its output, complete: no
+#   communication needed to use them element by element, as long as the slices line up;
+# * an element-wise function of two tensors (`silu(a) · b`) needs, for each feature, that feature
+#   of both tensors on the same rank;
+# * a row-parallel layer takes a slice of features of its input and gives a *partial sum* of its
+#   whole output: useless until the ranks' partials are added.
+#
+# A worked example on another function, `y = C (relu(A x))` with A column-parallel and C
+# row-parallel over 2 ranks: rank 0 computes features 0 … k−1 of `A x`, applies relu to them (an
+# element-wise function needs nothing else), and multiplies by its columns of C: a partial `y₀`;
+# rank 1 likewise `y₁`; `y = y₀ + y₁`, one all-reduce at the very end. Now the SwiGLU MLP: which
+# slices of the gate and of the up must one rank hold for `silu(gate) · up` to be element-wise on
+# it? (Shard the fused weight as one `[2I, H]` matrix and rank 0 gets the whole gate and no up.)
 #
 # An all-reduce earlier, on the gate/up slices, would add slices of *different* features (wrong);
 # one after each layer would send twice the bytes for nothing. Here the ranks are simulated: your
@@ -160,15 +185,12 @@ check("9.1")
 # %% exercise="9.2"
 def tp_mlp_forward(x: Tensor, gate_up: Tensor, down: Tensor, world: int,
                    all_reduce: Callable[[list[Tensor]], list[Tensor]]) -> Tensor:
-    """The SwiGLU MLP, tensor-parallel over `world` simulated ranks, with one all-reduce.
+    """The SwiGLU MLP, tensor-parallel over `world` simulated ranks, as Megatron places it.
 
-    x: [tokens, H]; gate_up: [2 * I, H] (gate rows, then up rows); down: [H, I].
-    Rank r: gate_r = x @ shard_columns(gate, r, world).T, up_r likewise   [tokens, I / world]
-            partial_r = (silu(gate_r) * up_r) @ shard_rows(down, r, world).T   [tokens, H]
-    Then all_reduce([partial_0, ..., partial_(world-1)]) once; -> rank 0's result [tokens, H]
-    (equal to down(silu(gate(x)) * up(x)), the unsharded MLP).
-
-    Hints: 7 lines. gate_up.chunk(2) gives the gate and the up weights; use your 9.1 functions.
+    x: [tokens, H]; gate_up: [2 * I, H] (the gate's I rows, then the up's); down: [H, I]; world divides I.
+    Each rank computes only from its own shards (your 9.1 functions); all_reduce (given: a list of one
+    tensor per rank -> a list of their sums) is called exactly once, with one [tokens, H] tensor per rank.
+    -> rank 0's result [tokens, H], equal to the unsharded MLP up to float rounding. No argument is changed.
     """
     ### BEGIN SOLUTION
     gate, up = gate_up.chunk(2)
@@ -196,20 +218,37 @@ for world in (1, 2, 4):
     got = tp_mlp_forward(x, gate_up, down, world, simulated_all_reduce)
     print(f"world {world}: largest difference from the unsharded MLP {(got - reference).abs().max():.2e}")
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Split the fused weight into the gate and the up first; shard each of them, never the fused matrix.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Per rank: its gate and up slices give its slice of the activation (no communication); its slice of `down`
+# turns that into a partial of the whole output. Collect the partials, reduce them once.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# partial_r = (silu(x gate_rᵀ) · x up_rᵀ) down_rᵀ, with `down_r` a row shard; return all_reduce(partials)[0].
+# </details>
+
 # %%
 check("9.2")
 
 # %% [markdown]
-# ## Disaggregation: prefill here, decode there
+# ## Disaggregation: prefill here, decode there (~5 min)
 #
 # A long prompt's prefill is compute-bound and takes a whole step's budget; decodes are
 # memory-bound and want short, regular steps. Sharing one engine, every long prefill stalls the
 # decodes batched with it: a user reading a stream sees a hiccup (a long ITL). **Disaggregated**
 # serving (DistServe, Zhong et al. 2024; Splitwise; Mooncake, Qin et al. 2024) runs prefill on one
 # pool of GPUs and decode on another, and sends each request's KV cache from the first to the
-# second. Below, the simulator with a profile of Llama-3.1-8B on an H100 (from the roofline,
-# `StepProfile.from_roofline`): the same bursty mix of long and short prompts on 4 colocated
-# replicas, then on 1 prefill + 3 decode replicas.
+# second. Below, the simulator with a profile of Llama-3.1-8B on an H100 **on paper**: a roofline
+# (`StepProfile.from_roofline`) from NVIDIA's H100 SXM datasheet peaks (`minillm/perf/hardware.py`)
+# at 60% of peak, not a measurement; later in the lab you calibrate the simulator on your own engine.
+# The same bursty mix of long and short prompts on 4 colocated replicas, then on 1 prefill + 3 decode
+# replicas.
 
 # %%
 llama8b = model_shape("Llama-3.1-8B")
@@ -244,12 +283,13 @@ fig.update_layout(title="Inter-token latency, Llama-3.1-8B on H100s (simulated)"
 fig.show()
 
 # %% [markdown]
-# The decode pool's steps never hold a prefill, so its p99 ITL falls to about its median. The price
-# is on the other side: one prefill replica serves every prompt, and the KV cache must travel
-# (`transfer_seconds_per_token`: here 2 µs a token, about 128 KiB a token of Llama-3.1-8B's K/V over
-# a 64 GB/s link). Try `prefill_replicas=2`, or a slower link.
+# Compare each row's ITL p99 with its p50: the decode pool's steps never hold a prefill, so what
+# should happen to its tail? The price is on the other side: one prefill replica serves every
+# prompt (look at the TTFTs), and the KV cache must travel (`transfer_seconds_per_token`: here 2 µs a
+# token, about 128 KiB a token of Llama-3.1-8B's K/V over an assumed 64 GB/s link). Try
+# `prefill_replicas=2`, or a slower link.
 #
-# ## Exercise 9.3 · KV blocks on the wire
+# ## Exercise 9.3 · KV blocks on the wire (~12 min)
 #
 # The decode engine receives the prompt's K/V and writes it into **its own** blocks: block ids
 # mean nothing across machines. So the prefill side **packs** a sequence's K/V into one contiguous
@@ -266,14 +306,11 @@ fig.show()
 def pack_kv(k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int], num_tokens: int) -> Tensor:
     """One sequence's K and V, gathered from its blocks into one contiguous buffer.
 
-    k_blocks, v_blocks: [layers, num_blocks, block_size, kv_heads, head_dim] (a pool, by block);
-    block_table: the sequence's block ids, in order, len == ceil(num_tokens / block_size).
-    -> [2, layers, num_tokens, kv_heads, head_dim]: buffer[0] the keys, buffer[1] the values, token t
-    from slot t % block_size of block block_table[t // block_size]; nothing from the empty slots.
-    Raises ValueError when len(block_table) != ceil(num_tokens / block_size) (say both).
-
-    Hints: 6 lines. k_blocks[:, table] is [layers, len(table), block_size, ...]; flatten dims 1-2 and keep
-    the first num_tokens.
+    k_blocks, v_blocks: [layers, num_blocks, block_size, kv_heads, head_dim] (a pool, by block, laid out
+    as above); block_table: the sequence's block ids, in token order, exactly as many as its num_tokens
+    need. -> a new contiguous [2, layers, num_tokens, kv_heads, head_dim] of the pool's dtype: [0] the
+    keys, [1] the values, tokens in order; nothing from the empty slots. The pool is not changed.
+    Raises ValueError when the block table's length does not fit num_tokens (say both).
     """
     ### BEGIN SOLUTION
     block_size = k_blocks.shape[2]
@@ -288,14 +325,11 @@ def pack_kv(k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int], num_
 
 
 def unpack_kv(buffer: Tensor, k_blocks: Tensor, v_blocks: Tensor, block_table: Sequence[int]) -> None:
-    """The inverse of pack_kv: write a packed sequence into these blocks of a pool, in place.
+    """The inverse of pack_kv: write a packed sequence into these blocks of a pool, in place; -> None.
 
-    buffer: [2, layers, num_tokens, kv_heads, head_dim]; k_blocks, v_blocks: a pool, by block;
-    block_table: the receiving sequence's block ids, len == ceil(num_tokens / block_size).
-    Writes token t to slot t % block_size of block block_table[t // block_size], K and V; touches no
-    other slot (the rest of the last block, other sequences' blocks). Raises ValueError as pack_kv does.
-
-    Hints: 6 lines. Per block i, the tokens i * block_size ... min((i + 1) * block_size, num_tokens).
+    buffer: as pack_kv returns it; k_blocks, v_blocks: a pool, by block; block_table: the receiving
+    sequence's block ids. Each token's K and V land in the slot the layout gives it; no other slot is
+    touched (the rest of the last block, other sequences' blocks). Raises ValueError as pack_kv does.
     """
     ### BEGIN SOLUTION
     num_tokens, block_size = buffer.shape[2], k_blocks.shape[2]
@@ -322,11 +356,28 @@ unpack_kv(buffer, other_k, other_v, [0, 1, 3])
 print("the same keys in the other pool's blocks 0, 1, 3:",
       torch.equal(pack_kv(other_k, other_v, [0, 1, 3], 10), buffer))
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# How many blocks do 10 tokens in blocks of 4 need? Write that count without floats, then refuse a table of
+# another length.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Packing: index the pool's block dimension with the whole table at once, merge the block and slot dimensions
+# into one token dimension, cut at num_tokens. Unpacking cannot write a whole last block: go block by block,
+# writing only the tokens that belong to it.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# Block i of the table holds tokens i·block_size … min((i + 1)·block_size, num_tokens) − 1.
+# </details>
+
 # %%
 check("9.3")
 
 # %% [markdown]
-# ## Routing: which replica serves a request
+# ## Routing: which replica serves a request (~3 min)
 #
 # A router in front of many replicas sees, for each replica, its **load** (requests in flight)
 # and, from the prompts it sent there, how many of this request's prompt tokens that replica's
@@ -340,7 +391,7 @@ check("9.3")
 # takes the best hit among the replicas whose load is close enough to the lightest one.
 
 # %% [markdown]
-# ## Exercise 9.4 · A prefix-aware routing policy
+# ## Exercise 9.4 · A prefix-aware routing policy (~10 min)
 #
 # The interface of `minillm/router/policies.py`, shared by the simulator and the real router:
 # `choose(replicas, prompt_tokens) -> index`, where `replicas[i]` is a `ReplicaView(load,
@@ -366,12 +417,10 @@ class PrefixAware:
         ### END SOLUTION
 
     def choose(self, replicas: Sequence[ReplicaView], prompt_tokens: int) -> int:
-        """-> the index of the chosen replica in `replicas`.
-
-        candidates = alive i with replicas[i].load <= min(alive loads) + slack; -> the candidate with the
-        most cached_tokens, ties: lower load, then lower index. RuntimeError when none is alive.
-
-        Hints: 6 lines. max(..., key=lambda i: (cached, -load, -i)).
+        """-> the index (an int) in `replicas` of the replica the rules above choose: never a replica that
+        is not alive; only among those within `slack` of the lightest alive load (at slack exactly counts);
+        the best hit among those, ties to the lower load, then the lower index. replicas is not changed.
+        Raises RuntimeError when none is alive.
         """
         ### BEGIN SOLUTION
         alive = [i for i, r in enumerate(replicas) if r.alive]
@@ -389,21 +438,36 @@ views = [ReplicaView(load=9, cached_tokens=2000), ReplicaView(load=3, cached_tok
 print("slack 4 picks", PrefixAware(4).choose(views, 2100), "- slack 0 picks", PrefixAware(0).choose(views, 2100),
       "- slack 100 picks", PrefixAware(100).choose(views, 2100))
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Work on indices, not on the views: the answer is an index, and ties go to the lower one.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Filter twice (alive, then within the slack of the lightest alive load), then take the best by a key that
+# ranks more cache first, then less load, then a lower index.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# A tuple key (cached tokens, minus load, minus index) and the maximum over the candidates.
+# </details>
+
 # %%
 check("9.4")
 
 # %% [markdown]
-# ## Routing agent sessions at fleet scale
+# ## Routing agent sessions at fleet scale (~5 min)
 #
 # Your policy in the simulator, against round robin and least-loaded: agent sessions of 16 tenants
 # (each with its own 500-2000 token system prompt), 1-50 calls each, bursty arrivals, on 16 and
-# then 64 replicas of Llama-3.1-8B on H100s.
+# then 64 replicas of Llama-3.1-8B on H100s (the roofline profile, on paper).
 
 # %%
 routers = {"round_robin": "round_robin", "least_loaded": "least_loaded", "yours": PrefixAware}  # a name, or your class
 
 routing_rows = []
-for replicas, sessions in ((16, 120), (64, 400)):
+for replicas, sessions in ((16, 60), (64, 200)) if QUICK else ((16, 120), (64, 400)):
     for name, router in routers.items():
         router = router(slack=4) if name == "yours" else router  # a fresh policy object for each run
         result = simulate([], fleet_profile, replicas=replicas, router=router,
@@ -420,13 +484,15 @@ fig.update_layout(title="Prefix-cache hit rate of agent sessions by routing poli
 fig.show()
 
 # %% [markdown]
-# The more replicas, the worse blind routing does: a session's next call lands on the replica
-# holding its history one time in N. Cache-aware routing keeps the hit rate whatever N is.
+# Before reading the bars, the theory: with blind routing, a session's next call lands on the
+# replica holding its history about one time in N, so its hit rate should fall as N grows; a
+# cache-aware policy should keep it whatever N is. Do the printed hit rates at 16 and 64 replicas
+# bear that out?
 #
-# ## Exercise 9.5 · An autoscaling rule
+# ## Exercise 9.5 · An autoscaling rule (~12 min)
 #
 # Traffic comes in waves; a replica costs money every second it runs, and a new one serves only
-# after a **startup** delay (loading tens of GB of weights, warming up): 20-120 s in practice. The
+# after a **startup** delay (loading tens of GB of weights, warming up): tens of seconds or more. The
 # simulator's `Autoscaler` (`minillm/sim/autoscale.py`) reads the fleet every `interval` seconds as a
 # `FleetState(now, replicas, starting, waiting, running)` and asks a rule how many replicas it
 # wants (it clamps the answer to `min_replicas … max_replicas`, starts replicas, or drains the
@@ -434,25 +500,24 @@ fig.show()
 #
 # The obvious rule, "enough replicas for the queue right now" (`queue_rule`), **flaps**: it scales
 # down the moment the queue shrinks, and when the next wave comes the replicas it needs are 20 s
-# away. Yours follows the queue up at once, and comes down slowly:
+# away. Yours follows the queue up at once, and comes down slowly. The rules it keeps:
 #
-# 1. `want = ceil((waiting + running) / per_replica)`; `have = replicas + starting` (the ones
-#    starting are on their way: do not ask for them twice);
-# 2. `want >= have`: return `want` (scale up, or stay);
-# 3. replicas are still starting: return `have` (never shrink while the fleet is growing);
-# 4. `want <= keep · replicas` (the fleet is at most `keep` used): shrink to
-#    `max(1, floor(keep · replicas))`, a fraction at a time;
-# 5. otherwise stay at `replicas`.
+# * **the need**: enough replicas for every request waiting or running at `per_replica` requests
+#   each, never a fraction of a replica short;
+# * **up at once**: when the need is at least what the fleet has or will soon have (replicas serving
+#   plus those starting: they are on their way, do not ask for them twice), ask for the need;
+# * **never down while growing**: while replicas are still starting, keep what is on its way;
+# * **down slowly**: only when the need fits in a `keep` share of the serving replicas, and then by
+#   one step to that share of them (rounded down, never below one replica); otherwise stay.
+#
+# A worked example on other numbers (per_replica 10, keep 0.5): 8 serving, none starting, 35 requests:
+# the need is 4, which fits in half of 8, so the rule asks for 4; with 45 requests the need is 5: stay at 8.
 
 # %% exercise="9.5"
 def autoscale_rule(state: FleetState, per_replica: float = 16.0, keep: float = 0.7) -> int:
-    """The replicas wanted, given the fleet now (the Autoscaler calls it every interval).
-
-    want = ceil((waiting + running) / per_replica), have = replicas + starting.
-    -> want if want >= have; else have if starting > 0; else max(1, floor(keep * replicas)) if
-    want <= keep * replicas; else replicas.
-
-    Hints: 8 lines.
+    """The replicas wanted (an int >= 1 whenever the fleet has a replica), given the fleet now, by the
+    rules above (the Autoscaler calls it every interval and clamps the answer). per_replica > 0 requests a
+    replica; 0 < keep < 1. state is not changed.
     """
     ### BEGIN SOLUTION
     want = math.ceil((state.waiting + state.running) / per_replica)
@@ -474,12 +539,26 @@ for state in (FleetState(0, replicas=2, starting=0, waiting=40, running=20),
               FleetState(65, replicas=10, starting=0, waiting=0, running=120)):
     print(state, "->", autoscale_rule(state))
 
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Compute two numbers first: the need, and what the fleet has or will have. Then the rules, in the order above.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Round the need up. Compare the need with the share `keep` of the serving replicas, not with whole replicas.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# need = ceil((waiting + running) / per_replica); the shrunk fleet is max(1, floor(keep · replicas)).
+# </details>
+
 # %%
 check("9.5")
 
 # %% [markdown]
 # Your rule in the simulator against the queue rule and a fixed fleet, on traffic that swings
-# between 1 and 12 requests per second every 30 s (Llama-3.1-8B on H100s, startup 20 s, SLO:
+# between 1 and 12 requests per second every 30 s (Llama-3.1-8B on H100s, the roofline profile, startup 20 s, SLO:
 # TTFT ≤ 1 s and TPOT ≤ 50 ms). The cost is **replica-seconds**: every replica held, serving,
 # starting or draining, times the seconds it was held.
 
@@ -512,126 +591,212 @@ fig.update_layout(title="Serving replicas over time", xaxis_title="simulated sec
 fig.show()
 
 # %% [markdown]
-# Read the three lines together. The queue rule is the cheapest and fails most requests: every wave
-# finds it shrunk, and the replicas it then asks for arrive 20 s late. Your rule holds its replicas
-# between waves and meets the SLO far more often, for more replica-seconds. A fleet fixed at the
-# peak's size meets it always, at the highest cost: autoscaling pays when the quiet periods are long
-# compared with the startup delay (nights, weekends), and here they are not. Try `period=600` in
-# `waves`, or `startup_seconds=120`.
+# Read the three lines together: which rule is cheapest, and which meets the SLO most often? A
+# rule that shrinks the moment a wave ends finds itself short when the next one comes, and the
+# replicas it then asks for arrive 20 s late; a fleet fixed at the peak's size pays for its quiet
+# periods. Autoscaling pays when the quiet periods are long compared with the startup delay
+# (nights, weekends). Try `period=600` in `waves`, or `startup_seconds=120`, and see whether the
+# ranking changes.
 
 # %% [markdown]
-# ## Same weights, different performance
+# ## Your engine, calibrated: one replica predicted, then measured (~20 min)
 #
-# One model, one GPU type, one workload: what you get still depends on how you serve it. The same
-# Llama-3.1-8B traffic (agent sessions, 8 replicas) under a few engine configurations:
-# the token budget per step (how much prefill a step may hold), the sequences per batch, the
-# routing policy.
-
-# %%
-configs = [("budget 512, 64 seqs, least loaded", dict(max_num_batched_tokens=512, max_num_seqs=64), "least_loaded"),
-           ("budget 4096, 64 seqs, least loaded", dict(max_num_batched_tokens=4096, max_num_seqs=64), "least_loaded"),
-           ("budget 4096, 16 seqs, least loaded", dict(max_num_batched_tokens=4096, max_num_seqs=16), "least_loaded"),
-           ("budget 4096, 64 seqs, prefix aware", dict(max_num_batched_tokens=4096, max_num_seqs=64), "prefix_aware")]
-same = []
-for name, knobs, router in configs:
-    result = simulate([], fleet_profile, replicas=8, router=router, sessions=agent_sessions(80, rate=80 / 40, seed=2),
-                      kv_blocks=20_000, **knobs)
-    s = summary(result.requests, {"ttft": 1.0, "tpot": 0.05})
-    same.append((name, s))
-    print(f"{name:>36}: {s['output_throughput']:7.0f} tok/s, TTFT p99 {s['ttft_p99'] * 1e3:6.0f} ms, "
-          f"TPOT p99 {s['tpot_p99'] * 1e3:5.1f} ms, goodput {s['goodput']:.2f} req/s")
-fig = go.Figure(go.Scatter(x=[s["ttft_p99"] for _, s in same], y=[s["tpot_p99"] * 1e3 for _, s in same],
-                           mode="markers+text", text=[n for n, _ in same], textposition="top center"))
-fig.update_layout(title="Same weights, same GPUs: tail latency by configuration (simulated)",
-                  xaxis_title="TTFT p99 (s)", yaxis_title="TPOT p99 (ms)", height=360)
-fig.show()
-
-# %% [markdown]
-# ## Tails come from variance
-#
-# A simulator is only as good as its step costs. Measured on the real engine (`python -m
-# minillm.bench profile`), a profile holds a price per step, from the tokens it computes and the
-# context its decodes read, and also how far real steps strayed from that price: on a shared CPU
-# the same step takes 10-20% more or less from one moment to the next (another process, a cold
-# cache, the OS taking the core). If the mean is right, does the spread matter? Queueing theory
-# says it does. In an M/G/1 queue (Poisson arrivals, one server, any service time S) the mean wait
-# is λ·E[S²] / (2(1 − ρ)), the Pollaczek-Khinchine formula: it grows with the service time's
-# second moment, so steps that vary make requests wait longer than constant steps of the same
-# mean, and the tail (p99) most of all.
-#
-# The formula assumes each service time is drawn independently. Real steps are not: a slow step is
-# followed by slow ones (the core stays busy elsewhere for a while), and on this engine consecutive
-# steps' ratios to their price correlate about 0.6-0.8. A measured profile keeps that too, as its
-# `persistence`: each step's pace keeps that share of the last one's (an AR(1) process, see
-# `minillm/sim/pace.py`), while every step alone still follows the spread.
-#
-# Below, the bundled `tiny` model is measured on this machine (a few seconds), then one replica
-# serving the same Poisson workload is simulated three ways (`predict` takes the median of 5 seeded
-# runs): as measured, with the spread and its persistence; with the spread drawn afresh each step;
-# and every step costing its price times the spread's mean (a measured profile keeps the long steps'
-# spread apart, as they stray less): the same mean, no variance. (Without the
-# spread, `python -m minillm.bench cluster` put the tails of its real runs up to a quarter short;
-# without the persistence, its TPOT p99 on a run's own steps up to a third short.)
+# Every simulation so far priced its steps with a roofline of an H100 that nobody here measured.
+# A capacity plan deserves better: the step costs of **your** engine on **your** machine. The
+# simulator's `StepProfile` (`minillm/sim/step_profile.py`) prices a step from what it holds: a
+# fixed part, the tokens it computes (prefill and decode tokens alike, along a measured curve), and
+# the context its decodes read. `measure_profile` (`minillm/sim/calibrate.py`, also `python -m
+# minillm bench profile`) replays a calibration workload through the real engine (bursts, a trickle,
+# lone prompts), records every step and fits those prices to them. Below it runs on
+# SmolLM2-135M-Instruct here (about half a minute under the test suite, longer for your run).
 
 # %%
 import dataclasses
 import statistics
+import time
 
 from minillm import EngineConfig
+from minillm.config import QuantConfig
 from minillm.engine.engine import LLMEngine
-from minillm.sim.calibrate import alone_seconds, measure_profile, replica_knobs, workload
+from minillm.labkit import REAL_MODEL, compare, real_model_installed
+from minillm.sim.calibrate import alone_seconds, measure_profile, replay, replica_knobs, workload
 from minillm.sim.plan import predict
 
-engine = LLMEngine(EngineConfig.from_knobs("tiny", max_num_seqs=16, enable_prefix_caching=False))
-measured = measure_profile(engine, requests=24)
-print(f"measured: {measured.describe()}")
-work = workload(300, 1.5 / alone_seconds(measured), seed=3)  # 1.5x what one request at a time could serve
+HAVE_REAL = real_model_installed()
+MODEL_HERE = REAL_MODEL if HAVE_REAL else "tiny"  # without SmolLM2 installed, the bundled tiny model stands in
+engine = LLMEngine(EngineConfig.from_knobs(MODEL_HERE, max_num_seqs=8, enable_prefix_caching=False))
+started = time.perf_counter()
+mine = measure_profile(engine, requests=8 if QUICK else 48)
+print(f"calibrated in {time.perf_counter() - started:.0f} s: {mine.describe()}")
+print(f"steps stay slow or fast together: persistence {mine.persistence:.2f} (0: each step independent)")
+
+# %% [markdown]
+# **Predict.** The workload below is a stream of short chat requests (prompts of `PROMPT` tokens,
+# outputs of `OUTPUT` tokens, uniform in those ranges) arriving at `RATE` per second, about twice what
+# this replica could serve one request at a time. From the profile's step costs printed above, work
+# out the output tokens per second this replica sustains on it (hint: does the replica keep up, and
+# if so what does it make per second; if not, what does a batched step of its sequences make?).
+
+# %%
+N_REQUESTS, PROMPT, OUTPUT = (6, (16, 64), (4, 12)) if QUICK else (24, (16, 128), (8, 32))
+mean_prompt, mean_output = sum(PROMPT) / 2, sum(OUTPUT) / 2
+one_at_a_time = mine.step_time(int(mean_prompt), 0, 0) + mean_output * mine.step_time(0, 1, int(mean_prompt))
+RATE = 2.0 / one_at_a_time
+print(f"{N_REQUESTS} requests at {RATE:.2f} per second; one mean request alone costs this replica "
+      f"{one_at_a_time:.2f} s")
+
+MY_PREDICTION = None  # output tokens/s of one replica on this workload: from the step costs above
+
+# %%
+work = workload(N_REQUESTS, RATE, seed=3, prompt=PROMPT, output=OUTPUT)
+predicted = predict(work, mine, **replica_knobs(engine))  # the simulator: the median of 5 seeded runs
+real = summary(replay(engine, work))                       # the same requests through the real engine, in real time
+print(f"{'':>10} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}")
+for name, row in (("simulated", predicted), ("measured", real)):
+    print(f"{name:>10} {row['output_throughput']:9.2f} {row['ttft_median'] * 1e3:7.0f}ms "
+          f"{row['ttft_p99'] * 1e3:7.0f}ms "
+          f"{row['tpot_median'] * 1e3:7.1f}ms {row['tpot_p99'] * 1e3:7.1f}ms")
+compare(f"one replica of {MODEL_HERE} here, {N_REQUESTS} requests at {RATE:.2f}/s", MY_PREDICTION,
+        theory=predicted["output_throughput"], measured=real["output_throughput"], unit="tokens/s",
+        theory_name="simulator on your profile",
+        gap="near 1: the profile prices your engine's steps; far from it on a shared CPU: the machine's pace drifted "
+            "between the calibration and the run (rerun both). The latency columns test the profile harder")
+
+# %% [markdown]
+# A simulator that matches one replica is worth trusting a little for many. Read the two rows:
+# which figure agrees best, and which worst? The throughput is set by the arrivals when the replica
+# keeps up, so it agrees almost by construction; the latencies are the real test of the profile.
+#
+# ## Same weights, different performance (~20 min)
+#
+# One model, one machine, one workload: what you get still depends on how you serve it. Here the
+# same SmolLM2 weights and the same requests, under three configurations of the engine:
+#
+# * **default**: up to 8 sequences in a batch (what you just measured);
+# * **one sequence at a time**: `max_num_seqs=1`, no batching;
+# * **int8 weights**: `quantization=QuantConfig("int8")` (lab 06), batching as the default.
+#
+# **Predict** both before you run them, from the step profile. For one sequence at a time, the
+# simulator can tell you (the profile holds what a batched step costs against a step of one); work
+# out first which way it moves, and by how much. For int8, the profile of the float32 weights cannot:
+# the engine itself changed, so it gets a profile of its own below. Predict that profile's price of
+# a decode step of one sequence: such a step reads every weight once (lab 00), and int8 weights are a
+# quarter of float32's bytes.
+
+# %%
+MY_PREDICTIONS = {"one sequence at a time (tokens/s)": None,       # from the profile: batching's worth here
+                  "int8: a decode step of one sequence (ms)": None}  # from the bytes that step reads
+
+# %%
+configs = {"default": engine,
+           "one sequence at a time": LLMEngine(EngineConfig.from_knobs(MODEL_HERE, max_num_seqs=1,
+                                                                       enable_prefix_caching=False)),
+           "int8 weights": LLMEngine(EngineConfig.from_knobs(MODEL_HERE, max_num_seqs=8, enable_prefix_caching=False,
+                                                             quantization=QuantConfig("int8")))}
+int8_profile = measure_profile(configs["int8 weights"], requests=8 if QUICK else 48)
+print(f"float32: {mine.describe()}\nint8:    {int8_profile.describe()}")
+profiles = {"default": mine, "one sequence at a time": mine, "int8 weights": int8_profile}
+same = {"default": (predicted, real)}
+for name, eng in configs.items():
+    if name not in same:
+        same[name] = (predict(work, profiles[name], **replica_knobs(eng)), summary(replay(eng, work)))
+print(f"{'':>24} {'tokens/s':>9} {'TTFT p50':>9} {'TPOT p50':>9}   simulated on its profile")
+for name, (sim, got) in same.items():
+    print(f"{name:>24} {got['output_throughput']:9.2f} {got['ttft_median'] * 1e3:7.0f}ms "
+          f"{got['tpot_median'] * 1e3:7.1f}ms"
+          f"   {sim['output_throughput']:6.2f} tokens/s, TTFT {sim['ttft_median'] * 1e3:5.0f} ms, "
+          f"TPOT {sim['tpot_median'] * 1e3:5.1f} ms")
+one_sim, one_real = same["one sequence at a time"]
+compare("one sequence at a time: output tokens/s", MY_PREDICTIONS["one sequence at a time (tokens/s)"],
+        theory=one_sim["output_throughput"], measured=one_real["output_throughput"], unit="tokens/s",
+        theory_name="simulator on your profile",
+        gap="the simulator knows what a step of one costs against a batched step: if it matches, batching's worth "
+            "on this machine is in the profile; if not, compare with the default row, run at another moment")
+context = int(mean_prompt + mean_output / 2)  # what a mean decode reads
+compare("int8: a decode step of one sequence", MY_PREDICTIONS["int8: a decode step of one sequence (ms)"],
+        theory=mine.step_time(0, 1, context) * 1e3 / 4, measured=int8_profile.step_time(0, 1, context) * 1e3,
+        unit="ms", theory_name="float32's step, a quarter of the bytes",
+        gap="above 1: a step is not only weight bytes (the fixed work of a step, dequantizing, the sampler); near 1: "
+            "this machine's decode step was bandwidth-bound, as lab 00's roofline says")
+fig = go.Figure([go.Bar(name=stat, x=list(same), y=[got[key] * 1e3 for _, got in same.values()])
+                 for stat, key in (("TTFT p50", "ttft_median"), ("TPOT p50", "tpot_median"))])
+fig.update_layout(title=f"The same {MODEL_HERE} weights, three configurations, measured here", yaxis_title="ms",
+                  barmode="group", height=340)
+fig.show()
+
+# %% [markdown]
+# Explain the three rows from the step profile before you read on. Where does the default's
+# advantage over one sequence at a time come from: the profile's price of a step of one token
+# against a step of a few (`describe()` above)? Which of TTFT and TPOT does batching cost, and
+# which does it buy? And int8: it changed the engine, so it needed a profile of its own. Compare the
+# two profiles' lines: which price moved (the step of one token, the extra per token, the prefill
+# tokens), and does that explain the int8 row's TTFT and TPOT? (On a busy shared CPU, rerun the cell
+# before you trust a difference of a few percent.)
+#
+# ## Tails come from variance (~10 min)
+#
+# A simulator is only as good as its step costs. A measured profile holds a price per step, and also
+# how far real steps strayed from that price: the calibration above printed the spread of your
+# machine's steps (the share of steps within a band of their price) and their persistence. If the
+# mean is right, does the spread matter? Queueing theory says it does. In an M/G/1 queue (Poisson
+# arrivals, one server, any service time S) the mean wait is λ·E[S²] / (2(1 − ρ)), the
+# Pollaczek-Khinchine formula: it grows with the service time's second moment, so steps that vary
+# make requests wait longer than constant steps of the same mean, and the tail (p99) most of all.
+#
+# The formula assumes each service time is drawn independently. Real steps are not: a slow step is
+# often followed by slow ones (the core stays busy elsewhere for a while). A measured profile keeps
+# that too, as its `persistence`: each step's pace keeps that share of the last one's (an AR(1)
+# process, see `minillm/sim/pace.py`), while every step alone still follows the spread.
+#
+# Below, one replica with your profile serves a longer Poisson workload in the simulator, three
+# ways (`predict` takes the median of 5 seeded runs): as measured, with the spread and its
+# persistence; with the spread drawn afresh each step; and every step costing its price times the
+# spread's mean (a measured profile keeps the long steps' spread apart, as they stray less): the
+# same mean, no variance.
+
+# %%
+long_work = workload(100 if QUICK else 300, 1.5 / alone_seconds(mine), seed=3)  # 1.5x one at a time's rate
 tails = {}
 constant = dataclasses.replace(  # each step its spread's mean cost relative to its price (long steps their own)
-    measured, spread=(statistics.fmean(measured.spread),),
-    long_spread=(statistics.fmean(measured.long_spread),) if measured.long_spread else ())
-for name, profile in (("as measured", measured),
-                      ("spread drawn afresh", dataclasses.replace(measured, persistence=0.0)),
+    mine, spread=(statistics.fmean(mine.spread),) if mine.spread else (),
+    long_spread=(statistics.fmean(mine.long_spread),) if mine.long_spread else ())
+for name, profile in (("as measured", mine),
+                      ("spread drawn afresh", dataclasses.replace(mine, persistence=0.0)),
                       ("every step its mean cost", constant)):
-    tails[name] = predict(work, profile, **replica_knobs(engine))
+    tails[name] = predict(long_work, profile, **replica_knobs(engine))
     t = tails[name]
-    print(f"{name:>28}: TTFT p50 {t['ttft_median'] * 1e3:5.1f} ms, p99 {t['ttft_p99'] * 1e3:5.1f} ms; "
-          f"TPOT p50 {t['tpot_median'] * 1e3:4.1f} ms, p99 {t['tpot_p99'] * 1e3:4.1f} ms")
+    print(f"{name:>28}: TTFT p50 {t['ttft_median']:6.2f} s, p99 {t['ttft_p99']:6.2f} s; "
+          f"TPOT p50 {t['tpot_median'] * 1e3:5.1f} ms, p99 {t['tpot_p99'] * 1e3:5.1f} ms")
 fig = go.Figure([go.Bar(name=name, x=["TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"],
                         y=[t[k] * 1e3 for k in ("ttft_median", "ttft_p99", "tpot_median", "tpot_p99")])
                  for name, t in tails.items()])
-fig.update_layout(title="One replica of tiny here (simulated): the same mean step, three ways to vary it",
+fig.update_layout(title=f"One replica of {MODEL_HERE} here (simulated): the same mean step, three ways to vary it",
                   yaxis_title="ms", height=340)
 fig.show()
 
 # %% [markdown]
-# The medians barely move; the p99s do. A capacity plan priced with constant steps promises tails
-# it will not meet, which is why a measured profile carries its spread. Persistence moves TPOT p99
-# most: a request's TPOT averages its own steps, which independent draws even out and slow spells do
-# not. And a plan should be checked against a real run of one or two replicas before it is trusted.
+# Compare the medians with the p99s across the three rows. Which moves more when the variance goes?
+# Persistence should matter most to TPOT p99: a request's TPOT averages its own steps, which
+# independent draws even out and slow spells do not. (With a persistence near 0 in your profile, the
+# first two rows agree: your machine's slow steps came alone.) A capacity plan priced with constant
+# steps promises the tails the last row shows; check which one your real run above came closest to.
 
 # %% [markdown]
-# ## Exercise 9.6 · What tensor parallelism costs on the link
+# ## Exercise 9.6 · What tensor parallelism costs on the link (~6 min)
 #
-# A Llama layer needs two all-reduces per forward pass with Megatron's recipe: one after the
-# attention's row-parallel output projection, one after the MLP's `down`. Each reduces a
-# `[tokens, H]` activation. The usual algorithm, **ring all-reduce** (a reduce-scatter, then an
-# all-gather), has every rank send `2 (world - 1) / world` times the tensor's bytes, however many
-# ranks there are: the figure NCCL's own tests report as "bus bandwidth". So, per token:
-#
-# $$\text{bytes sent per rank} = \text{layers} \cdot 2 \cdot \frac{2(\text{world} - 1)}{\text{world}}
-#   \cdot H \cdot \text{dtype bytes}.$$
-#
-# One rank (world = 1) sends nothing.
+# Count the all-reduces of one forward pass with Megatron's recipe: in each Llama layer, one after
+# the attention's row-parallel output projection and one after the MLP's `down`. Each reduces a
+# `[tokens, H]` activation. The usual algorithm, **ring all-reduce**, is a reduce-scatter then an
+# all-gather: in each half, every rank sends `world − 1` pieces of `1/world` of the tensor (NCCL's
+# tests call the resulting per-rank traffic over the tensor's size the "bus bandwidth" factor).
+# Worked on other numbers: a 1 MB tensor over 5 ranks: each half sends 4 pieces of 0.2 MB, so 1.6 MB
+# per rank for the all-reduce. One rank (world = 1) sends nothing.
 
 # %% exercise="9.6"
 def allreduce_bytes_per_token(hidden_size: int, num_layers: int, world: int, dtype_bytes: int = 2) -> float:
-    """Bytes each rank sends per token in a tensor-parallel forward pass with ring all-reduces.
-
-    -> num_layers * 2 * 2 * (world - 1) / world * hidden_size * dtype_bytes (0 for world 1).
+    """Bytes (a float) each rank sends per token in a tensor-parallel forward pass of a Llama model with
+    ring all-reduces, as described above; 0.0 for world 1. hidden_size, num_layers, dtype_bytes: ints >= 1.
     Raises ValueError when world < 1 (say the value).
-
-    Hints: 3 lines.
     """
     ### BEGIN SOLUTION
     if world < 1:
@@ -645,47 +810,74 @@ for world in (1, 2, 4, 8):
     per_token = allreduce_bytes_per_token(llama8b.hidden_size, llama8b.num_hidden_layers, world)
     print(f"Llama-3.1-8B at TP={world}: {per_token / 1e6:.2f} MB per token per rank; a prefill of 4096 tokens "
           f"moves {per_token * 4096 / 1e9:.2f} GB per rank: {per_token * 4096 / 450e9 * 1e3:.1f} ms over "
-          f"NVLink (450 GB/s one way), {per_token * 4096 / 25e9 * 1e3:.0f} ms over 200 Gb/s Ethernet")
+          f"NVLink (450 GB/s each way), {per_token * 4096 / 25e9 * 1e3:.0f} ms over 200 Gb/s Ethernet")
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Three factors: how many all-reduces per token, how many bytes each reduces, and what the ring multiplies
+# those bytes by for each rank.
+# </details>
+# <details><summary>Hint 2: the idea</summary>
+#
+# Two per layer; H values of dtype_bytes each per token; the ring's factor from the worked example, with
+# world ranks instead of 5.
+# </details>
+# <details><summary>Hint 3: last resort</summary>
+#
+# layers · 2 · 2(world − 1)/world · H · dtype_bytes.
+# </details>
 
 # %%
 check("9.6")
 
 # %% [markdown]
-# Those figures are why tensor parallelism stays inside one machine (NVLink), and across machines
+# (The link rates are vendors' figures: NVIDIA's H100 SXM datasheet gives NVLink 900 GB/s, both
+# directions together; a 200 Gb/s Ethernet port carries 25 GB/s.) Those figures are why tensor
+# parallelism stays inside one machine (NVLink), and across machines
 # one uses pipeline parallelism or more replicas instead: the per-token traffic does not shrink as
 # the ranks grow, while the compute per rank does.
 
 # %% [markdown]
-# ## A capacity plan
+# ## A capacity plan, on paper, from your profile (~10 min)
 #
-# How many H100s does a product need? Say 8 agent sessions start per second (each 1-50 calls, 16
-# tenants), and every call must meet TTFT ≤ 1 s and TPOT ≤ 50 ms for 99% of calls. `replicas_needed`
-# (`minillm/sim/plan.py`) simulates the traffic on 1, 2, 4, … replicas, then bisects to the fewest
-# that meet the SLO. One replica here is Llama-3.1-8B on one H100; with TP=2 a replica is two GPUs
-# whose steps are (roughly) twice as fast, and your 9.6 says what they pay on the link.
+# How many replicas of **your** engine does a product need? Say chat requests like those above
+# arrive at 20 times the rate one replica sustained, and every request must meet a TTFT and a TPOT
+# SLO for 99% of them. The SLO is stated in your machine's own step costs (a TTFT of a few mean
+# prefills, a TPOT of twice a decode step), so that it means the same on a fast and a slow CPU.
+# `replicas_needed` (`minillm/sim/plan.py`) simulates the traffic on 1, 2, 4, … replicas, then
+# bisects to the fewest that meet the SLO. With TP=2 a replica is two machines whose steps are (at
+# best) twice as fast, and your 9.6 says what they pay on the link. This is paper: the profile is
+# measured, the fleet is not; a plan is checked against a real run of one or two replicas (you did
+# one above) before it is trusted.
 
 # %%
-slo = {"ttft": 1.0, "tpot": 0.05}
+slo = {"ttft": 4 * mine.step_time(int(mean_prompt), 0, 0), "tpot": 2 * mine.step_time(0, 1, int(mean_prompt))}
+traffic = 20 * RATE
 plan = {}
-halved = StepProfile(fleet_profile.fixed / 2, fleet_profile.per_prefill_token / 2, fleet_profile.per_decode_seq / 2,
-                     fleet_profile.per_context_token / 2, "TP=2, an ideal 2x")
-for name, profile, gpus_per_replica in (("TP=1", fleet_profile, 1), ("TP=2", halved, 2)):
-    needed, s = replicas_needed(lambda: ([], agent_sessions(240, rate=8.0, seed=1)), profile, slo, kv_blocks=20_000,
-                                router="prefix_aware")
-    plan[name] = needed * gpus_per_replica
-    print(f"{name}: {needed} replicas = {needed * gpus_per_replica} H100s (SLO met by {s['slo_attainment']:.1%} "
-          f"of calls, TTFT p99 {s['ttft_p99']:.2f} s)")
-link = allreduce_bytes_per_token(llama8b.hidden_size, llama8b.num_hidden_layers, 2)
-print(f"TP=2 moves {link / 1e3:.0f} kB per token per GPU over NVLink, which the ideal TP=2 profile ignores")
+halved = dataclasses.replace(mine, fixed=mine.fixed / 2, per_prefill_token=mine.per_prefill_token / 2,
+                             per_decode_seq=mine.per_decode_seq / 2, per_context_token=mine.per_context_token / 2,
+                             token_curve=tuple((n, t / 2) for n, t in mine.token_curve), source="TP=2, an ideal 2x")
+print(f"traffic {traffic:.1f} requests/s; SLO: TTFT <= {slo['ttft']:.2f} s, TPOT <= {slo['tpot'] * 1e3:.0f} ms")
+for name, profile, machines_per_replica in (("TP=1", mine, 1), ("TP=2", halved, 2)):
+    needed, s = replicas_needed(lambda: (workload(200 if QUICK else 600, traffic, seed=1, prompt=PROMPT,
+                                                  output=OUTPUT), []), profile, slo, **replica_knobs(engine))
+    plan[name] = needed * machines_per_replica
+    print(f"{name}: {needed} replicas = {needed * machines_per_replica} machines like this one (SLO met by "
+          f"{s['slo_attainment']:.1%} of requests, TTFT p99 {s['ttft_p99']:.2f} s)")
+shape = engine.model_config
+link = allreduce_bytes_per_token(shape.hidden_size, shape.num_hidden_layers, 2, dtype_bytes=engine.dtype.itemsize)
+print(f"TP=2 of {MODEL_HERE} ({shape.num_hidden_layers} layers of {shape.hidden_size}, {engine.dtype}) moves "
+      f"{link / 1e3:.0f} kB per token per rank, which the ideal TP=2 profile ignores")
 
 # %% [markdown]
-# Read the plan critically: the profile is a roofline at 60% of peak, not a measurement on an H100;
-# the workload is a model of agents, not your traffic; the TP=2 profile assumes a perfect 2x. What
-# the plan is good for is the *shape*: which SLO binds, how the answer moves with the traffic, and
-# where a measurement (`python -m minillm.bench profile` on the real GPU) would change it most.
+# Read the plan critically: the profile was measured on one machine at one moment (a shared CPU's
+# steps drift), the workload is a model of chat traffic, not yours, and the TP=2 profile assumes a
+# perfect 2x with a free link. What the plan is good for is the *shape*: which SLO binds, how the
+# answer moves with the traffic, and where a measurement would change it most.
 
 # %% [markdown]
-# ## Your parts inside the real pieces
+# ## Your parts inside the real pieces (~5 min)
 #
 # `check("9.E")` (also part of `make grade LAB=09`) plugs your parts in where they belong
 # (`minillm.labkit.plug.lab_parts`):
@@ -702,7 +894,7 @@ print(f"TP=2 moves {link / 1e3:.0f} kB per token per GPU over NVLink, which the 
 check("9.E")
 
 # %% [markdown]
-# ## How production engines do it
+# ## How production engines do it (~3 min)
 #
 # * **vLLM** shards models with Megatron-style `ColumnParallelLinear` / `RowParallelLinear` layers
 #   (`--tensor-parallel-size`), and fuses gate and up into a `MergedColumnParallelLinear` that

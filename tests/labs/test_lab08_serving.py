@@ -399,7 +399,7 @@ def test_admit_fixed_cases(lab):
 @exercise("8.5")
 def test_admit_matches_the_rule_on_random_queues(lab):
     """500 seeded (waiting, max, drain rate) cases (no drain, a negative one, exactly full queues): None below the
-    max, else max(1, ceil(excess / rate)), at least 1"""
+    max, else the reference's Retry-After: whole seconds, never early, at least 1"""
     rng = random.Random(805)
     for _ in range(500):
         max_waiting = rng.randint(1, 20)
@@ -457,6 +457,29 @@ def test_grammar_mask_fixed_cases(lab):
         half[1].isfinite().nonzero().flatten().tolist() == [33], "two words per row: token 32 is bit 0 of word 1"
 
 
+@exercise("8.6")
+def test_grammar_mask_stays_on_the_logits_device(lab):
+    """the logits on another device than the bitmask (the engine fills the bitmask on the CPU while the logits sit
+    on the accelerator; here the logits are on PyTorch's 'meta' device, so no GPU is needed): the result is on the
+    logits' device, with their shape and dtype, and nothing of the CPU is mixed into a computation on that device;
+    likewise with both on 'meta'"""
+    for where in ("bitmask on the CPU", "bitmask on 'meta' too"):
+        logits = torch.zeros(3, 70, dtype=torch.float16, device="meta")
+        bitmask = torch.tensor([[1, 1, 5], [0, 2, -1], [-1, -1, -2**31]], dtype=torch.int32)
+        if where != "bitmask on the CPU":
+            bitmask = bitmask.to("meta")
+        try:
+            got = lab.apply_grammar_mask(logits, bitmask)
+        except RuntimeError as e:
+            raise AssertionError(f"Exercise 8.6: logits on the 'meta' device, {where}: the mask mixed tensors of two "
+                                 f"devices ({str(e).splitlines()[0]}): a tensor it builds must be on the device of "
+                                 f"the tensor it is combined with") from None
+        assert isinstance(got, torch.Tensor) and got.device == logits.device, \
+            f"Exercise 8.6: logits on 'meta', {where}: the result is on {getattr(got, 'device', got)}, not 'meta'"
+        assert got.shape == logits.shape and got.dtype == logits.dtype, \
+            f"Exercise 8.6: logits [3, 70] float16 on 'meta': the result is {list(got.shape)} {got.dtype}"
+
+
 # -- 8.7 cost_per_million_tokens -------------------------------------------------------------------------
 @exercise("8.7")
 def test_cost_per_million_tokens_fixed_cases(lab):
@@ -474,7 +497,8 @@ def test_cost_per_million_tokens_fixed_cases(lab):
 
 @exercise("8.7")
 def test_cost_per_million_tokens_on_random_prices(lab):
-    """200 seeded (price, throughput) pairs: price / (3600 * throughput) * 1e6, inversely proportional to throughput"""
+    """200 seeded (price, throughput) pairs: the reference's dollars per million tokens, inversely proportional to
+    throughput"""
     rng = random.Random(807)
     for _ in range(200):
         price, rate = rng.uniform(0.01, 100), 10 ** rng.uniform(-1, 5)
@@ -484,8 +508,16 @@ def test_cost_per_million_tokens_on_random_prices(lab):
 
 
 # -- 8.8 LoopBreaker ------------------------------------------------------------------------------------
+RULES = ("repeat", "tokens", "calls")
+
+
 def kind(reason: str | None) -> str | None:
-    return None if reason is None else reason.split(":")[0].strip()
+    """The rule a reason names: the contract asks only that the reason start with the rule's name (any
+    wording after it); a reason that starts with none of them is returned whole, to be shown as it is."""
+    if reason is None:
+        return None
+    text = str(reason).strip()
+    return next((rule for rule in RULES if text.lower().startswith(rule)), text)
 
 
 @exercise("8.8")
@@ -538,7 +570,8 @@ def test_breaker_matches_the_reference_on_random_sessions(lab):
             tokens = rng.randint(0, 200)
             got, want = mine.check(output, tokens), reference.check(output, tokens)
             assert kind(got) == kind(want), (f"session {session} {caps}, call {call + 1} ({output!r}, {tokens} "
-                                             f"tokens): your breaker said {got!r}, the reference {want!r}")
+                                             f"tokens): your breaker said {got!r} (rule {kind(got)!r}), the "
+                                             f"reference {want!r} (rule {kind(want)!r})")
             if want is not None:
                 break
 
@@ -684,10 +717,13 @@ def test_your_loop_breaker_stops_the_real_agent_harness(lab):
         workload = agent_workload(corpus, num_sessions=6, seed=8, system_tokens=24, task_tokens=8, tool_tokens=8,
                                   tool_seconds=0.005, median_calls=6)
         run = run_sessions(llm, workload, max_tokens=4, breaker=lambda: Recording(parts["LoopBreaker"], caps, seen))
-    for output, tokens, got, want in seen:
-        assert kind(got) == kind(want), (f"a call of {tokens} tokens that output {output!r}: your breaker said "
-                                         f"{got!r}, the reference {want!r}")
+    for output, tokens, yours, reference in seen:
+        assert kind(yours) == kind(reference), (
+            f"Exercise 8.8 in the agent harness: a call of {tokens} tokens that output {output!r}: your breaker "
+            f"said {yours!r} (rule {kind(yours)!r}), the reference breaker {reference!r} (rule {kind(reference)!r})")
     stops = [reason for reason in run.stop_reasons.values() if reason not in ("done", "context")]
     assert stops, f"no session was stopped by the breaker: {run.stop_reasons}"
-    assert sorted(stops) == sorted(got for *_, got in seen if got is not None), \
-        f"the harness ended sessions for {sorted(stops)}, your breaker said {[g for *_, g in seen if g]}"
+    yours_stops = [yours for _, _, yours, _ in seen if yours is not None]  # what the learner's breaker returned
+    assert sorted(map(str, stops)) == sorted(map(str, yours_stops)), \
+        (f"Exercise 8.8 in the agent harness: the harness ended sessions for {sorted(map(str, stops))}, but your "
+         f"breaker asked to stop with {sorted(map(str, yours_stops))}")

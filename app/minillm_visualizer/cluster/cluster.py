@@ -44,7 +44,9 @@ st.markdown("One engine serves one GPU's worth of requests; a service runs many 
             "queues. This page simulates a fleet serving agent sessions (many tenants, bursty, calls that grow "
             "the history), each replica stepping as the engine's measured or roofline step costs say, and plays "
             "the queues and KV use of every replica back over time.")
-st.caption(":material/menu_book: " + (f"Taught in **lab 09**: `labs/{LAB[0].name}` (open the labs with `make lab`). "
+st.caption(":material/menu_book: " + (f"Taught in **lab 09, scaling out**: `labs/{LAB[0].name}` (open the labs with "
+                                      "`make lab`; its source is `solutions/lab09_scaling.py`, and docs/scaling.md "
+                                      "goes with it; the lab calibrates this simulator on your own engine). "
                                       if LAB else "")
            + "The simulator is `minillm/sim/` (a discrete-event model on SimPy: `cluster.py`, `replica.py`, "
              "`routing.py`, `autoscale.py`, `workloads.py`); `python -m minillm bench cluster` prints the same "

@@ -27,7 +27,8 @@ st.markdown("A server is judged by its users: how long until the first token (TT
             "HTTP at the arrival rate you choose, and measures every request as a client sees it, while the "
             "server's own `/metrics` are scraped live.")
 st.caption(":material/menu_book: " + (f"Taught in **lab 08, serving**: `labs/{LAB[0].name}` (open the labs with "
-                                      "`make lab`). " if LAB else "")
+                                      "`make lab`; its source is `solutions/lab08_serving.py`, and docs/serving.md "
+                                      "goes with it). " if LAB else "")
            + "The server is `minillm/serve/` (`python -m minillm serve`), the load generator "
              "`minillm/serve/loadgen.py`, the metrics' definitions `minillm/perf/serving.py`.")
 
@@ -158,8 +159,9 @@ st.dataframe(table, hide_index=True, column_config={
     **{c: st.column_config.NumberColumn(format="%.2f") for c in ("duration (s)", "requests/s", "output tok/s",
                                                                    "goodput (req/s)")},
     **{c: st.column_config.NumberColumn(format="%.0f") for c in table.columns if c.endswith("(ms)")}})
-st.caption("TTFT: first token's arrival minus the request's send time (queueing and prefill). TPOT: (E2E - TTFT) / "
-           "(tokens - 1). ITL: every gap between streamed tokens. Goodput: requests per second that met both SLOs; "
+st.caption("TTFT: first token's arrival minus the request's send time (queueing and prefill). TPOT: the time after "
+           "the first token, per token after the first (lab 08, exercise 8.2). ITL: every gap between streamed "
+           "tokens. Goodput: requests per second that met both SLOs; "
            "change the SLOs and the figures follow without rerunning.")
 st.plotly_chart(latency_throughput(points, slo), key="serve_curve")
 st.caption("Each marker is one offered rate. While the server keeps up, throughput follows the offered load and "
@@ -182,5 +184,5 @@ verdict = (f"Online, only tokens that arrive within the SLOs are worth selling, 
            f"fastest: here {rows[chosen]['rate']}, {online['good_output_throughput']:.1f} good tokens/s, "
            f"{dollars(rows[chosen]['goodput'])} per million." if chosen is not None else
            "No request met the SLOs at any rate: loosen them, or lower the rate.")
-st.caption(f"Cost per million output tokens = price per hour / (3600 × tokens per second) × 10⁶, at ${price:g} an "
-           f"hour. {verdict}")
+st.caption(f"Cost per million output tokens, from each point's measured throughput at ${price:g} an hour "
+           f"(lab 08, exercise 8.7, derives it). {verdict}")
