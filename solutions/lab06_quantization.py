@@ -90,10 +90,17 @@ tiny = LLM("tiny").engine.model  # the full-precision model every experiment com
 #
 # Two choices decide how large `s` must be:
 #
-# * **Symmetric or asymmetric.** Symmetric codes run from −127 to 127 with `z = 0`, and
-#   `s = max|w| / 127`: the largest weight lands on ±127. Asymmetric codes run from 0 to 15 (4
-#   bits), and the 16 levels are spread from the smallest weight to the largest, so none is
-#   wasted on a side where there are no weights.
+# * **Symmetric or asymmetric.** Symmetric codes run from −N to N around `z = 0`, and the step is
+#   chosen so that the largest |w| lands on the last code, ±N: no code is wasted beyond the
+#   weights. Asymmetric codes run from 0 to 15 (4 bits), and the 16 levels are spread from the
+#   smallest weight to the largest, so none is wasted on a side where there are no weights.
+#
+#   A worked example with a small symmetric code, −7..7 (not the one you will write): the row
+#   `[0.7, −0.35, 0.1, 0.05]` has largest |w| 0.7, so the step is 0.1 and 0.7 lands on 7. Then
+#   −0.35 is 3.5 steps below zero: a tie between −3 and −4; 0.1 is exactly 1 step; 0.05 is half a
+#   step, a tie between 0 and 1. Ties need a rule, and the engine's is "to the even neighbour"
+#   (`torch.round`'s): the codes are `[7, −4, 1, 0]`, and the row comes back as
+#   `[0.7, −0.4, 0.1, 0.0]`, each weight within half a step (0.05) of where it was.
 # * **Granularity: who shares one scale.** One scale for the whole matrix lets a single outlier
 #   inflate the step of every weight. One per **output channel** (a row of `nn.Linear`'s
 #   `weight: [out, in]`) costs nothing at run time: output `o` is `Σ_i x_i ŵ_oi = s_o Σ_i x_i q_oi`,
@@ -106,24 +113,28 @@ tiny = LLM("tiny").engine.model  # the full-precision model every experiment com
 # %% [markdown]
 # ## Exercise 6.1 · int8: symmetric, one scale per output channel
 #
-# For each row of `w: [out, in]`: `scale = max|w[row]| / 127`, and `q = round(w / scale)`, kept in
-# −127..127 (−128 is left out, so that `q` and `−q` are both codes). A row of zeros would give a
-# scale of 0 and a division by zero: keep every scale at least `TINY` (the smallest normal float32,
-# imported above), which quantizes such a row to zeros.
+# The codes are int8, −127..127 (−128 is left out, so that `q` and `−q` are both codes), one scale
+# per row of `w: [out, in]`, and the row's largest |w| lands on ±127: the example above with 127
+# in place of 7. Two details decide whether your codes equal the engine's **bit for bit**:
 #
-# `torch.round` rounds halves to the even neighbour (`2.5 → 2`, `−3.5 → −4`): use it, so that
-# your codes equal the engine's bit for bit.
+# * **Ties.** A weight exactly halfway between two codes goes to the even one, as in the example.
+# * **Which number is rounded.** A code is decided by the weight's *quotient* by its scale,
+#   computed in float32. Algebraically equivalent expressions are not equivalent in floating
+#   point: at a tie, a product that is a hair off the half rounds to the other neighbour. The
+#   grader tries weights that sit exactly on halves.
+#
+# A row of zeros would give a scale of 0 and a division by zero: no scale may be smaller than
+# `TINY` (the smallest normal float32, imported above), so such a row quantizes to zeros.
 
 # %% exercise="6.1"
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric absmax quantization, one scale per output channel (row).
+    """Symmetric quantization, one scale per output channel (row): the engine's codes, bit for bit.
 
-    w: [out, in] float32 -> (q: int8 [out, in], scale: float32 [out]).
-    scale = max over the row of |w|, / 127, at least TINY;  q = round(w / scale), clamped to
-    [-127, 127]. round is torch.round: to the nearest integer, halves to the even one.
-    Then w is recovered as q * scale[:, None], within scale / 2 of each weight.
-
-    Hints: 3 lines. `w.abs().amax(dim=1)`, `clamp_min`, `torch.round`, `clamp`, `.to(torch.int8)`.
+    w: [out, in] float32, left unchanged -> (q: int8 [out, in], scale: float32 [out]).
+    Rules: codes run from -127 to 127 and code 0 stands for 0; each row's largest |w| lands on +-127;
+    every other weight gets the code nearest to its quotient by its row's scale (divided in float32),
+    a tie going to the even code; no scale is below TINY, so a row of zeros gives codes 0, never NaN.
+    Each weight comes back (code times scale) within half a step of where it was.
     """
     ### BEGIN SOLUTION
     scale = (w.abs().amax(dim=1).float() / INT8_MAX).clamp_min(TINY)        # [out]
@@ -131,6 +142,25 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
     return q.to(torch.int8), scale
     ### END SOLUTION
 
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Work one row by hand first, with the example above: what single number of the row fixes the
+# step? Then do every row at once: a reduction along the inputs gives one value per row.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# The step of a row is its largest magnitude spread over 127 codes, never below `TINY`. Broadcast
+# the `[out]` scales against `[out, in]` (one extra dimension), divide, round with PyTorch's
+# rounding function (it already sends ties to even), keep the codes in range, convert to int8.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `scale = max(max_i |w_oi| / 127, TINY)`, `q_oi = clamp(round(w_oi / scale_o), −127, 127)`.
+# </details>
 
 # %% [markdown]
 # How much does the granularity matter? Take the first attention projection of `tiny` (q, k and v
@@ -153,14 +183,18 @@ check("6.1")
 # %% [markdown]
 # ## Exercise 6.2 · int4: asymmetric, a scale and a zero point per group
 #
-# Split each row into groups of `group_size` consecutive inputs. For each group, spread the 16
-# codes 0..15 over the range from `lo` to `hi`, where the range is the group's own, stretched to
-# hold 0:
+# Split each row into groups of `group_size` consecutive inputs. Each group gets its own 16 codes,
+# 0..15, evenly spaced over the group's range **stretched to hold 0**: from the smallest weight or
+# 0, whichever is lower, to the largest weight or 0, whichever is higher. Code 0 sits at the bottom
+# of that range, code 15 at its top, and the **zero point** is the whole code nearest to where 0
+# falls.
 #
-# $$lo = \min(\min w, 0),\quad hi = \max(\max w, 0),\quad s = \frac{hi - lo}{15},$$
-#
-# $$z = \mathrm{round}\Big(\frac{-lo}{s}\Big),\quad
-#   q = \mathrm{clamp}\Big(\mathrm{round}\Big(\frac{w}{s}\Big) + z,\ 0,\ 15\Big).$$
+# A worked example with 2-bit codes, 0..3 (not the one you will write): the group
+# `[−0.3, 0.1, 0.6]` spans −0.3..0.6 (it holds 0 already), three steps of 0.3. Zero is one step
+# above the bottom: the zero point is code 1. The weight 0.1 is a third of a step above zero,
+# nearest to code 1 again; 0.6 is two steps above zero, code 3; −0.3 one step below, code 0. The
+# codes `[0, 1, 3]` come back as `[−0.3, 0.0, 0.6]`. A group `[0.2, 0.5, 0.8]` would be stretched
+# to 0..0.8 (step 0.8/3), with the zero point on code 0.
 #
 # Why hold 0? The zero point is then one of the 16 codes, so a weight of exactly 0 (and padding, or
 # pruned weights) comes back exactly 0; and a group whose weights are all positive gets `z = 0`,
@@ -168,24 +202,25 @@ check("6.1")
 # are all equal (`max == min`) is covered too: its range runs from 0 to that value. Only a group of
 # zeros has `hi == lo`; keep every scale at least `TINY`, as in 6.1.
 #
-# Round with `torch.round` (halves to even) everywhere. Return the codes, one scale and one zero
-# point per group. A group size must be a positive integer that divides the row: anything else (one
+# Round to the nearest, halves to even, everywhere (the zero point too), and, as in 6.1, place a
+# weight by its quotient by the scale, in float32. Return the codes, one scale and one zero point
+# per group. A group size must be a positive integer that divides the row: anything else (one
 # that leaves a partial group, 0, or a negative one, even if it divides) is an error, raised as a
 # `ValueError` that says so.
 
 # %% exercise="6.2"
 def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Asymmetric min/max quantization per group of `group_size` consecutive inputs of each row.
+    """Asymmetric quantization per group of consecutive inputs of each row: the engine's codes, bit for bit.
 
-    w: [out, in] float32 -> (codes: uint8 [out, in] in 0..15, scale: float32 [out, in // group_size],
-    zero: uint8 [out, in // group_size]). Group j of row o is w[o, j * group_size : (j + 1) * group_size].
-    Per group: lo = min(min(group), 0), hi = max(max(group), 0); scale = (hi - lo) / 15, at least TINY;
-    zero = round(-lo / scale); codes = clamp(round(w / scale) + zero, 0, 15). round is torch.round
-    (halves to the even integer). w is recovered as (codes - zero) * scale, within scale / 2.
-    Raises ValueError unless group_size is a positive integer that divides in (0 and negative sizes included).
-
-    Hints: about 8 lines. `w.reshape(out, in // group_size, group_size)` puts each group in a row of
-    its own; `amin` / `amax` over the last dimension; `clamp(max=0)`, `clamp(min=0)`.
+    w: [out, in] float32, left unchanged; group_size: inputs per group.
+    -> (codes: uint8 [out, in] in 0..15, scale: float32 [out, groups], zero: uint8 [out, groups]), where groups
+    is the number of groups in a row and group j of a row is its j-th run of group_size inputs.
+    Rules: a group's 16 levels are evenly spaced over its range stretched to hold 0, code 0 at the bottom and
+    15 at the top; its zero point is the whole code nearest to 0's place (so a weight of 0 comes back exactly);
+    a weight's code is the zero point plus its quotient by the scale (in float32), rounded, within 0..15;
+    every rounding is to the nearest, halves to even; no scale is below TINY (a group of zeros).
+    Raises ValueError, saying why, unless group_size is a positive integer that divides the row (0 and
+    negative sizes are refused even when they "divide").
     """
     ### BEGIN SOLUTION
     out_features, in_features = w.shape
@@ -201,6 +236,28 @@ def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
     codes = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
     return codes.reshape(out_features, in_features).to(torch.uint8), scale, zero.to(torch.uint8)
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Give every group a row of its own: a view of `w` with one more dimension, `[out, groups, group_size]`.
+# Then everything per group is a reduction over the last dimension, exactly like 6.1's per row.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Stretching the range to hold 0 means: the low end is never above 0, the high end never below
+# 0 (a clamp of each). 15 steps span the range; 0 sits "minus the low end, in steps" above code 0.
+# Round that to get the zero point; a weight's code is its own position in steps, rounded, plus
+# the zero point, kept in 0..15. Reshape the codes back to `[out, in]` before returning.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `lo = min(min w, 0)`, `hi = max(max w, 0)`, `s = max((hi − lo) / 15, TINY)`, `z = round(−lo / s)`,
+# `q = clamp(round(w / s) + z, 0, 15)`, per group.
+# </details>
 
 
 # %% [markdown]
@@ -231,10 +288,13 @@ check("6.2")
 # ## Exercise 6.3 · Pack two 4-bit codes into a byte
 #
 # PyTorch has no 4-bit type: a `uint8` code in 0..15 wastes half its byte. Pack pairs of them:
-# along the last dimension, code `2i` goes to the **low** nibble (bits 0 to 3) of byte `i` and code
-# `2i + 1` to the **high** nibble (bits 4 to 7):
+# along the last dimension, the first code of each pair (an even index) goes to the **low** nibble
+# (bits 0 to 3) of its byte, the second (an odd index) to the **high** nibble (bits 4 to 7).
 #
-# $$\text{byte}_i = c_{2i} + 16\, c_{2i+1} = c_{2i} \,|\, (c_{2i+1} \ll 4).$$
+# The same idea with 2-bit codes, four to a byte (not the one you will write): codes `[1, 2, 3, 0]`
+# fill bits 0–1, 2–3, 4–5, 6–7, so the byte is `1 + 2·4 + 3·16 + 0·64 = 57`, `0b00111001`. Moving a
+# code up by k bits multiplies it by 2^k; since the fields do not overlap, adding them and OR-ing
+# them give the same byte.
 #
 # An odd number of codes is padded with one code 0 at the end, so `n` codes take `⌈n / 2⌉` bytes.
 # This order is a convention (the one of `minillm`'s checkpoints); what matters is that packing and
@@ -242,14 +302,11 @@ check("6.2")
 
 # %% exercise="6.3"
 def pack_int4(codes: Tensor) -> Tensor:
-    """Two 4-bit codes per byte along the last dimension.
+    """Two 4-bit codes per byte along the last dimension (minillm's checkpoint layout).
 
-    codes: uint8 [..., n], values in 0..15 -> uint8 [..., ceil(n / 2)].
-    byte i = codes[..., 2i] | (codes[..., 2i + 1] << 4): the even index in the low nibble, the odd
-    one in the high nibble. An odd n is padded with one 0 code at the end first.
-
-    Hints: 4 lines. `F.pad(codes, (0, 1))` pads the last dimension; `codes[..., 0::2]` and
-    `codes[..., 1::2]` are the even and the odd codes; `|` and `<<` work on uint8 tensors.
+    codes: uint8 [..., n], values in 0..15, any leading dimensions -> uint8 [..., half of n, rounded up].
+    Byte i holds codes 2i (low nibble) and 2i + 1 (high nibble) of the last dimension; an odd n is
+    padded with one code 0 at the end. codes is left unchanged.
     """
     ### BEGIN SOLUTION
     if codes.shape[-1] % 2:
@@ -257,6 +314,22 @@ def pack_int4(codes: Tensor) -> Tensor:
     codes = codes.to(torch.uint8)
     return codes[..., 0::2] | (codes[..., 1::2] << 4)  # [..., ceil(n / 2)]
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Make the length even first (one extra code 0 at the end of the last dimension when it is odd),
+# then think of the codes as pairs: the even positions and the odd positions, two tensors of the
+# same shape.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Slicing with a step of 2 picks every other code. The low code stays where it is; the high code
+# moves up by 4 bits; combine the two fields into one byte with a bitwise operator (uint8 tensors
+# support them).
+# </details>
 
 
 # %%
@@ -269,24 +342,40 @@ check("6.3")
 # %% [markdown]
 # ## Exercise 6.4 · Unpack them
 #
-# The inverse: byte `i` gives code `2i` (its low nibble, `byte & 0x0F`) and code `2i + 1` (its high
-# nibble, `byte >> 4`), in that order. The caller says how many codes there were, `n`: for an odd
-# `n` the last high nibble is the padding, and is dropped.
+# The inverse: each byte gives back two codes, its low nibble first. The caller says how many codes
+# there were, `n`: for an odd `n` the last high nibble is the padding, and is dropped.
+#
+# Back to the 2-bit example: from 57 = `0b00111001`, keeping only bits 0–1 (a mask of `0b11`)
+# gives 1; shifting right by 2 and masking again gives 2, then 3, then 0. A mask keeps a field,
+# a shift brings a field down to bit 0; for the top field the shift alone is enough.
 
 # %% exercise="6.4"
 def unpack_int4(packed: Tensor, n: int) -> Tensor:
-    """The inverse of pack_int4.
+    """The inverse of pack_int4: unpack_int4(pack_int4(c), n) equals c for codes c with n in the last dimension.
 
-    packed: uint8 [..., ceil(n / 2)] -> codes: uint8 [..., n]; codes[..., 2i] = packed[..., i] & 0x0F,
-    codes[..., 2i + 1] = packed[..., i] >> 4; for an odd n the padding code at the end is dropped.
-
-    Hints: 2 or 3 lines. `torch.stack([low, high], dim=-1)` interleaves them; then reshape the
-    last two dimensions into one and keep the first n.
+    packed: uint8 [..., bytes], any leading dimensions; n: how many codes were packed (bytes is half of it,
+    rounded up)
+    -> codes: uint8 [..., n], in their original order (byte i gives codes 2i and 2i + 1, low nibble first);
+    the padding code of an odd n is not returned. packed is left unchanged.
     """
     ### BEGIN SOLUTION
     pairs = torch.stack([packed & 0x0F, packed >> 4], dim=-1)  # [..., ceil(n / 2), 2]
     return pairs.reshape(*packed.shape[:-1], -1)[..., :n]
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# You can get all the low nibbles as one tensor and all the high nibbles as another, each shaped
+# like `packed`. The work is putting them back in the order low, high, low, high, ...
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Stack the two along a new last dimension (`[..., bytes, 2]`): flattening the last two dimensions
+# then reads them alternately. Keep the first `n`.
+# </details>
 
 
 # %% [markdown]
@@ -309,14 +398,17 @@ check("6.4")
 # ## Exercise 6.5 · The quantized linear layer
 #
 # `QuantizedLinear` keeps only the packed codes, the scales and the zero points, and rebuilds the
-# weight in every forward:
+# weight in every forward, then computes the layer as `nn.Linear` would. Rebuilding means applying
+# the concept's `ŵ = (q − z) s` to every weight, with the `s` and `z` **of its own group**: the
+# scale's shape says how many groups a row has, and so how many inputs each group covers.
 #
-# $$y = x\, \hat W^\top + b,\qquad \hat W_{o,i} = (q_{o,i} - z_{o,j})\, s_{o,j},\quad j = \lfloor i / g \rfloor,$$
+# Which group does an input belong to? In a row of 12 inputs with 3 groups, each group covers 4
+# inputs: inputs 0–3 use scale 0, 4–7 scale 1, 8–11 scale 2, so input 9 uses scale 2. A tensor of
+# 12 codes viewed as `[3, 4]` puts each group on a row of its own, beside its one scale.
 #
-# with `g = in / groups` the group size (the scale's shape gives the number of groups). Unpack with
-# your `unpack_int4` (the number of inputs is `x`'s last dimension), dequantize group by group, and
-# multiply. One trap: `q − z` in `uint8` wraps around below zero (`3 − 5 = 254`); convert to float
-# first. Build `Ŵ` in `x`'s dtype, so that a bf16 model multiplies in bf16.
+# Unpack with your `unpack_int4` (the number of inputs is `x`'s last dimension). One trap: `q − z`
+# in `uint8` wraps around below zero (`3 − 5 = 254`). Build `Ŵ` in `x`'s dtype, so that a bf16 model
+# multiplies in bf16.
 #
 # Rebuilding a whole float matrix for every forward is the plain-PyTorch way, and not a fast one
 # (you will measure it at the end). A fused kernel dequantizes a tile at a time, in registers,
@@ -324,15 +416,12 @@ check("6.4")
 
 # %% exercise="6.5"
 def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
-    """A linear layer on int4 weights: y = x @ W^T + bias, W dequantized from its packed codes.
+    """nn.Linear's forward on int4 weights: the layer whose weight quantize_int4 and pack_int4 stored.
 
-    x: [n, in]; packed: uint8 [out, ceil(in / 2)] (pack_int4 of the codes); scale: float32 [out, groups];
-    zero: uint8 [out, groups]; bias: [out] or None -> y: [n, out] in x's dtype.
-    codes = unpack_int4(packed, in); W[o, i] = (codes[o, i] - zero[o, j]) * scale[o, j], with
-    j = i // g and g = in // groups; y = F.linear(x, W in x's dtype, bias).
-
-    Hints: 4 lines. Reshape the codes to [out, groups, g] so that zero[..., None] and scale[..., None]
-    broadcast over each group; `.float()` before subtracting.
+    x: [n, in] float32 or bfloat16; packed: uint8 [out, in / 2 rounded up] (pack_int4 of 6.2's codes);
+    scale: float32 [out, groups]; zero: uint8 [out, groups] (6.2's, groups dividing in); bias: [out] or None.
+    -> y: [n, out] in x's dtype (the weight rebuilt in x's dtype). in is x's last dimension. No input is
+    modified; zero points larger than their codes must not wrap around.
     """
     ### BEGIN SOLUTION
     out_features, in_features = packed.shape[0], x.shape[-1]
@@ -340,6 +429,26 @@ def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Te
     weight = ((codes - zero[..., None].float()) * scale[..., None]).reshape(out_features, in_features)
     return F.linear(x, weight.to(x.dtype), bias)  # [n, out]
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Three steps: codes back from the bytes, weights back from the codes, the layer from the weights.
+# The middle one is the lesson: get every weight next to its own group's scale and zero point.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# View the unpacked codes as `[out, groups, group_size]`; give the `[out, groups]` scales and zero
+# points one trailing dimension so they broadcast over each group; do the arithmetic in float
+# (not uint8); view the result as `[out, in]` again; then the ordinary linear layer, with the bias.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `Ŵ[o, i] = (q[o, i] − z[o, i // g]) · s[o, i // g]` with `g = in / groups`; `y = x Ŵᵀ + b`.
+# </details>
 
 
 # %% [markdown]
@@ -571,10 +680,9 @@ def layer_sensitivity(model: nn.Module, reference: Reference, base: QuantConfig)
 
     model: a full-precision minillm model (its layers are model.model.layers), left unchanged.
     reference: the full model's log-probabilities on held-out windows (Reference(model, windows)).
-    base: the scheme, group size and projections to use. Result i is
-    reference.compare(a copy of model quantized with replace(base, layers=(i,))).
-
-    Hints: 1 to 3 lines. A list comprehension over range(len(model.model.layers)).
+    base: the scheme, group size and projections to use, kept as they are except for the layers picked.
+    -> [Quality of the model with only layer 0 quantized, only layer 1, ...], one per decoder layer,
+    each measured by reference on a copy of model.
     """
     ### BEGIN SOLUTION
     return [reference.compare(quantize_model(copy.deepcopy(model), replace(base, layers=(i,))))
@@ -630,14 +738,21 @@ fig.show()
 # $$d = e(A \cup B) - e(A) - e(B).$$
 #
 # Negative: the errors partly **cancel**; positive: they compound. But every `e` is measured on a
-# few windows, and is noisy. The windows are the same for every set, though, so compare window by
-# window (a **paired** test): with `d_w` the interaction on window `w` (n windows),
+# few windows, and is noisy. How do you tell a real negative interaction from noise?
 #
-# $$\bar d = \frac1n \sum_w d_w,\qquad \mathrm{se} = \frac{\mathrm{sd}(d_w)}{\sqrt n}
-#   \quad(\text{sample standard deviation, divided by } n - 1),$$
+# * **Pair the windows.** The windows are the same for every set, so compute the interaction
+#   *window by window*, `d_w` on window `w`, not from the three averages. A hard window raises
+#   every set's error together, and that shared swing drops out of each `d_w`.
+# * **Compare the mean with its own uncertainty.** The mean of the `d_w` is the estimate; how much
+#   it would wobble if you drew other windows is its **standard error**, estimated from the spread
+#   of the `d_w` themselves (with few windows, the *sample* standard deviation: n − 1).
+#   "Measurably negative" means: more than `z` standard errors below zero, strictly.
 #
-# and call the pair cancelling when `d̄ < −z · se`. Pairing matters: a hard window raises every
-# set's error together, and that shared swing drops out of `d_w`.
+# A worked example on other numbers: a new build runs four benchmarks 0.03, 0.01, 0.02 and 0.02
+# seconds faster than the old one, benchmark by benchmark. The mean gain is 0.02 s. Its spread is
+# small, so its standard error is small too, well under 0.01 s: the gain stands more than z = 2
+# standard errors away from zero. Had the four gains been 0.10, −0.06, 0.08, −0.04 (the same mean),
+# the spread would swallow it. Work out the two standard errors yourself before you write the code.
 #
 # Search every split of every measured set `S` into two non-empty, disjoint measured sets `A` and
 # `B` with `A ∪ B = S` (all three must be in `errors`). Report each pair once, with `A` the part
@@ -646,17 +761,15 @@ fig.show()
 # %% exercise="6.7"
 def find_cancellations(errors: dict[frozenset[int], Sequence[float]], z: float = 2.0
                        ) -> list[tuple[frozenset[int], frozenset[int]]]:
-    """The pairs of layer sets whose quantization errors measurably cancel.
+    """The pairs of layer sets whose quantization errors measurably cancel, by the paired test above.
 
-    errors: a set of quantized layers -> its error on each of the same n >= 2 windows (KL per window).
-    For every measured S and every split of S into non-empty, disjoint A and B that are both measured
-    (A | B == S), take d_w = errors[S][w] - errors[A][w] - errors[B][w] and
-    se = (sample standard deviation of d_w, with n - 1) / sqrt(n). The pair cancels when
-    mean(d_w) < -z * se, strictly (a mean exactly at -z * se does not). -> [(A, B), ...]: each pair
-    once, min(A) < min(B), sorted by mean(d_w), the most negative first.
-
-    Hints: about 10 lines. For each S, try each measured A that is a proper subset of S (`A < S`)
-    and holds min(S); B = S - A. torch.tensor(...).std() divides by n - 1.
+    errors: a frozenset of quantized layers -> its error on each of the same n >= 2 windows (a list or
+    tuple of floats, KL per window); left unchanged. z: how many standard errors, > 0.
+    Candidates: every measured S split into two non-empty, disjoint, measured A and B whose union is S.
+    A pair cancels when the mean of its per-window interactions lies more than z standard errors below
+    zero, strictly (exactly on the threshold does not); the standard error uses the sample standard
+    deviation (n - 1). -> [(A, B), ...]: each pair once, A the part holding S's smallest layer, the most
+    negative mean interaction first. Nothing to split gives [].
     """
     ### BEGIN SOLUTION
     found = []
@@ -671,6 +784,28 @@ def find_cancellations(errors: dict[frozenset[int], Sequence[float]], z: float =
                 found.append((float(d.mean()), a, b))
     return [(a, b) for _, a, b in sorted(found, key=lambda f: f[0])]
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Two loops: over the measured sets `S`, and over the measured sets that could be one part of `S`.
+# The other part is then fixed. Skip a candidate unless both parts are measured, non-empty, and the
+# first holds `S`'s smallest layer (that is what makes each pair appear once).
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Python's sets compare by inclusion (`<` is "proper subset") and subtract. For a candidate, build
+# the per-window interactions as one float64 tensor, then its mean and its standard error; keep
+# `(mean, A, B)` when it passes, and sort by the mean at the end. PyTorch's standard deviation
+# already divides by n − 1.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `d_w = e(S)_w − e(A)_w − e(B)_w`, `d̄ = mean(d)`, `se = sd(d) / √n`; the pair cancels when `d̄ < −z · se`.
+# </details>
 
 
 # %% [markdown]
