@@ -1,8 +1,13 @@
 # %% [markdown]
 # # Lab 06 · Quantization
 #
-# **Time:** about 100 minutes. **You need:** lab 00 (the roofline: why a decode step waits on
-# memory) and lab 01 (the linear layers of a decoder block).
+# **Time:** about 145 minutes in all (each section's heading gives its share; the experiments
+# on SmolLM2 run a few minutes on a 2-core CPU). **You need:** lab 00 (the roofline: why a decode
+# step waits on memory) and lab 01 (the linear layers of a decoder block).
+#
+# **See also:** the visualizer's **Quantization** page (`make app`; it quantizes a model live and
+# scores it), and the Quantization section of [docs/engine.md](../docs/engine.md#quantization)
+# (the schemes, their bytes per weight, how to turn them on).
 #
 # A decode step reads every weight of the model once to produce one token per sequence (lab 00).
 # Store each weight in fewer bits and the step moves fewer bytes: 4-bit weights are a quarter of
@@ -31,7 +36,9 @@
 # 6. find which layers and projections are sensitive, and test whether errors cancel, with the
 #    noise of the measurement taken into account;
 # 7. explain with the roofline why weight-only quantization speeds up decode but not prefill, and
-#    why on a CPU without a fused kernel it can even slow decode down.
+#    why on a CPU without a fused kernel it can even slow decode down;
+# 8. predict a scheme's decode speedup on SmolLM2 from its bytes per token, then measure each scheme
+#    against its own bandwidth bound, with its quality beside it.
 #
 # ## How this lab works
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
@@ -76,7 +83,7 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 tiny = LLM("tiny").engine.model  # the full-precision model every experiment compares with
 
 # %% [markdown]
-# ## The concept: a scale, a zero point, and who shares them
+# ## The concept: a scale, a zero point, and who shares them (~5 min)
 #
 # Uniform quantization keeps a float **scale** `s` and an integer **zero point** `z` beside small
 # integer **codes** `q`, and recovers each weight as
@@ -111,7 +118,7 @@ tiny = LLM("tiny").engine.model  # the full-precision model every experiment com
 # group, so int4 with groups of 64 costs `4 + (32 + 8) / 64 = 4.625` bits per weight, not 4.
 
 # %% [markdown]
-# ## Exercise 6.1 · int8: symmetric, one scale per output channel
+# ## Exercise 6.1 · int8: symmetric, one scale per output channel (~10 min)
 #
 # The codes are int8, −127..127 (−128 is left out, so that `q` and `−q` are both codes), one scale
 # per row of `w: [out, in]`, and the row's largest |w| lands on ±127: the example above with 127
@@ -181,7 +188,7 @@ print(f"mean |error|, one scale for all:  {err_tensor:.2e}  ({err_tensor / err_r
 check("6.1")
 
 # %% [markdown]
-# ## Exercise 6.2 · int4: asymmetric, a scale and a zero point per group
+# ## Exercise 6.2 · int4: asymmetric, a scale and a zero point per group (~15 min)
 #
 # Split each row into groups of `group_size` consecutive inputs. Each group gets its own 16 codes,
 # 0..15, evenly spaced over the group's range **stretched to hold 0**: from the smallest weight or
@@ -285,7 +292,7 @@ print(f"int4 groups of 32, these three: scales {[round(s, 4) for s in scale4[0, 
 check("6.2")
 
 # %% [markdown]
-# ## Exercise 6.3 · Pack two 4-bit codes into a byte
+# ## Exercise 6.3 · Pack two 4-bit codes into a byte (~8 min)
 #
 # PyTorch has no 4-bit type: a `uint8` code in 0..15 wastes half its byte. Pack pairs of them:
 # along the last dimension, the first code of each pair (an even index) goes to the **low** nibble
@@ -340,7 +347,7 @@ print("codes [1, 2, 3, 4, 5] ->", pack_int4(torch.tensor([1, 2, 3, 4, 5], dtype=
 check("6.3")
 
 # %% [markdown]
-# ## Exercise 6.4 · Unpack them
+# ## Exercise 6.4 · Unpack them (~7 min)
 #
 # The inverse: each byte gives back two codes, its low nibble first. The caller says how many codes
 # there were, `n`: for an odd `n` the last high nibble is the padding, and is dropped.
@@ -395,7 +402,7 @@ for name, tensors in (("float32", [w_o]), ("int8", list(quantize_int8(w_o))),
 check("6.4")
 
 # %% [markdown]
-# ## Exercise 6.5 · The quantized linear layer
+# ## Exercise 6.5 · The quantized linear layer (~12 min)
 #
 # `QuantizedLinear` keeps only the packed codes, the scales and the zero points, and rebuilds the
 # weight in every forward, then computes the layer as `nn.Linear` would. Rebuilding means applying
@@ -453,8 +460,8 @@ def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Te
 
 # %% [markdown]
 # The MLP's gate and up projections of layer 0 of `tiny` (1,536 outputs), quantized with three
-# group sizes, on eight random inputs: how far do the outputs move? (Several percent, in every
-# layer; the experiments below measure how much of it reaches the model's predictions.)
+# group sizes, on eight random inputs: how far do the outputs move? (The experiments below measure
+# how much of it reaches the model's predictions.)
 
 # %%
 w_gate_up = tiny.model.layers[0].mlp.gate_up_proj.weight.detach()  # [2 * intermediate, hidden]
@@ -469,7 +476,7 @@ for g in (32, 64, 128):
 check("6.5")
 
 # %% [markdown]
-# ## Your codecs inside minillm
+# ## Your codecs inside minillm (~3 min)
 #
 # `EngineConfig(quantization=QuantConfig(...))` quantizes the model as it loads: every projection
 # of every decoder layer becomes a `QuantizedLinear` (the LM head stays in full precision unless
@@ -488,7 +495,7 @@ YOURS = Components(quantize_int8=quantize_int8, quantize_int4=quantize_int4, pac
 check("6.E")
 
 # %% [markdown]
-# ## Measure it: quality against bits per weight
+# ## Measure it: quality against bits per weight (~8 min)
 #
 # What does each scheme cost in quality? The yardstick is held-out text: eight windows of 128 tokens
 # from the files of the bundled corpus that `tiny` never trained on. For each candidate,
@@ -545,8 +552,8 @@ fig.show()
 # over more weights, so a larger step. Groups of 32 cost 5.25 bits per weight, groups of 128 only
 # 4.31: the usual compromise is 64 or 128.
 #
-# Now compare the perplexity column with the KL column. int4 raises perplexity by about a percent,
-# but int8 and fp8 may well come out *below* float32 on these windows: a tiny shift of the
+# Now compare the perplexity column with the KL column. int4 raises perplexity a little, but int8
+# and fp8 may well come out *below* float32 on these windows: a tiny shift of the
 # distributions happened to favour the right tokens of this sample, and another sample could say the
 # opposite. KL cannot be fooled that way (it is 0 only when nothing moved), and it separates the
 # schemes clearly: that is why the rest of this lab measures KL.
@@ -557,7 +564,7 @@ fig.show()
 # bits per weight over 16 (bf16).
 
 # %% [markdown]
-# ## Measure it: on a real model
+# ## Measure it: on a real model (~10 min)
 #
 # `tiny` was trained here, in float32. **SmolLM2-135M-Instruct** (30 layers, 135M parameters) was
 # trained elsewhere and *distributed at 4 bits*: its GGUF file stores every projection in
@@ -662,7 +669,7 @@ if real_installed:
 # start from the original 16-bit weights.
 
 # %% [markdown]
-# ## Exercise 6.6 · Which layers are sensitive?
+# ## Exercise 6.6 · Which layers are sensitive? (~10 min)
 #
 # The average hides where the error comes from. Quantize **one decoder layer at a time** (every
 # other layer stays full precision) and measure each against the reference: a layer whose
@@ -701,7 +708,7 @@ for i, quality in enumerate(per_layer):
 check("6.6")
 
 # %% [markdown]
-# The first layer stands out in `tiny`. (Each figure carries noise: the `±` is its standard error
+# Does one layer stand out in your run? (Each figure carries noise: the `±` is its standard error
 # over the eight windows, computed from `Quality.kl_per_window`. Two layers whose intervals overlap
 # cannot be told apart on this sample.)
 #
@@ -728,7 +735,7 @@ fig.show()
 # the weights that matter most for the activations they see.
 
 # %% [markdown]
-# ## Exercise 6.7 · Do errors add up, or cancel?
+# ## Exercise 6.7 · Do errors add up, or cancel? (~20 min)
 #
 # If each layer's rounding pushed the output in an unrelated direction, the error of quantizing
 # layers A and B together would be about the sum of their errors alone. (For small changes KL is
@@ -875,8 +882,9 @@ fig.show()
 # together cost a few percent less than the sum of each alone: a **partial** cancellation, a
 # negative interaction. Note what it is not: quantizing both layers still costs more than
 # quantizing either one alone. A *full* cancellation, quantizing more and getting a lower error, is
-# what `minillm/experiments/quant_cancellation.py` searches for, over nested sets of layers; in KL on `tiny` it
-# finds none (the README's Quantization section has the figures).
+# what `minillm/experiments/quant_cancellation.py` searches for, over nested sets of layers (its figures for
+# `tiny` are in the record `docs/benchmarks/quant.json`, entry `sensitivity`, with the machine they were
+# measured on).
 #
 # Two cautions before you build a policy on a flagged pair:
 #
@@ -901,16 +909,15 @@ if not cancelling:
 
 # %% [markdown]
 # A real interaction keeps its sign on other text; a false alarm is as likely to flip as not, and
-# rarely passes twice. When we ran this, layers 0 and 4 kept their negative interaction on the fresh
-# windows, at less than half the z: a small effect at the edge of what eight windows can show. More
-# windows would settle it.
+# rarely passes twice. Read your own run above: a pair that keeps its sign at a smaller z is a small
+# effect at the edge of what eight windows can show, and more windows would settle it.
 #
 # `minillm/experiments/quant_sensitivity.py` also grows sets of layers in several orders (most sensitive first,
 # least sensitive first, random): a quick way to see whether the error of *all* layers is the sum
 # of the parts, which for `tiny` it nearly is.
 
 # %% [markdown]
-# ## Why weight-only quantization speeds up decode, and not prefill
+# ## Why weight-only quantization speeds up decode, and not prefill (~8 min)
 #
 # Lab 00's roofline: a step takes at least `max(FLOPs / peak, bytes / bandwidth)`. Weight-only
 # quantization changes only the bytes of the weights: the arithmetic still runs in bf16 (the
@@ -981,7 +988,7 @@ fig.show()
 # FP8 arithmetic instead.
 
 # %% [markdown]
-# ## Measure it: your parts in the engine, on this CPU
+# ## Measure it: your parts in the engine, on this CPU (~7 min)
 #
 # Now the real engine, with your codecs and your int4 linear layer. First: does `tiny` still
 # write the same text? Then the time of a decode step at batch 1: float32, int8 (the engine's
@@ -1016,18 +1023,23 @@ print("int4 tokens equal to float32's:", sum(a == b for a, b in zip(texts["int4-
       "of", len(texts["float32"]))
 step_s = decode_step_times(engines, prompt)
 for name, seconds in step_s.items():
-    print(f"{name:>24}: {seconds * 1e3:6.2f} ms per decode step ({seconds / step_s['float32']:.2f}x float32)")
+    print(f"{name:>24}: {seconds * 1e3:6.2f} ms per decode step ({step_s['float32'] / seconds:.2f}x float32's "
+          f"tokens/s)")
+tiny_bytes = {name: linear_weight_bytes(llm.engine.model)["linear"] for name, llm in engines.items()}
+print("\nbytes-only bound (float32's bytes per token over the scheme's, the LM head in float32 in all): " + ", ".join(
+    f"{name} up to {tiny_bytes['float32'] / tiny_bytes[name]:.2f}x" for name in engines if name != "float32"))
 
 # %% [markdown]
-# On this CPU, int8 runs `tiny` at about float32's speed (a little faster or slower, within the
-# noise of a shared machine), and int4 is clearly slower: nothing like the roofline's 2x and 3.4x.
-# Two reasons:
+# Compare your run's figures with the roofline's line printed under them. Two things keep `tiny`
+# far from the bytes-only bound, whatever your figures:
 #
-# * `tiny`'s 23 MB of weights stay in the CPU's caches from one step to the next (lab 05 found the
-#   same), so its steps were never waiting on main memory: there is little traffic to save.
-# * Your `int4_linear`, like the engine's plain-PyTorch one, unpacks and dequantizes the whole
+# * `tiny`'s 23 MB of weights can stay in the CPU's caches from one step to the next, so its steps
+#   hardly wait on main memory: there is little traffic to save, and the rest of a step (norms,
+#   attention, Python) weighs as much as the products.
+# * Your `int4_linear`, like the engine's plain-PyTorch reference, unpacks and dequantizes the whole
 #   matrix into a fresh float32 tensor in every forward, then multiplies. That writes and reads
-#   *more* bytes than the float32 weight alone.
+#   *more* bytes than the float32 weight alone. (The engine's own int8 and int4 rows use the fused
+#   CPU kernel described below where it applies: if they ran faster than yours, that is why.)
 #
 # A layer the size of a large model's makes the second point plain: one 4096 × 4096 projection at
 # batch 1, whose float32 weight (64 MB) does not fit in the caches.
@@ -1064,37 +1076,89 @@ fig.show()
 # The engine's quantized layers do that on a CPU too: `minillm/quant/fused_matvec.cpp` reads the int8 codes, or
 # the packed int4 codes with their scales and zero points, converts them to floats in registers and multiplies,
 # one row of weights at a time, never writing a float32 matrix (the plain-PyTorch path, yours included, stays its
-# reference in the tests). On `tiny` that saves little, since its weights sit in the caches. On SmolLM2-135M every
-# decode step streams all 540 MB of float32 weights from memory, so bytes not read are time saved. Measured here
-# on your machine, at batch 1: float32, int8, and int8 and min-max int4 at groups of 32 (the grid the model was
-# distributed on) with the LM head quantized too ("+head": SmolLM2's head is its embedding matrix, 113 MB in
-# float32, a fifth of its bytes, read for every token). About a minute; skipped without the model.
+# reference in the tests). On `tiny` that saves little, since its weights sit in the caches.
+
+# %% [markdown]
+# ## Predict, then measure: each scheme on SmolLM2 against its bandwidth bound (~15 min)
+#
+# SmolLM2-135M's float32 weights do not fit in any cache: every decode step streams them from main
+# memory. At batch 1 a step reads each matrix it multiplies once: the projections of its 30 layers and
+# the LM head (SmolLM2's head is its embedding matrix, 49,152 × 576, read whole for every token's logits).
+# So a step cannot take less than those **bytes per token** divided by the machine's memory bandwidth,
+# which the next cells measure as lab 00 did (a large copy). Each scheme has its own bound: fewer bytes,
+# a higher ceiling. The schemes, all on the engine's fused kernel:
+#
+# * **float32**: 4 bytes a weight;
+# * **int8**: the layers in int8 (a byte a weight and a float32 scale per row), the head in float32;
+# * **int8+head**: the head in int8 too;
+# * **int4-g32-minmax+head**: min-max int4 at groups of 32 (the grid the model was distributed on),
+#   the head included.
+#
+# Beside each speed, its quality on the held-out windows (`Reference.compare`, as above): a scheme
+# that is fast but moves the distributions a lot is no bargain.
+#
+# **Before you run it**, work out int8's speedup over float32 from the bytes alone: count the bytes a
+# token reads in each (the layers' share and the head's share of SmolLM2's 135M parameters: lab 00's
+# `param_count` or the shapes above), and take their ratio. Then write it down.
+
+# %%
+MY_PREDICTION = None  # x: int8's decode speedup over float32 on SmolLM2, from the bytes per token of each
 
 # %%
 if real_installed:
+    from minillm.perf.machine import machine, measure_bandwidth
     from minillm.quant.quant_config import PROJECTIONS  # every projection, the LM head included
 
+    bandwidth = measure_bandwidth(torch.device("cpu"))  # bytes/s, with this notebook's torch threads
     real_schemes = {"int8": QuantConfig("int8"), "int8+head": QuantConfig("int8", projections=PROJECTIONS),
                     "int4-g32-minmax+head": QuantConfig("int4", group_size=32, int4_range="min-max",
                                                         projections=PROJECTIONS)}
     real_engines = {"float32": real_llm} | {name: LLM(REAL, real, num_kv_blocks=8, quantization=config)
                                             for name, config in real_schemes.items()}  # each a quantized copy
+    per_token = {name: linear_weight_bytes(llm.engine.model)["linear"] for name, llm in real_engines.items()}
+    real_quality = {name: (real_reference.quality if name == "float32" else real_reference.compare(llm.engine.model))
+                    for name, llm in real_engines.items()}
     real_prompt = real_llm.tokenizer.encode("def fibonacci(n):\n    ")
-    real_steps = decode_step_times(real_engines, real_prompt, rounds=2)
+    real_steps = decode_step_times(real_engines, real_prompt, rounds=1 if quick_run() else 3)
+    print(f"{machine()}: copy bandwidth {bandwidth / 1e9:.1f} GB/s\n")
+    print(f"{'scheme':>22} {'MB/token':>9} {'bound tok/s':>11} {'measured':>9} {'of bound':>8} {'KL (nats)':>10} "
+          f"{'top-1':>6}")
     for name, seconds in real_steps.items():
-        print(f"{name:>22}: {seconds * 1e3:6.1f} ms per decode step, "
-              f"{real_steps['float32'] / seconds:.2f}x float32's tokens/s")
+        bound = bandwidth / per_token[name]
+        print(f"{name:>22} {per_token[name] / 1e6:9.1f} {bound:11.1f} {1 / seconds:9.1f} {1 / seconds / bound:8.0%} "
+              f"{real_quality[name].kl:10.5f} {real_quality[name].top1:6.3f}")
+
+# %%
+if real_installed:
+    from minillm.labkit import compare
+
+    int8_theory = per_token["float32"] / per_token["int8"]
+    int8_measured = real_steps["float32"] / real_steps["int8"]
+    compare("int8's decode speedup over float32, SmolLM2 at batch 1", MY_PREDICTION, theory=int8_theory,
+            measured=int8_measured, unit="x", theory_name="bytes ratio (bandwidth bound)",
+            gap="below the bytes ratio: what a step does besides reading weights (norms, attention, the Python around "
+                "121 products, turning each code into its weight) did not shrink with the bytes.")
+    names = list(real_steps)
+    fig = go.Figure([go.Bar(name="bandwidth bound", x=names, y=[bandwidth / per_token[n] for n in names],
+                            marker_color="#bbbbbb"),
+                     go.Bar(name="measured", x=names, y=[1 / real_steps[n] for n in names], marker_color="#3d6fb6",
+                            text=[f"KL {real_quality[n].kl:.4f}" for n in names], textposition="outside")])
+    fig.update_layout(title=f"{REAL}: decode tokens/s at batch 1 against each scheme's bandwidth bound",
+                      yaxis_title="tokens/s", barmode="group", height=380)
+    fig.show()
     del real_engines
 
 # %% [markdown]
-# Each scheme reads fewer bytes a token, and here that is time: on the course's 2-core AMD EPYC (one thread),
-# int8 ran 1.6-1.7x float32's tokens/s, int8 with the head 2.1-2.2x and int4 with the head 1.8x, where the bytes
-# alone would allow 4x and 6x. The rest of a step did not shrink: the norms, attention and the Python around 121
-# matrix products; and turning each code into its weight is arithmetic the float32 product does not do. At one row
-# of x it costs about as much as the multiply-add itself, so int4's kernel runs out of arithmetic before it runs out
-# of memory bandwidth, and int8's nearly does too.
+# Read your table from top to bottom. Each scheme reads fewer bytes a token, and on SmolLM2 that is
+# time: every measured speed should sit above float32's. But compare each with its own bound: the share
+# of the bound a scheme reaches falls as its bytes fall. The rest of a step did not shrink: the norms,
+# attention and the Python around 121 matrix products; and turning each code into its weight is
+# arithmetic the float32 product does not do. At one row of x it costs about as much as the multiply-add
+# itself, so int4's kernel can run out of arithmetic before it runs out of memory bandwidth. Quantizing
+# the head pays more than its share of the parameters suggests: it is a fifth of float32's bytes per
+# token, read for every token. The KL column says what each step down costs in quality.
 #
-# ## How production engines do it
+# ## How production engines do it (~5 min)
 #
 # * **Better rounding, same format.** Rounding each weight to its nearest level is the simplest
 #   choice, not the best. **GPTQ** (Frantar et al. 2022) quantizes a matrix one column at a time
