@@ -592,7 +592,7 @@ fig.show()
 # installed, the cell tells you how to install it and skips.
 
 # %%
-from minillm.labkit import REAL_MODEL, real_model_installed
+from minillm.labkit import REAL_MODEL, quick_run, real_model_installed
 
 REAL = REAL_MODEL
 real_installed = real_model_installed()

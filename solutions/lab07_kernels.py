@@ -1,8 +1,13 @@
 # %% [markdown]
 # # Lab 07 · Triton kernels
 #
-# **Time:** about 110 minutes. **You need:** lab 00 (the roofline), lab 01 (RMSNorm, softmax,
-# attention), lab 03 (block tables) and lab 06 (the packed int4 format).
+# **Time:** about 140 minutes in all (each section's heading gives its share). **You need:** lab 00
+# (the roofline), lab 01 (RMSNorm, softmax, attention), lab 03 (block tables) and lab 06 (the packed
+# int4 format).
+#
+# **See also:** the visualizer's **Kernels** page (`make app`: which elements each program of a
+# kernel loads and stores, and, on a GPU, each kernel's bandwidth), and the Triton kernels section of
+# [docs/engine.md](../docs/engine.md#triton-kernels) (the engine's kernels and how to turn them on).
 #
 # Every operation of the engine so far was a PyTorch call, and each call reads its inputs from the
 # GPU's memory and writes its output back. A **kernel** is the program the GPU runs for one such
@@ -30,7 +35,9 @@
 # 5. unpack and dequantize int4 weights in registers, inside the matmul;
 # 6. write paged decode attention: a query per sequence, its keys found through its block table,
 #    one program per kv head serving all its query heads (GQA);
-# 7. catch out-of-bounds accesses with guard regions, and say what a GPU would measure.
+# 7. catch out-of-bounds accesses with guard regions, and say what a GPU would measure;
+# 8. predict and measure the engine's fused CPU kernels at SmolLM2's shapes against the bytes they
+#    must move, and, on a GPU, your own kernels.
 #
 # ## How this lab works (and why it runs without a GPU)
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
@@ -39,8 +46,9 @@
 # There is no GPU here, so the kernels run in **Triton's interpreter** (`TRITON_INTERPRET=1`, set by
 # `import minillm`, which must come before Triton is imported: restart the kernel if a cell imported
 # triton first, and the kernels' runtime tells you so): it runs the programs of a grid one after the
-# other, in numpy. The results are those of a GPU; the speed is not, and nothing timed in this
-# notebook says anything about a GPU. The shapes are small for that reason, but never multiples of
+# other, in numpy. The results are those of a GPU; the speed is not, so the notebook times your
+# kernels only where a GPU is present; on the CPU it times the engine's fused C++ kernels instead.
+# The exercises' shapes are small for that reason, but never multiples of
 # the block sizes: that is where kernels go wrong. Each exercise's launcher has the signature of
 # the engine's, in `minillm/kernels/` (read it after you finish).
 
@@ -66,7 +74,7 @@ torch.set_num_threads(1)
 print("interpreted (no GPU):", INTERPRETED)
 
 # %% [markdown]
-# ## Programs, blocks, masks, pointers
+# ## Programs, blocks, masks, pointers (~10 min)
 #
 # A kernel is a function decorated with `@triton.jit`. It is launched on a **grid**:
 # `kernel[(programs,)](args...)` runs `programs` instances of it. Inside, `tl.program_id(0)` says
@@ -142,7 +150,7 @@ def access_heatmap(z: Tensor, title: str, xaxis: str = "column", yaxis: str = "r
 
 
 # %% [markdown]
-# ## Exercise 7.1 · Vector add: the first kernel
+# ## Exercise 7.1 · Vector add: the first kernel (~10 min)
 #
 # `out = x + y` for two vectors of `n` elements. Each program owns one block of `BLOCK`
 # consecutive elements, program 0 the first. How many programs must the grid have so that every
@@ -266,7 +274,7 @@ fig.update_yaxes(showticklabels=False)
 fig.show()
 
 # %% [markdown]
-# ## Exercise 7.2 · RMSNorm with the residual add fused in
+# ## Exercise 7.2 · RMSNorm with the residual add fused in (~15 min)
 #
 # In every decoder layer, `x = x + attn(...)` is followed by the next RMSNorm. Unfused, that is
 # three passes over the row: read x and the residual and write their sum; read the sum for its
@@ -373,7 +381,7 @@ fig.show()
 check("7.2")
 
 # %% [markdown]
-# ## Exercise 7.3 · Softmax: stable, then online
+# ## Exercise 7.3 · Softmax: stable, then online (~15 min)
 #
 # $$\mathrm{softmax}(x)_i = \frac{e^{x_i - m}}{\sum_j e^{x_j - m}},\qquad m = \max_j x_j .$$
 #
@@ -477,7 +485,7 @@ print("online over blocks of 2 lanes:", softmax(big, block=2).tolist())
 check("7.3")
 
 # %% [markdown]
-# ## Exercise 7.4 · Tiled matmul with a K loop
+# ## Exercise 7.4 · Tiled matmul with a K loop (~15 min)
 #
 # `C = A @ B` with `A: [M, K]`, `B: [K, N]`. Each program computes one `[BLOCK_M, BLOCK_N]` tile of
 # `C`, on a 2-D grid: `tl.program_id(0)` picks the tile's rows, `tl.program_id(1)` its columns. It
@@ -604,7 +612,7 @@ print("c_demo's tile equals A @ B there:", torch.allclose(c_demo[16:32, 32:], (a
 check("7.4")
 
 # %% [markdown]
-# ## Exercise 7.5 · int4 dequantize fused into the matmul
+# ## Exercise 7.5 · int4 dequantize fused into the matmul (~15 min)
 #
 # Lab 06's `int4_linear` rebuilt the whole float weight in memory for every call, and was slower
 # than the float layer it replaced. Fused, the packed codes are read and unpacked **tile by tile,
@@ -628,7 +636,10 @@ check("7.4")
 
 # %% exercise="7.5"
 def int4_linear_spec(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
-    """x: [n, in]; packed: uint8 [out, ceil(in / 2)]; scale, zero: [out, in // group_size]; bias: [out] -> [n, out] (definition)"""
+    """The operation, in PyTorch (definition)
+
+    x: [n, in]; packed: uint8 [out, ceil(in / 2)]; scale, zero: [out, in // group_size]; bias: [out] -> [n, out]
+    """
     k = x.shape[-1]
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)[:, :k]  # [out, in]
     group = torch.arange(k) // (k // scale.shape[1])                                             # [in]
@@ -640,7 +651,8 @@ def int4_linear_spec(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bia
 def int4_matmul_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, group_size,
                        stride_xm, stride_xk, stride_qn, stride_sn, stride_zn, stride_ym, stride_yn,
                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program per [BLOCK_M, BLOCK_N] tile of y = x @ dequant(W)^T + b, W dequantized a tile at a time. (definition)"""
+    """One program per [BLOCK_M, BLOCK_N] tile of y = x @ dequant(W)^T + b, W dequantized a tile at a time.
+    (definition)"""
     ### BEGIN SOLUTION
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x and y
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output features: rows of W
@@ -665,7 +677,7 @@ def int4_matmul_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, group_
 
 
 def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
-    """lab 06's int4_linear on int4_matmul_kernel: y = x @ W^T + bias, W in the engine's packed int4 format. (definition)
+    """lab 06's int4_linear on int4_matmul_kernel: y = x @ W^T + bias, W packed int4 (the engine's). (definition)
 
     x: [..., in], any leading dimensions (none included); packed: uint8 [out, in / 2 rounded up]; scale: float32
     [out, groups]; zero: uint8 [out, groups], groups dividing in; bias: [out] or None -> [..., out] in x's dtype,
@@ -737,7 +749,7 @@ print("equals lab 06's formula:", torch.allclose(int4_linear(x4, packed_demo, sc
 check("7.5")
 
 # %% [markdown]
-# ## Exercise 7.6 · Paged decode attention
+# ## Exercise 7.6 · Paged decode attention (~25 min)
 #
 # The decode step of lab 03: each sequence has **one** new query token, attending over its whole
 # context, whose keys and values lie in the paged pool, scattered over blocks. Token `t` of
@@ -764,7 +776,8 @@ check("7.5")
 #
 # Tokens past the context (`t >= context_lens[b]`) must score `-inf`, and their loads must be
 # masked: their slots belong to no one, or to another sequence. Write the two products as
-# broadcasts and sums over a dimension rather than `tl.dot`, since `GROUP` may be below `tl.dot`'s 16. Query and output row of sequence `b` is `rows[b]`: the engine
+# broadcasts and sums over a dimension rather than `tl.dot`, since `GROUP` may be below `tl.dot`'s 16.
+# Query and output row of sequence `b` is `rows[b]`: the engine
 # puts the decode rows among the prefill rows of one flattened batch, and passes `out` to fill.
 
 # %% exercise="7.6"
@@ -922,7 +935,7 @@ print("equals the spec:", torch.allclose(paged_decode_attention(q_pool, k_pool, 
 check("7.6")
 
 # %% [markdown]
-# ## Your kernel inside the engine
+# ## Your kernel inside the engine (~5 min)
 #
 # `LLM(..., attention_backend="triton")` runs the paged cache's attention on Triton kernels
 # (`minillm/cache/paged_triton.py`): a kernel writes each step's K/V into the pool, a prefill
@@ -952,9 +965,9 @@ for prompt, g, w in zip(prompts, got, want):
 check("7.E")
 
 # %% [markdown]
-# ## What a GPU would measure: bandwidth against the roofline
+# ## What a GPU would measure: bandwidth against the roofline (~5 min)
 #
-# Nothing in this notebook timed a kernel, on purpose: the interpreter runs each program one after
+# Nothing so far timed a Triton kernel, on purpose: the interpreter runs each program one after
 # another in numpy, so its times measure numpy. On a GPU, the number to report for a memory-bound
 # kernel is its **achieved bandwidth**, the bytes it must move divided by its time, as a fraction
 # of the GPU's peak (gpt-fast prints it after every run). A good fused kernel reaches 70 to 90% of
@@ -999,7 +1012,173 @@ fig.show()
 # a GPU and runs a correctness smoke pass instead). Your kernels from this lab would run there
 # unchanged: the same code compiles for the GPU when `TRITON_INTERPRET` is not set.
 #
-# ## How production engines do it
+# %% [markdown]
+# ## Predict, then measure: the engine's fused kernels at SmolLM2's shapes, on this machine (~15 min)
+#
+# The table above is arithmetic. Now measure. On this CPU the engine does not run Triton at all
+# for speed: it runs the same two ideas as 7.5 and 7.6 in C++, **fused**, and those it can time.
+#
+# * **Fused decode attention**, `minillm/kernels/paged_decode_cpu.py` (the C++ one,
+#   `paged_decode_cpu.cpp`): 7.6's interface and job, reading K/V in place through the block tables,
+#   once per kv head.
+# * **Fused quantized product**, `minillm/quant/fused.py` (`fused_matvec.cpp`): 7.5's job for int8
+#   and int4, the codes converted to floats in registers, the float weight never written.
+#
+# Both at the shapes of **SmolLM2-135M** (`minillm.perf.model_shape`: hidden 576, 9 query heads
+# over 3 kv heads of 64, MLP 1,536, 30 layers), and at the size of one decode step: every layer's
+# matrices (or every layer's K/V pool) in turn, so that, as in a real step, the bytes come from main
+# memory and not from a cache that still holds the previous call's. Each kernel's **bound** is the
+# bytes it must move (read its weights or its K/V once, write its output) over this machine's
+# memory bandwidth, measured the way lab 00 measured it (a large copy).
+
+# %%
+from minillm.labkit import compare, quick_run
+from minillm.perf import model_shape
+from minillm.perf.machine import machine, measure_bandwidth
+from minillm.perf.timing import median_time
+from minillm.quant import fused
+from minillm.kernels import paged_decode_cpu
+
+smol = model_shape("SmolLM2-135M")
+H, inter, heads, kv_heads, d = (smol.hidden_size, smol.intermediate_size, smol.num_attention_heads,
+                            smol.num_key_value_heads, smol.head_dim)
+layers = 8 if quick_run() else smol.num_hidden_layers  # the test suite runs a few layers, a learner all 30
+cpu_bandwidth = measure_bandwidth(torch.device("cpu"))  # bytes/s, this notebook's torch threads
+print(f"{machine()}\nmeasured copy bandwidth: {cpu_bandwidth / 1e9:.1f} GB/s; SmolLM2's layer: hidden {H}, "
+      f"{heads} heads over {kv_heads} kv heads of {d}, MLP {inter}; timing {layers} layers")
+
+# %% [markdown]
+# **Before you run the next cells**, predict one figure: the time of SmolLM2's int8 layer products
+# for one decode token at batch 1 (the four matrices of each layer: q, k and v stacked
+# `[H + 2·kv_heads·d, H]`, the output projection `[H, H]`, gate and up stacked `[2·inter, H]`, down
+# `[H, inter]`; a byte a weight and a float32 scale a row), from their bytes and the bandwidth just
+# printed. Lab 00 did the same for a whole step.
+
+# %%
+MY_PREDICTION = None  # ms: the int8 products of the timed layers at batch 1, from their bytes and the bandwidth above
+
+# %%
+gen = torch.Generator().manual_seed(7)
+shapes = [(H + 2 * kv_heads * d, H), (H, H), (2 * inter, H), (H, inter)]  # [out, in] of each projection of a layer
+float_w = [torch.randn(o, i, generator=gen) * 0.02 for _ in range(layers) for o, i in shapes]
+int8_w = [codecs.quantize_int8(w) for w in float_w]                                  # (q, scale) each
+int4_w = [(codecs.pack_int4(c), s, z) for c, s, z in (codecs.quantize_int4(w, 32) for w in float_w)]
+x_in = {i: torch.randn(1, i, generator=gen) for _, i in shapes}                      # one token's activations
+
+
+def stored_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def io_bytes(ws) -> int:  # each product reads its x and writes its y, float32
+    return sum(4 * (w.shape[1] + w.shape[0]) for w in ws)
+
+
+# one decode step's products: the callable and the bytes it must move at least
+products = {
+    "float32 product (torch)": (lambda: [torch.nn.functional.linear(x_in[w.shape[1]], w) for w in float_w],
+                                stored_bytes(float_w) + io_bytes(float_w)),
+    "int8, fused (C++)": (lambda: [fused.int8_linear(x_in[w.shape[1]], q, s, None)
+                                   for w, (q, s) in zip(float_w, int8_w)],
+                          sum(stored_bytes(t) for t in int8_w) + io_bytes(float_w)),
+    "int4-g32, fused (C++)": (lambda: [fused.int4_linear(x_in[w.shape[1]], p, s, z, None)
+                                      for w, (p, s, z) in zip(float_w, int4_w)],
+                              sum(stored_bytes(t) for t in int4_w) + io_bytes(float_w)),
+}
+
+# decode attention: 8 sequences of 512 tokens, one pool per layer, blocks of 16 handed out shuffled
+batch, context, block = 8, 512, 16
+blocks_per_seq = context // block
+tables = torch.randperm(batch * blocks_per_seq, generator=gen).reshape(batch, blocks_per_seq).int()
+lens = torch.full((batch,), context, dtype=torch.int32)
+pools = [(torch.randn(batch * context, kv_heads, d, generator=gen), torch.randn(batch * context, kv_heads, d,
+                                                                               generator=gen)) for _ in range(layers)]
+q_dec = torch.randn(batch, heads, d, generator=gen)
+attention_bytes = layers * (2 * batch * context * kv_heads * d * 4 + 2 * q_dec.numel() * 4)  # K, V once; q in, out
+kernels = dict(products)
+if paged_decode_cpu.available():
+    kernels["decode attention, fused (C++)"] = (
+        lambda: [paged_decode_cpu.paged_decode_attention_cpu(q_dec, k, v, tables, lens, block) for k, v in pools],
+        attention_bytes)
+if not fused.available():
+    print("no C++ compiler here: the fused kernels do not exist, and only the float32 product is timed")
+    kernels = {n: k for n, k in kernels.items() if "fused" not in n}
+
+measured_s = {name: median_time(fn, repeats=3 if quick_run() else 7) for name, (fn, _) in kernels.items()}
+print(f"{'kernel, ' + str(layers) + ' layers':>34} {'MB moved':>9} {'bound ms':>9} {'measured ms':>12} {'GB/s':>6} "
+      f"{'of bound':>9}")
+for name, (_, moved) in kernels.items():
+    bound = moved / cpu_bandwidth
+    print(f"{name:>34} {moved / 1e6:9.1f} {bound * 1e3:9.2f} {measured_s[name] * 1e3:12.2f} "
+          f"{moved / measured_s[name] / 1e9:6.1f} {bound / measured_s[name]:9.0%}")
+
+# %%
+if "int8, fused (C++)" in kernels:
+    compare(f"SmolLM2's int8 layer products for one token ({layers} layers), fused, on this CPU", MY_PREDICTION,
+            theory=kernels["int8, fused (C++)"][1] / cpu_bandwidth * 1e3,
+            measured=measured_s["int8, fused (C++)"] * 1e3,
+            unit="ms", theory_name="bandwidth bound",
+            gap="the kernel's time over the time its bytes take at the copy bandwidth: near 1, it is memory-bound; "
+                "far above, something else (the code-to-float arithmetic, threads, a cache the copy did not use) "
+                "sets its pace.")
+fig = go.Figure([go.Bar(name="bandwidth bound", y=list(kernels), orientation="h", marker_color="#bbbbbb",
+                        x=[m / cpu_bandwidth * 1e3 for _, m in kernels.values()]),
+                 go.Bar(name="measured", y=list(kernels), x=[measured_s[n] * 1e3 for n in kernels], orientation="h",
+                        marker_color="#3d6fb6")])
+fig.update_layout(title=f"The engine's CPU kernels at SmolLM2's shapes ({layers} layers), against their bytes",
+                  xaxis_title="ms", barmode="group", height=340, margin=dict(l=230))
+fig.update_yaxes(autorange="reversed")
+fig.show()
+
+# %% [markdown]
+# Read the "of bound" column. The float32 product is ATen's matrix-vector routine, the reference
+# point for what "memory-bound" reaches on this machine; the fused int8 and int4 kernels read a
+# quarter and about an eighth of its bytes, and the question is whether their time fell as far. Where
+# it did not, the extra work per byte (unpacking, subtracting the zero point, scaling) is what
+# remains: at one row of `x` that arithmetic costs about as much as the multiply-add itself. Decode
+# attention reads each key and value once per kv head, for 3 query heads each (GQA), so it has
+# little arithmetic per byte.
+#
+# ### Your kernels on a GPU
+#
+# With a GPU (`torch.cuda.is_available()`), the next cell times **your** 7.5 and 7.6 kernels, compiled
+# for it, at the same shapes, against the GPU's own measured bandwidth. Without one it says so,
+# and shows what the same bytes would take at the bandwidth of lab 00's hardware profiles
+# (`minillm/perf/hardware.py`, each from its vendor's datasheet): the speed a good kernel could
+# approach there.
+
+# %%
+gpu_bytes = {"int4-g32 products (your 7.5)": kernels["int4-g32, fused (C++)"][1] if "int4-g32, fused (C++)" in kernels
+             else sum(stored_bytes(t) for t in int4_w) + io_bytes(float_w),
+             "decode attention (your 7.6)": attention_bytes}
+if torch.cuda.is_available() and not INTERPRETED:
+    cuda = torch.device("cuda")
+    gpu_bandwidth = measure_bandwidth(cuda)
+    w4 = [(w.shape[1], p.to(cuda), s.to(cuda), z.to(cuda)) for w, (p, s, z) in zip(float_w, int4_w)]
+    xs = {i: x.to(cuda) for i, x in x_in.items()}
+    pools_gpu = [(k.to(cuda), v.to(cuda)) for k, v in pools]
+    args = (tables.to(cuda), lens.to(cuda), block)
+    q_gpu = q_dec.to(cuda)
+    yours = {"int4-g32 products (your 7.5)": lambda: [int4_linear(xs[i], p, s, z, None) for i, p, s, z in w4],
+             "decode attention (your 7.6)": lambda: [paged_decode_attention(q_gpu, k, v, *args) for k, v in pools_gpu]}
+    print(f"{torch.cuda.get_device_name()}: measured copy bandwidth {gpu_bandwidth / 1e9:.0f} GB/s")
+    for name, fn in yours.items():
+        seconds = median_time(fn, repeats=10, sync=torch.cuda.synchronize)
+        print(f"{name:>30}: {seconds * 1e6:8.1f} µs, bound {gpu_bytes[name] / gpu_bandwidth * 1e6:8.1f} µs, "
+              f"{gpu_bytes[name] / seconds / 1e9:6.0f} GB/s ({gpu_bytes[name] / gpu_bandwidth / seconds:.0%} of bound)")
+else:
+    print("No GPU here: your Triton kernels run in Triton's interpreter, one program after another in numpy, so "
+          "timing them would time numpy. What the same bytes would take on the GPUs of lab 00's hardware profiles, "
+          "at their datasheet bandwidth (a good kernel reaches 70 to 90% of it):")
+    gpus = {name: p for name, p in PROFILES.items() if "LPU" not in name}
+    print(f"{'':>30} " + " ".join(f"{name:>14}" for name in gpus))
+    for name, moved in gpu_bytes.items():
+        print(f"{name:>30} " + " ".join(f"{moved / p.bandwidth * 1e6:11.1f} µs" for p in gpus.values()))
+    print(f"{'bandwidth':>30} " + " ".join(f"{p.bandwidth / 1e9:9.0f} GB/s" for p in gpus.values())
+          + f"   (this CPU: {cpu_bandwidth / 1e9:.1f} GB/s)")
+
+# %% [markdown]
+# ## How production engines do it (~5 min)
 #
 # * **FlashAttention** (Dao et al. 2022, 2023) is 7.3's online softmax applied to attention in
 #   prefill: tiles of queries against tiles of keys, the scores never written to memory.

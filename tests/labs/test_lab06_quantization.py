@@ -2,7 +2,8 @@
 
 Oracles: minillm's codecs and quantized linear layer (minillm/quant/codecs.py, linear.py), whose
 formulas the exercises state, checked bit for bit where the contract fixes every rounding; fixed
-cases computed by hand (ties at .5, weights exactly halfway after the division, one-signed and constant groups, nibble order); the round-trip
+cases computed by hand (ties at .5, weights exactly halfway after the division, one-signed and constant
+groups, nibble order); the round-trip
 bound |w - dequant(w)| <= scale / 2; minillm's own sensitivity sweep (minillm/experiments/quant_sensitivity.py);
 a brute-force search written here for the cancelling pairs; and for 6.E the real engine with the
 notebook's codecs against the engine with its own.
