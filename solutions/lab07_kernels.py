@@ -171,7 +171,10 @@ def vector_add_spec(x: Tensor, y: Tensor) -> Tensor:
 
 @triton.jit
 def vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """One program: out[i] = x[i] + y[i] for its BLOCK elements i (those < n). (definition)"""
+    """One program's share of the sum: its BLOCK elements, those below n.
+
+    out[i] = x[i] + y[i] (definition)
+    """
     ### BEGIN SOLUTION
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = offsets < n
@@ -182,7 +185,9 @@ def vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def vector_add(x: Tensor, y: Tensor, block: int = 1024) -> Tensor:
-    """Elementwise sum on the vector_add_kernel: out[i] = x[i] + y[i], added in float32. (definition)
+    """The elementwise sum of two vectors on the vector_add_kernel, added in float32.
+
+    out[i] = x[i] + y[i] (definition)
 
     x, y: [n], same dtype, on one device -> out: a new [n] tensor in x's dtype; x and y are not written.
     block: elements per program (a power of two); every element has exactly one owning program.
@@ -301,7 +306,10 @@ def rmsnorm_residual_spec(x: Tensor, residual: Tensor, weight: Tensor, eps: floa
 @triton.jit
 def rmsnorm_residual_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, hidden, eps,
                             stride_x, stride_r, stride_y, stride_h, BLOCK: tl.constexpr):
-    """One program per row: h = x + res (stored), y = h / sqrt(mean(h^2) + eps) * w (stored). (definition)"""
+    """One program per row: both results stored, each row read once.
+
+    h = x + res, y = h / sqrt(mean(h^2) + eps) * w (definition)
+    """
     ### BEGIN SOLUTION
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -651,8 +659,10 @@ def int4_linear_spec(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bia
 def int4_matmul_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, group_size,
                        stride_xm, stride_xk, stride_qn, stride_sn, stride_zn, stride_ym, stride_yn,
                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program per [BLOCK_M, BLOCK_N] tile of y = x @ dequant(W)^T + b, W dequantized a tile at a time.
-    (definition)"""
+    """One program per [BLOCK_M, BLOCK_N] tile of y, W dequantized a tile at a time, in registers.
+
+    y = x @ dequant(W)^T + b (definition)
+    """
     ### BEGIN SOLUTION
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x and y
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output features: rows of W
@@ -677,7 +687,9 @@ def int4_matmul_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, group_
 
 
 def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
-    """lab 06's int4_linear on int4_matmul_kernel: y = x @ W^T + bias, W packed int4 (the engine's). (definition)
+    """lab 06's int4_linear on int4_matmul_kernel, W in the engine's packed int4 format.
+
+    y = x @ W^T + bias (definition)
 
     x: [..., in], any leading dimensions (none included); packed: uint8 [out, in / 2 rounded up]; scale: float32
     [out, groups]; zero: uint8 [out, groups], groups dividing in; bias: [out] or None -> [..., out] in x's dtype,
@@ -970,9 +982,10 @@ check("7.E")
 # Nothing so far timed a Triton kernel, on purpose: the interpreter runs each program one after
 # another in numpy, so its times measure numpy. On a GPU, the number to report for a memory-bound
 # kernel is its **achieved bandwidth**, the bytes it must move divided by its time, as a fraction
-# of the GPU's peak (gpt-fast prints it after every run). A good fused kernel reaches 70 to 90% of
-# peak; a kernel far below has a problem (uncoalesced loads, too few programs to fill the GPU, a
-# tile too small to hide latency).
+# of the GPU's peak (gpt-fast prints it after every run). A good fused kernel comes close to the
+# peak a plain copy reaches on the same GPU (measure both, as the next section does on this CPU);
+# a kernel far below has a problem (uncoalesced loads, too few programs to fill the GPU, a tile too
+# small to hide latency).
 #
 # The bytes are a property of the kernel's design, and you can count them here. Below, each
 # kernel at a size a real model uses (a Llama-3-8B-like layer in bfloat16), its minimal traffic,
@@ -1169,7 +1182,7 @@ if torch.cuda.is_available() and not INTERPRETED:
 else:
     print("No GPU here: your Triton kernels run in Triton's interpreter, one program after another in numpy, so "
           "timing them would time numpy. What the same bytes would take on the GPUs of lab 00's hardware profiles, "
-          "at their datasheet bandwidth (a good kernel reaches 70 to 90% of it):")
+          "at their datasheet bandwidth (the fastest they could run there):")
     gpus = {name: p for name, p in PROFILES.items() if "LPU" not in name}
     print(f"{'':>30} " + " ".join(f"{name:>14}" for name in gpus))
     for name, moved in gpu_bytes.items():
