@@ -1030,16 +1030,17 @@ print("\nbytes-only bound (float32's bytes per token over the scheme's, the LM h
     f"{name} up to {tiny_bytes['float32'] / tiny_bytes[name]:.2f}x" for name in engines if name != "float32"))
 
 # %% [markdown]
-# Compare your run's figures with the roofline's line printed under them. Two things keep `tiny`
-# far from the bytes-only bound, whatever your figures:
+# Compare your figures with the bytes-only line printed under them. On `tiny` they need not follow
+# it, in either direction:
 #
 # * `tiny`'s 23 MB of weights can stay in the CPU's caches from one step to the next, so its steps
-#   hardly wait on main memory: there is little traffic to save, and the rest of a step (norms,
-#   attention, Python) weighs as much as the products.
+#   hardly wait on main memory. The time goes to arithmetic and to the rest of a step (norms,
+#   attention, Python), and the engine's int8 and int4 rows run a different product from float32's
+#   (the fused CPU kernel described below), so they can come out faster or slower than the bytes
+#   alone say.
 # * Your `int4_linear`, like the engine's plain-PyTorch reference, unpacks and dequantizes the whole
 #   matrix into a fresh float32 tensor in every forward, then multiplies. That writes and reads
-#   *more* bytes than the float32 weight alone. (The engine's own int8 and int4 rows use the fused
-#   CPU kernel described below where it applies: if they ran faster than yours, that is why.)
+#   *more* bytes than the float32 weight alone.
 #
 # A layer the size of a large model's makes the second point plain: one 4096 × 4096 projection at
 # batch 1, whose float32 weight (64 MB) does not fit in the caches.
@@ -1058,6 +1059,8 @@ layer_ms = {
 }
 for name, seconds in layer_ms.items():
     print(f"{name:>36}: {seconds * 1e3:7.2f} ms")
+int4_over_fp32 = layer_ms["int4-g64 (9 MB), your int4_linear"] / layer_ms["float32 weight (64 MB)"]
+print(f"your int4_linear took {int4_over_fp32:.1f}x the float32 layer's time, reading a seventh of its bytes")
 fig = go.Figure(go.Bar(x=list(layer_ms), y=[s * 1e3 for s in layer_ms.values()]))
 fig.update_layout(title="One 4096 x 4096 linear layer at batch 1 on this CPU, without a fused kernel",
                   yaxis_title="ms per call", height=320)
@@ -1066,7 +1069,7 @@ fig.show()
 # %% [markdown]
 # Dequantizing on the fly in plain PyTorch turns a 9 MB read into several temporary 64 MB float32
 # matrices (the codes as floats, minus the zero points, times the scales), each written and read
-# again: many times slower than the float32 layer it replaces. The memory saving
+# again: compare its time with the float32 layer's, printed above. The memory saving
 # is real (the model takes a quarter of the space), the speed-up is not, until the dequantization
 # moves *into* the matrix multiplication: a kernel that loads packed 4-bit tiles, unpacks and
 # scales them in registers, and multiplies at once never writes the float matrix at all. That is
@@ -1150,8 +1153,8 @@ if real_installed:
 
 # %% [markdown]
 # Read your table from top to bottom. Each scheme reads fewer bytes a token, and on SmolLM2 that is
-# time: every measured speed should sit above float32's. But compare each with its own bound: the share
-# of the bound a scheme reaches falls as its bytes fall. The rest of a step did not shrink: the norms,
+# time: the quantized schemes should sit above float32's speed. But compare each with its own bound:
+# which one reaches the smallest share of it in your run? The rest of a step did not shrink: the norms,
 # attention and the Python around 121 matrix products; and turning each code into its weight is
 # arithmetic the float32 product does not do. At one row of x it costs about as much as the multiply-add
 # itself, so int4's kernel can run out of arithmetic before it runs out of memory bandwidth. Quantizing

@@ -622,8 +622,8 @@ check("7.4")
 # %% [markdown]
 # ## Exercise 7.5 · int4 dequantize fused into the matmul (~15 min)
 #
-# Lab 06's `int4_linear` rebuilt the whole float weight in memory for every call, and was slower
-# than the float layer it replaced. Fused, the packed codes are read and unpacked **tile by tile,
+# Lab 06's `int4_linear` rebuilt the whole float weight in memory for every call: compare its time
+# with the float layer's in your run of lab 06. Fused, the packed codes are read and unpacked **tile by tile,
 # in registers**, right before `tl.dot`: the float weight never exists in memory, and a
 # memory-bound decode reads 4.6 bits per weight instead of 16.
 #
