@@ -625,16 +625,17 @@ def pairs_text(pairs) -> str:
 
 
 def pairs_difference(got, want) -> str:
-    """What a found list lacks and adds against the expected one, short; or where their order first differs."""
+    """What a found list lacks, adds or repeats against the expected one, short; or where their order first differs."""
     got_sets, want_sets = [frozenset({a, b}) for a, b in got], [frozenset({a, b}) for a, b in want]
     missing = [p for p, s in zip(want, want_sets) if s not in got_sets]
     extra = [p for p, s in zip(got, got_sets) if s not in want_sets]
+    twice = [p for i, (p, s) in enumerate(zip(got, got_sets)) if s in got_sets[:i]]
     parts = [f"found {len(got)}, expected {len(want)}"]
-    for label, pairs in (("missing", missing), ("not expected", extra)):
+    for label, pairs in (("missing", missing), ("not expected", extra), ("reported more than once", twice)):
         if pairs:
             more = f" and {len(pairs) - 3} more" if len(pairs) > 3 else ""
             parts.append(f"{label}: {pairs_text(pairs[:3])}{more}")
-    if not missing and not extra:
+    if not missing and not extra and not twice:
         i = next(i for i, (g, w) in enumerate(zip(got_sets, want_sets)) if g != w)
         parts.append(f"the same pairs in another order: position {i} holds {pairs_text(got[i:i + 1])}, expected "
                      f"{pairs_text(want[i:i + 1])} (most negative mean interaction first)")
