@@ -1,8 +1,13 @@
 # %% [markdown]
 # # Lab 06 · Quantization
 #
-# **Time:** about 100 minutes. **You need:** lab 00 (the roofline: why a decode step waits on
-# memory) and lab 01 (the linear layers of a decoder block).
+# **Time:** about 145 minutes in all (each section's heading gives its share; the experiments
+# on SmolLM2 run a few minutes on a 2-core CPU). **You need:** lab 00 (the roofline: why a decode
+# step waits on memory) and lab 01 (the linear layers of a decoder block).
+#
+# **See also:** the visualizer's **Quantization** page (`make app`; it quantizes a model live and
+# scores it), and the Quantization section of [docs/engine.md](../docs/engine.md#quantization)
+# (the schemes, their bytes per weight, how to turn them on).
 #
 # A decode step reads every weight of the model once to produce one token per sequence (lab 00).
 # Store each weight in fewer bits and the step moves fewer bytes: 4-bit weights are a quarter of
@@ -31,7 +36,9 @@
 # 6. find which layers and projections are sensitive, and test whether errors cancel, with the
 #    noise of the measurement taken into account;
 # 7. explain with the roofline why weight-only quantization speeds up decode but not prefill, and
-#    why on a CPU without a fused kernel it can even slow decode down.
+#    why on a CPU without a fused kernel it can even slow decode down;
+# 8. predict a scheme's decode speedup on SmolLM2 from its bytes per token, then measure each scheme
+#    against its own bandwidth bound, with its quality beside it.
 #
 # ## How this lab works
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
@@ -76,7 +83,7 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 tiny = LLM("tiny").engine.model  # the full-precision model every experiment compares with
 
 # %% [markdown]
-# ## The concept: a scale, a zero point, and who shares them
+# ## The concept: a scale, a zero point, and who shares them (~5 min)
 #
 # Uniform quantization keeps a float **scale** `s` and an integer **zero point** `z` beside small
 # integer **codes** `q`, and recovers each weight as
@@ -90,10 +97,17 @@ tiny = LLM("tiny").engine.model  # the full-precision model every experiment com
 #
 # Two choices decide how large `s` must be:
 #
-# * **Symmetric or asymmetric.** Symmetric codes run from −127 to 127 with `z = 0`, and
-#   `s = max|w| / 127`: the largest weight lands on ±127. Asymmetric codes run from 0 to 15 (4
-#   bits), and the 16 levels are spread from the smallest weight to the largest, so none is
-#   wasted on a side where there are no weights.
+# * **Symmetric or asymmetric.** Symmetric codes run from −N to N around `z = 0`, and the step is
+#   chosen so that the largest |w| lands on the last code, ±N: no code is wasted beyond the
+#   weights. Asymmetric codes run from 0 to 15 (4 bits), and the 16 levels are spread from the
+#   smallest weight to the largest, so none is wasted on a side where there are no weights.
+#
+#   A worked example with a small symmetric code, −7..7 (not the one you will write): the row
+#   `[0.7, −0.35, 0.1, 0.05]` has largest |w| 0.7, so the step is 0.1 and 0.7 lands on 7. Then
+#   −0.35 is 3.5 steps below zero: a tie between −3 and −4; 0.1 is exactly 1 step; 0.05 is half a
+#   step, a tie between 0 and 1. Ties need a rule, and the engine's is "to the even neighbour"
+#   (`torch.round`'s): the codes are `[7, −4, 1, 0]`, and the row comes back as
+#   `[0.7, −0.4, 0.1, 0.0]`, each weight within half a step (0.05) of where it was.
 # * **Granularity: who shares one scale.** One scale for the whole matrix lets a single outlier
 #   inflate the step of every weight. One per **output channel** (a row of `nn.Linear`'s
 #   `weight: [out, in]`) costs nothing at run time: output `o` is `Σ_i x_i ŵ_oi = s_o Σ_i x_i q_oi`,
@@ -104,26 +118,30 @@ tiny = LLM("tiny").engine.model  # the full-precision model every experiment com
 # group, so int4 with groups of 64 costs `4 + (32 + 8) / 64 = 4.625` bits per weight, not 4.
 
 # %% [markdown]
-# ## Exercise 6.1 · int8: symmetric, one scale per output channel
+# ## Exercise 6.1 · int8: symmetric, one scale per output channel (~10 min)
 #
-# For each row of `w: [out, in]`: `scale = max|w[row]| / 127`, and `q = round(w / scale)`, kept in
-# −127..127 (−128 is left out, so that `q` and `−q` are both codes). A row of zeros would give a
-# scale of 0 and a division by zero: keep every scale at least `TINY` (the smallest normal float32,
-# imported above), which quantizes such a row to zeros.
+# The codes are int8, −127..127 (−128 is left out, so that `q` and `−q` are both codes), one scale
+# per row of `w: [out, in]`, and the row's largest |w| lands on ±127: the example above with 127
+# in place of 7. Two details decide whether your codes equal the engine's **bit for bit**:
 #
-# `torch.round` rounds halves to the even neighbour (`2.5 → 2`, `−3.5 → −4`): use it, so that
-# your codes equal the engine's bit for bit.
+# * **Ties.** A weight exactly halfway between two codes goes to the even one, as in the example.
+# * **Which number is rounded.** A code is decided by the weight's *quotient* by its scale,
+#   computed in float32. Algebraically equivalent expressions are not equivalent in floating
+#   point: at a tie, a product that is a hair off the half rounds to the other neighbour. The
+#   grader tries weights that sit exactly on halves.
+#
+# A row of zeros would give a scale of 0 and a division by zero: no scale may be smaller than
+# `TINY` (the smallest normal float32, imported above), so such a row quantizes to zeros.
 
 # %% exercise="6.1"
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric absmax quantization, one scale per output channel (row).
+    """Symmetric quantization, one scale per output channel (row): the engine's codes, bit for bit.
 
-    w: [out, in] float32 -> (q: int8 [out, in], scale: float32 [out]).
-    scale = max over the row of |w|, / 127, at least TINY;  q = round(w / scale), clamped to
-    [-127, 127]. round is torch.round: to the nearest integer, halves to the even one.
-    Then w is recovered as q * scale[:, None], within scale / 2 of each weight.
-
-    Hints: 3 lines. `w.abs().amax(dim=1)`, `clamp_min`, `torch.round`, `clamp`, `.to(torch.int8)`.
+    w: [out, in] float32, left unchanged -> (q: int8 [out, in], scale: float32 [out]).
+    Rules: codes run from -127 to 127 and code 0 stands for 0; each row's largest |w| lands on +-127;
+    every other weight gets the code nearest to its quotient by its row's scale (divided in float32),
+    a tie going to the even code; no scale is below TINY, so a row of zeros gives codes 0, never NaN.
+    Each weight comes back (code times scale) within half a step of where it was.
     """
     ### BEGIN SOLUTION
     scale = (w.abs().amax(dim=1).float() / INT8_MAX).clamp_min(TINY)        # [out]
@@ -131,6 +149,25 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
     return q.to(torch.int8), scale
     ### END SOLUTION
 
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Work one row by hand first, with the example above: what single number of the row fixes the
+# step? Then do every row at once: a reduction along the inputs gives one value per row.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# The step of a row is its largest magnitude spread over 127 codes, never below `TINY`. Broadcast
+# the `[out]` scales against `[out, in]` (one extra dimension), divide, round with PyTorch's
+# rounding function (it already sends ties to even), keep the codes in range, convert to int8.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `scale = max(max_i |w_oi| / 127, TINY)`, `q_oi = clamp(round(w_oi / scale_o), −127, 127)`.
+# </details>
 
 # %% [markdown]
 # How much does the granularity matter? Take the first attention projection of `tiny` (q, k and v
@@ -151,16 +188,20 @@ print(f"mean |error|, one scale for all:  {err_tensor:.2e}  ({err_tensor / err_r
 check("6.1")
 
 # %% [markdown]
-# ## Exercise 6.2 · int4: asymmetric, a scale and a zero point per group
+# ## Exercise 6.2 · int4: asymmetric, a scale and a zero point per group (~15 min)
 #
-# Split each row into groups of `group_size` consecutive inputs. For each group, spread the 16
-# codes 0..15 over the range from `lo` to `hi`, where the range is the group's own, stretched to
-# hold 0:
+# Split each row into groups of `group_size` consecutive inputs. Each group gets its own 16 codes,
+# 0..15, evenly spaced over the group's range **stretched to hold 0**: from the smallest weight or
+# 0, whichever is lower, to the largest weight or 0, whichever is higher. Code 0 sits at the bottom
+# of that range, code 15 at its top, and the **zero point** is the whole code nearest to where 0
+# falls.
 #
-# $$lo = \min(\min w, 0),\quad hi = \max(\max w, 0),\quad s = \frac{hi - lo}{15},$$
-#
-# $$z = \mathrm{round}\Big(\frac{-lo}{s}\Big),\quad
-#   q = \mathrm{clamp}\Big(\mathrm{round}\Big(\frac{w}{s}\Big) + z,\ 0,\ 15\Big).$$
+# A worked example with 2-bit codes, 0..3 (not the one you will write): the group
+# `[−0.3, 0.1, 0.6]` spans −0.3..0.6 (it holds 0 already), three steps of 0.3. Zero is one step
+# above the bottom: the zero point is code 1. The weight 0.1 is a third of a step above zero,
+# nearest to code 1 again; 0.6 is two steps above zero, code 3; −0.3 one step below, code 0. The
+# codes `[0, 1, 3]` come back as `[−0.3, 0.0, 0.6]`. A group `[0.2, 0.5, 0.8]` would be stretched
+# to 0..0.8 (step 0.8/3), with the zero point on code 0.
 #
 # Why hold 0? The zero point is then one of the 16 codes, so a weight of exactly 0 (and padding, or
 # pruned weights) comes back exactly 0; and a group whose weights are all positive gets `z = 0`,
@@ -168,24 +209,25 @@ check("6.1")
 # are all equal (`max == min`) is covered too: its range runs from 0 to that value. Only a group of
 # zeros has `hi == lo`; keep every scale at least `TINY`, as in 6.1.
 #
-# Round with `torch.round` (halves to even) everywhere. Return the codes, one scale and one zero
-# point per group. A group size must be a positive integer that divides the row: anything else (one
+# Round to the nearest, halves to even, everywhere (the zero point too), and, as in 6.1, place a
+# weight by its quotient by the scale, in float32. Return the codes, one scale and one zero point
+# per group. A group size must be a positive integer that divides the row: anything else (one
 # that leaves a partial group, 0, or a negative one, even if it divides) is an error, raised as a
 # `ValueError` that says so.
 
 # %% exercise="6.2"
 def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Asymmetric min/max quantization per group of `group_size` consecutive inputs of each row.
+    """Asymmetric quantization per group of consecutive inputs of each row: the engine's codes, bit for bit.
 
-    w: [out, in] float32 -> (codes: uint8 [out, in] in 0..15, scale: float32 [out, in // group_size],
-    zero: uint8 [out, in // group_size]). Group j of row o is w[o, j * group_size : (j + 1) * group_size].
-    Per group: lo = min(min(group), 0), hi = max(max(group), 0); scale = (hi - lo) / 15, at least TINY;
-    zero = round(-lo / scale); codes = clamp(round(w / scale) + zero, 0, 15). round is torch.round
-    (halves to the even integer). w is recovered as (codes - zero) * scale, within scale / 2.
-    Raises ValueError unless group_size is a positive integer that divides in (0 and negative sizes included).
-
-    Hints: about 8 lines. `w.reshape(out, in // group_size, group_size)` puts each group in a row of
-    its own; `amin` / `amax` over the last dimension; `clamp(max=0)`, `clamp(min=0)`.
+    w: [out, in] float32, left unchanged; group_size: inputs per group.
+    -> (codes: uint8 [out, in] in 0..15, scale: float32 [out, groups], zero: uint8 [out, groups]), where groups
+    is the number of groups in a row and group j of a row is its j-th run of group_size inputs.
+    Rules: a group's 16 levels are evenly spaced over its range stretched to hold 0, code 0 at the bottom and
+    15 at the top; its zero point is the whole code nearest to 0's place (so a weight of 0 comes back exactly);
+    a weight's code is the zero point plus its quotient by the scale (in float32), rounded, within 0..15;
+    every rounding is to the nearest, halves to even; no scale is below TINY (a group of zeros).
+    Raises ValueError, saying why, unless group_size is a positive integer that divides the row (0 and
+    negative sizes are refused even when they "divide").
     """
     ### BEGIN SOLUTION
     out_features, in_features = w.shape
@@ -201,6 +243,28 @@ def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
     codes = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
     return codes.reshape(out_features, in_features).to(torch.uint8), scale, zero.to(torch.uint8)
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Give every group a row of its own: a view of `w` with one more dimension, `[out, groups, group_size]`.
+# Then everything per group is a reduction over the last dimension, exactly like 6.1's per row.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Stretching the range to hold 0 means: the low end is never above 0, the high end never below
+# 0 (a clamp of each). 15 steps span the range; 0 sits "minus the low end, in steps" above code 0.
+# Round that to get the zero point; a weight's code is its own position in steps, rounded, plus
+# the zero point, kept in 0..15. Reshape the codes back to `[out, in]` before returning.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `lo = min(min w, 0)`, `hi = max(max w, 0)`, `s = max((hi − lo) / 15, TINY)`, `z = round(−lo / s)`,
+# `q = clamp(round(w / s) + z, 0, 15)`, per group.
+# </details>
 
 
 # %% [markdown]
@@ -228,13 +292,16 @@ print(f"int4 groups of 32, these three: scales {[round(s, 4) for s in scale4[0, 
 check("6.2")
 
 # %% [markdown]
-# ## Exercise 6.3 · Pack two 4-bit codes into a byte
+# ## Exercise 6.3 · Pack two 4-bit codes into a byte (~8 min)
 #
 # PyTorch has no 4-bit type: a `uint8` code in 0..15 wastes half its byte. Pack pairs of them:
-# along the last dimension, code `2i` goes to the **low** nibble (bits 0 to 3) of byte `i` and code
-# `2i + 1` to the **high** nibble (bits 4 to 7):
+# along the last dimension, the first code of each pair (an even index) goes to the **low** nibble
+# (bits 0 to 3) of its byte, the second (an odd index) to the **high** nibble (bits 4 to 7).
 #
-# $$\text{byte}_i = c_{2i} + 16\, c_{2i+1} = c_{2i} \,|\, (c_{2i+1} \ll 4).$$
+# The same idea with 2-bit codes, four to a byte (not the one you will write): codes `[1, 2, 3, 0]`
+# fill bits 0–1, 2–3, 4–5, 6–7, so the byte is `1 + 2·4 + 3·16 + 0·64 = 57`, `0b00111001`. Moving a
+# code up by k bits multiplies it by 2^k; since the fields do not overlap, adding them and OR-ing
+# them give the same byte.
 #
 # An odd number of codes is padded with one code 0 at the end, so `n` codes take `⌈n / 2⌉` bytes.
 # This order is a convention (the one of `minillm`'s checkpoints); what matters is that packing and
@@ -242,14 +309,11 @@ check("6.2")
 
 # %% exercise="6.3"
 def pack_int4(codes: Tensor) -> Tensor:
-    """Two 4-bit codes per byte along the last dimension.
+    """Two 4-bit codes per byte along the last dimension (minillm's checkpoint layout).
 
-    codes: uint8 [..., n], values in 0..15 -> uint8 [..., ceil(n / 2)].
-    byte i = codes[..., 2i] | (codes[..., 2i + 1] << 4): the even index in the low nibble, the odd
-    one in the high nibble. An odd n is padded with one 0 code at the end first.
-
-    Hints: 4 lines. `F.pad(codes, (0, 1))` pads the last dimension; `codes[..., 0::2]` and
-    `codes[..., 1::2]` are the even and the odd codes; `|` and `<<` work on uint8 tensors.
+    codes: uint8 [..., n], values in 0..15, any leading dimensions -> uint8 [..., half of n, rounded up].
+    Byte i holds codes 2i (low nibble) and 2i + 1 (high nibble) of the last dimension; an odd n is
+    padded with one code 0 at the end. codes is left unchanged.
     """
     ### BEGIN SOLUTION
     if codes.shape[-1] % 2:
@@ -257,6 +321,22 @@ def pack_int4(codes: Tensor) -> Tensor:
     codes = codes.to(torch.uint8)
     return codes[..., 0::2] | (codes[..., 1::2] << 4)  # [..., ceil(n / 2)]
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Make the length even first (one extra code 0 at the end of the last dimension when it is odd),
+# then think of the codes as pairs: the even positions and the odd positions, two tensors of the
+# same shape.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Slicing with a step of 2 picks every other code. The low code stays where it is; the high code
+# moves up by 4 bits; combine the two fields into one byte with a bitwise operator (uint8 tensors
+# support them).
+# </details>
 
 
 # %%
@@ -267,26 +347,42 @@ print("codes [1, 2, 3, 4, 5] ->", pack_int4(torch.tensor([1, 2, 3, 4, 5], dtype=
 check("6.3")
 
 # %% [markdown]
-# ## Exercise 6.4 · Unpack them
+# ## Exercise 6.4 · Unpack them (~7 min)
 #
-# The inverse: byte `i` gives code `2i` (its low nibble, `byte & 0x0F`) and code `2i + 1` (its high
-# nibble, `byte >> 4`), in that order. The caller says how many codes there were, `n`: for an odd
-# `n` the last high nibble is the padding, and is dropped.
+# The inverse: each byte gives back two codes, its low nibble first. The caller says how many codes
+# there were, `n`: for an odd `n` the last high nibble is the padding, and is dropped.
+#
+# Back to the 2-bit example: from 57 = `0b00111001`, keeping only bits 0–1 (a mask of `0b11`)
+# gives 1; shifting right by 2 and masking again gives 2, then 3, then 0. A mask keeps a field,
+# a shift brings a field down to bit 0; for the top field the shift alone is enough.
 
 # %% exercise="6.4"
 def unpack_int4(packed: Tensor, n: int) -> Tensor:
-    """The inverse of pack_int4.
+    """The inverse of pack_int4: unpack_int4(pack_int4(c), n) equals c for codes c with n in the last dimension.
 
-    packed: uint8 [..., ceil(n / 2)] -> codes: uint8 [..., n]; codes[..., 2i] = packed[..., i] & 0x0F,
-    codes[..., 2i + 1] = packed[..., i] >> 4; for an odd n the padding code at the end is dropped.
-
-    Hints: 2 or 3 lines. `torch.stack([low, high], dim=-1)` interleaves them; then reshape the
-    last two dimensions into one and keep the first n.
+    packed: uint8 [..., bytes], any leading dimensions; n: how many codes were packed (bytes is half of it,
+    rounded up)
+    -> codes: uint8 [..., n], in their original order (byte i gives codes 2i and 2i + 1, low nibble first);
+    the padding code of an odd n is not returned. packed is left unchanged.
     """
     ### BEGIN SOLUTION
     pairs = torch.stack([packed & 0x0F, packed >> 4], dim=-1)  # [..., ceil(n / 2), 2]
     return pairs.reshape(*packed.shape[:-1], -1)[..., :n]
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# You can get all the low nibbles as one tensor and all the high nibbles as another, each shaped
+# like `packed`. The work is putting them back in the order low, high, low, high, ...
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Stack the two along a new last dimension (`[..., bytes, 2]`): flattening the last two dimensions
+# then reads them alternately. Keep the first `n`.
+# </details>
 
 
 # %% [markdown]
@@ -306,17 +402,20 @@ for name, tensors in (("float32", [w_o]), ("int8", list(quantize_int8(w_o))),
 check("6.4")
 
 # %% [markdown]
-# ## Exercise 6.5 · The quantized linear layer
+# ## Exercise 6.5 · The quantized linear layer (~12 min)
 #
 # `QuantizedLinear` keeps only the packed codes, the scales and the zero points, and rebuilds the
-# weight in every forward:
+# weight in every forward, then computes the layer as `nn.Linear` would. Rebuilding means applying
+# the concept's `ŵ = (q − z) s` to every weight, with the `s` and `z` **of its own group**: the
+# scale's shape says how many groups a row has, and so how many inputs each group covers.
 #
-# $$y = x\, \hat W^\top + b,\qquad \hat W_{o,i} = (q_{o,i} - z_{o,j})\, s_{o,j},\quad j = \lfloor i / g \rfloor,$$
+# Which group does an input belong to? In a row of 12 inputs with 3 groups, each group covers 4
+# inputs: inputs 0–3 use scale 0, 4–7 scale 1, 8–11 scale 2, so input 9 uses scale 2. A tensor of
+# 12 codes viewed as `[3, 4]` puts each group on a row of its own, beside its one scale.
 #
-# with `g = in / groups` the group size (the scale's shape gives the number of groups). Unpack with
-# your `unpack_int4` (the number of inputs is `x`'s last dimension), dequantize group by group, and
-# multiply. One trap: `q − z` in `uint8` wraps around below zero (`3 − 5 = 254`); convert to float
-# first. Build `Ŵ` in `x`'s dtype, so that a bf16 model multiplies in bf16.
+# Unpack with your `unpack_int4` (the number of inputs is `x`'s last dimension). One trap: `q − z`
+# in `uint8` wraps around below zero (`3 − 5 = 254`). Build `Ŵ` in `x`'s dtype, so that a bf16 model
+# multiplies in bf16.
 #
 # Rebuilding a whole float matrix for every forward is the plain-PyTorch way, and not a fast one
 # (you will measure it at the end). A fused kernel dequantizes a tile at a time, in registers,
@@ -324,15 +423,12 @@ check("6.4")
 
 # %% exercise="6.5"
 def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
-    """A linear layer on int4 weights: y = x @ W^T + bias, W dequantized from its packed codes.
+    """nn.Linear's forward on int4 weights: the layer whose weight quantize_int4 and pack_int4 stored.
 
-    x: [n, in]; packed: uint8 [out, ceil(in / 2)] (pack_int4 of the codes); scale: float32 [out, groups];
-    zero: uint8 [out, groups]; bias: [out] or None -> y: [n, out] in x's dtype.
-    codes = unpack_int4(packed, in); W[o, i] = (codes[o, i] - zero[o, j]) * scale[o, j], with
-    j = i // g and g = in // groups; y = F.linear(x, W in x's dtype, bias).
-
-    Hints: 4 lines. Reshape the codes to [out, groups, g] so that zero[..., None] and scale[..., None]
-    broadcast over each group; `.float()` before subtracting.
+    x: [n, in] float32 or bfloat16; packed: uint8 [out, in / 2 rounded up] (pack_int4 of 6.2's codes);
+    scale: float32 [out, groups]; zero: uint8 [out, groups] (6.2's, groups dividing in); bias: [out] or None.
+    -> y: [n, out] in x's dtype (the weight rebuilt in x's dtype). in is x's last dimension. No input is
+    modified; zero points larger than their codes must not wrap around.
     """
     ### BEGIN SOLUTION
     out_features, in_features = packed.shape[0], x.shape[-1]
@@ -343,9 +439,29 @@ def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Te
 
 
 # %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Three steps: codes back from the bytes, weights back from the codes, the layer from the weights.
+# The middle one is the lesson: get every weight next to its own group's scale and zero point.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# View the unpacked codes as `[out, groups, group_size]`; give the `[out, groups]` scales and zero
+# points one trailing dimension so they broadcast over each group; do the arithmetic in float
+# (not uint8); view the result as `[out, in]` again; then the ordinary linear layer, with the bias.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `Ŵ[o, i] = (q[o, i] − z[o, i // g]) · s[o, i // g]` with `g = in / groups`; `y = x Ŵᵀ + b`.
+# </details>
+
+
+# %% [markdown]
 # The MLP's gate and up projections of layer 0 of `tiny` (1,536 outputs), quantized with three
-# group sizes, on eight random inputs: how far do the outputs move? (Several percent, in every
-# layer; the experiments below measure how much of it reaches the model's predictions.)
+# group sizes, on eight random inputs: how far do the outputs move? (The experiments below measure
+# how much of it reaches the model's predictions.)
 
 # %%
 w_gate_up = tiny.model.layers[0].mlp.gate_up_proj.weight.detach()  # [2 * intermediate, hidden]
@@ -360,7 +476,7 @@ for g in (32, 64, 128):
 check("6.5")
 
 # %% [markdown]
-# ## Your codecs inside minillm
+# ## Your codecs inside minillm (~3 min)
 #
 # `EngineConfig(quantization=QuantConfig(...))` quantizes the model as it loads: every projection
 # of every decoder layer becomes a `QuantizedLinear` (the LM head stays in full precision unless
@@ -379,7 +495,7 @@ YOURS = Components(quantize_int8=quantize_int8, quantize_int4=quantize_int4, pac
 check("6.E")
 
 # %% [markdown]
-# ## Measure it: quality against bits per weight
+# ## Measure it: quality against bits per weight (~8 min)
 #
 # What does each scheme cost in quality? The yardstick is held-out text: eight windows of 128 tokens
 # from the files of the bundled corpus that `tiny` never trained on. For each candidate,
@@ -436,8 +552,8 @@ fig.show()
 # over more weights, so a larger step. Groups of 32 cost 5.25 bits per weight, groups of 128 only
 # 4.31: the usual compromise is 64 or 128.
 #
-# Now compare the perplexity column with the KL column. int4 raises perplexity by about a percent,
-# but int8 and fp8 may well come out *below* float32 on these windows: a tiny shift of the
+# Now compare the perplexity column with the KL column. int4 raises perplexity a little, but int8
+# and fp8 may well come out *below* float32 on these windows: a tiny shift of the
 # distributions happened to favour the right tokens of this sample, and another sample could say the
 # opposite. KL cannot be fooled that way (it is 0 only when nothing moved), and it separates the
 # schemes clearly: that is why the rest of this lab measures KL.
@@ -448,7 +564,7 @@ fig.show()
 # bits per weight over 16 (bf16).
 
 # %% [markdown]
-# ## Measure it: on a real model
+# ## Measure it: on a real model (~10 min)
 #
 # `tiny` was trained here, in float32. **SmolLM2-135M-Instruct** (30 layers, 135M parameters) was
 # trained elsewhere and *distributed at 4 bits*: its GGUF file stores every projection in
@@ -476,7 +592,7 @@ fig.show()
 # installed, the cell tells you how to install it and skips.
 
 # %%
-from minillm.labkit import REAL_MODEL, real_model_installed
+from minillm.labkit import REAL_MODEL, quick_run, real_model_installed
 
 REAL = REAL_MODEL
 real_installed = real_model_installed()
@@ -553,7 +669,7 @@ if real_installed:
 # start from the original 16-bit weights.
 
 # %% [markdown]
-# ## Exercise 6.6 · Which layers are sensitive?
+# ## Exercise 6.6 · Which layers are sensitive? (~10 min)
 #
 # The average hides where the error comes from. Quantize **one decoder layer at a time** (every
 # other layer stays full precision) and measure each against the reference: a layer whose
@@ -571,10 +687,9 @@ def layer_sensitivity(model: nn.Module, reference: Reference, base: QuantConfig)
 
     model: a full-precision minillm model (its layers are model.model.layers), left unchanged.
     reference: the full model's log-probabilities on held-out windows (Reference(model, windows)).
-    base: the scheme, group size and projections to use. Result i is
-    reference.compare(a copy of model quantized with replace(base, layers=(i,))).
-
-    Hints: 1 to 3 lines. A list comprehension over range(len(model.model.layers)).
+    base: the scheme, group size and projections to use, kept as they are except for the layers picked.
+    -> [Quality of the model with only layer 0 quantized, only layer 1, ...], one per decoder layer,
+    each measured by reference on a copy of model.
     """
     ### BEGIN SOLUTION
     return [reference.compare(quantize_model(copy.deepcopy(model), replace(base, layers=(i,))))
@@ -593,7 +708,7 @@ for i, quality in enumerate(per_layer):
 check("6.6")
 
 # %% [markdown]
-# The first layer stands out in `tiny`. (Each figure carries noise: the `±` is its standard error
+# Does one layer stand out in your run? (Each figure carries noise: the `±` is its standard error
 # over the eight windows, computed from `Quality.kl_per_window`. Two layers whose intervals overlap
 # cannot be told apart on this sample.)
 #
@@ -620,7 +735,7 @@ fig.show()
 # the weights that matter most for the activations they see.
 
 # %% [markdown]
-# ## Exercise 6.7 · Do errors add up, or cancel?
+# ## Exercise 6.7 · Do errors add up, or cancel? (~20 min)
 #
 # If each layer's rounding pushed the output in an unrelated direction, the error of quantizing
 # layers A and B together would be about the sum of their errors alone. (For small changes KL is
@@ -630,14 +745,21 @@ fig.show()
 # $$d = e(A \cup B) - e(A) - e(B).$$
 #
 # Negative: the errors partly **cancel**; positive: they compound. But every `e` is measured on a
-# few windows, and is noisy. The windows are the same for every set, though, so compare window by
-# window (a **paired** test): with `d_w` the interaction on window `w` (n windows),
+# few windows, and is noisy. How do you tell a real negative interaction from noise?
 #
-# $$\bar d = \frac1n \sum_w d_w,\qquad \mathrm{se} = \frac{\mathrm{sd}(d_w)}{\sqrt n}
-#   \quad(\text{sample standard deviation, divided by } n - 1),$$
+# * **Pair the windows.** The windows are the same for every set, so compute the interaction
+#   *window by window*, `d_w` on window `w`, not from the three averages. A hard window raises
+#   every set's error together, and that shared swing drops out of each `d_w`.
+# * **Compare the mean with its own uncertainty.** The mean of the `d_w` is the estimate; how much
+#   it would wobble if you drew other windows is its **standard error**, estimated from the spread
+#   of the `d_w` themselves (with few windows, the *sample* standard deviation: n − 1).
+#   "Measurably negative" means: more than `z` standard errors below zero, strictly.
 #
-# and call the pair cancelling when `d̄ < −z · se`. Pairing matters: a hard window raises every
-# set's error together, and that shared swing drops out of `d_w`.
+# A worked example on other numbers: a new build runs four benchmarks 0.03, 0.01, 0.02 and 0.02
+# seconds faster than the old one, benchmark by benchmark. The mean gain is 0.02 s. Its spread is
+# small, so its standard error is small too, well under 0.01 s: the gain stands more than z = 2
+# standard errors away from zero. Had the four gains been 0.10, −0.06, 0.08, −0.04 (the same mean),
+# the spread would swallow it. Work out the two standard errors yourself before you write the code.
 #
 # Search every split of every measured set `S` into two non-empty, disjoint measured sets `A` and
 # `B` with `A ∪ B = S` (all three must be in `errors`). Report each pair once, with `A` the part
@@ -646,17 +768,15 @@ fig.show()
 # %% exercise="6.7"
 def find_cancellations(errors: dict[frozenset[int], Sequence[float]], z: float = 2.0
                        ) -> list[tuple[frozenset[int], frozenset[int]]]:
-    """The pairs of layer sets whose quantization errors measurably cancel.
+    """The pairs of layer sets whose quantization errors measurably cancel, by the paired test above.
 
-    errors: a set of quantized layers -> its error on each of the same n >= 2 windows (KL per window).
-    For every measured S and every split of S into non-empty, disjoint A and B that are both measured
-    (A | B == S), take d_w = errors[S][w] - errors[A][w] - errors[B][w] and
-    se = (sample standard deviation of d_w, with n - 1) / sqrt(n). The pair cancels when
-    mean(d_w) < -z * se, strictly (a mean exactly at -z * se does not). -> [(A, B), ...]: each pair
-    once, min(A) < min(B), sorted by mean(d_w), the most negative first.
-
-    Hints: about 10 lines. For each S, try each measured A that is a proper subset of S (`A < S`)
-    and holds min(S); B = S - A. torch.tensor(...).std() divides by n - 1.
+    errors: a frozenset of quantized layers -> its error on each of the same n >= 2 windows (a list or
+    tuple of floats, KL per window); left unchanged. z: how many standard errors, > 0.
+    Candidates: every measured S split into two non-empty, disjoint, measured A and B whose union is S.
+    A pair cancels when the mean of its per-window interactions lies more than z standard errors below
+    zero, strictly (exactly on the threshold does not); the standard error uses the sample standard
+    deviation (n - 1). -> [(A, B), ...]: each pair once, A the part holding S's smallest layer, the most
+    negative mean interaction first. Nothing to split gives [].
     """
     ### BEGIN SOLUTION
     found = []
@@ -671,6 +791,28 @@ def find_cancellations(errors: dict[frozenset[int], Sequence[float]], z: float =
                 found.append((float(d.mean()), a, b))
     return [(a, b) for _, a, b in sorted(found, key=lambda f: f[0])]
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Two loops: over the measured sets `S`, and over the measured sets that could be one part of `S`.
+# The other part is then fixed. Skip a candidate unless both parts are measured, non-empty, and the
+# first holds `S`'s smallest layer (that is what makes each pair appear once).
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Python's sets compare by inclusion (`<` is "proper subset") and subtract. For a candidate, build
+# the per-window interactions as one float64 tensor, then its mean and its standard error; keep
+# `(mean, A, B)` when it passes, and sort by the mean at the end. PyTorch's standard deviation
+# already divides by n − 1.
+# </details>
+#
+# <details><summary>Hint 3: the formula, as a last resort</summary>
+#
+# `d_w = e(S)_w − e(A)_w − e(B)_w`, `d̄ = mean(d)`, `se = sd(d) / √n`; the pair cancels when `d̄ < −z · se`.
+# </details>
 
 
 # %% [markdown]
@@ -740,8 +882,9 @@ fig.show()
 # together cost a few percent less than the sum of each alone: a **partial** cancellation, a
 # negative interaction. Note what it is not: quantizing both layers still costs more than
 # quantizing either one alone. A *full* cancellation, quantizing more and getting a lower error, is
-# what `minillm/experiments/quant_cancellation.py` searches for, over nested sets of layers; in KL on `tiny` it
-# finds none (the README's Quantization section has the figures).
+# what `minillm/experiments/quant_cancellation.py` searches for, over nested sets of layers (its figures for
+# `tiny` are in the record `docs/benchmarks/quant.json`, entry `sensitivity`, with the machine they were
+# measured on).
 #
 # Two cautions before you build a policy on a flagged pair:
 #
@@ -766,16 +909,15 @@ if not cancelling:
 
 # %% [markdown]
 # A real interaction keeps its sign on other text; a false alarm is as likely to flip as not, and
-# rarely passes twice. When we ran this, layers 0 and 4 kept their negative interaction on the fresh
-# windows, at less than half the z: a small effect at the edge of what eight windows can show. More
-# windows would settle it.
+# rarely passes twice. Read your own run above: a pair that keeps its sign at a smaller z is a small
+# effect at the edge of what eight windows can show, and more windows would settle it.
 #
 # `minillm/experiments/quant_sensitivity.py` also grows sets of layers in several orders (most sensitive first,
 # least sensitive first, random): a quick way to see whether the error of *all* layers is the sum
 # of the parts, which for `tiny` it nearly is.
 
 # %% [markdown]
-# ## Why weight-only quantization speeds up decode, and not prefill
+# ## Why weight-only quantization speeds up decode, and not prefill (~8 min)
 #
 # Lab 00's roofline: a step takes at least `max(FLOPs / peak, bytes / bandwidth)`. Weight-only
 # quantization changes only the bytes of the weights: the arithmetic still runs in bf16 (the
@@ -846,7 +988,7 @@ fig.show()
 # FP8 arithmetic instead.
 
 # %% [markdown]
-# ## Measure it: your parts in the engine, on this CPU
+# ## Measure it: your parts in the engine, on this CPU (~7 min)
 #
 # Now the real engine, with your codecs and your int4 linear layer. First: does `tiny` still
 # write the same text? Then the time of a decode step at batch 1: float32, int8 (the engine's
@@ -881,16 +1023,22 @@ print("int4 tokens equal to float32's:", sum(a == b for a, b in zip(texts["int4-
       "of", len(texts["float32"]))
 step_s = decode_step_times(engines, prompt)
 for name, seconds in step_s.items():
-    print(f"{name:>24}: {seconds * 1e3:6.2f} ms per decode step ({seconds / step_s['float32']:.2f}x float32)")
+    print(f"{name:>24}: {seconds * 1e3:6.2f} ms per decode step ({step_s['float32'] / seconds:.2f}x float32's "
+          f"tokens/s)")
+tiny_bytes = {name: linear_weight_bytes(llm.engine.model)["linear"] for name, llm in engines.items()}
+print("\nbytes-only bound (float32's bytes per token over the scheme's, the LM head in float32 in all): " + ", ".join(
+    f"{name} up to {tiny_bytes['float32'] / tiny_bytes[name]:.2f}x" for name in engines if name != "float32"))
 
 # %% [markdown]
-# On this CPU, int8 runs `tiny` at about float32's speed (a little faster or slower, within the
-# noise of a shared machine), and int4 is clearly slower: nothing like the roofline's 2x and 3.4x.
-# Two reasons:
+# Compare your figures with the bytes-only line printed under them. On `tiny` they need not follow
+# it, in either direction:
 #
-# * `tiny`'s 23 MB of weights stay in the CPU's caches from one step to the next (lab 05 found the
-#   same), so its steps were never waiting on main memory: there is little traffic to save.
-# * Your `int4_linear`, like the engine's plain-PyTorch one, unpacks and dequantizes the whole
+# * `tiny`'s 23 MB of weights can stay in the CPU's caches from one step to the next, so its steps
+#   hardly wait on main memory. The time goes to arithmetic and to the rest of a step (norms,
+#   attention, Python), and the engine's int8 and int4 rows run a different product from float32's
+#   (the fused CPU kernel described below), so they can come out faster or slower than the bytes
+#   alone say.
+# * Your `int4_linear`, like the engine's plain-PyTorch reference, unpacks and dequantizes the whole
 #   matrix into a fresh float32 tensor in every forward, then multiplies. That writes and reads
 #   *more* bytes than the float32 weight alone.
 #
@@ -911,6 +1059,8 @@ layer_ms = {
 }
 for name, seconds in layer_ms.items():
     print(f"{name:>36}: {seconds * 1e3:7.2f} ms")
+int4_over_fp32 = layer_ms["int4-g64 (9 MB), your int4_linear"] / layer_ms["float32 weight (64 MB)"]
+print(f"your int4_linear took {int4_over_fp32:.1f}x the float32 layer's time, reading a seventh of its bytes")
 fig = go.Figure(go.Bar(x=list(layer_ms), y=[s * 1e3 for s in layer_ms.values()]))
 fig.update_layout(title="One 4096 x 4096 linear layer at batch 1 on this CPU, without a fused kernel",
                   yaxis_title="ms per call", height=320)
@@ -919,7 +1069,7 @@ fig.show()
 # %% [markdown]
 # Dequantizing on the fly in plain PyTorch turns a 9 MB read into several temporary 64 MB float32
 # matrices (the codes as floats, minus the zero points, times the scales), each written and read
-# again: many times slower than the float32 layer it replaces. The memory saving
+# again: compare its time with the float32 layer's, printed above. The memory saving
 # is real (the model takes a quarter of the space), the speed-up is not, until the dequantization
 # moves *into* the matrix multiplication: a kernel that loads packed 4-bit tiles, unpacks and
 # scales them in registers, and multiplies at once never writes the float matrix at all. That is
@@ -929,37 +1079,89 @@ fig.show()
 # The engine's quantized layers do that on a CPU too: `minillm/quant/fused_matvec.cpp` reads the int8 codes, or
 # the packed int4 codes with their scales and zero points, converts them to floats in registers and multiplies,
 # one row of weights at a time, never writing a float32 matrix (the plain-PyTorch path, yours included, stays its
-# reference in the tests). On `tiny` that saves little, since its weights sit in the caches. On SmolLM2-135M every
-# decode step streams all 540 MB of float32 weights from memory, so bytes not read are time saved. Measured here
-# on your machine, at batch 1: float32, int8, and int8 and min-max int4 at groups of 32 (the grid the model was
-# distributed on) with the LM head quantized too ("+head": SmolLM2's head is its embedding matrix, 113 MB in
-# float32, a fifth of its bytes, read for every token). About a minute; skipped without the model.
+# reference in the tests). On `tiny` that saves little, since its weights sit in the caches.
+
+# %% [markdown]
+# ## Predict, then measure: each scheme on SmolLM2 against its bandwidth bound (~15 min)
+#
+# SmolLM2-135M's float32 weights do not fit in any cache: every decode step streams them from main
+# memory. At batch 1 a step reads each matrix it multiplies once: the projections of its 30 layers and
+# the LM head (SmolLM2's head is its embedding matrix, 49,152 × 576, read whole for every token's logits).
+# So a step cannot take less than those **bytes per token** divided by the machine's memory bandwidth,
+# which the next cells measure as lab 00 did (a large copy). Each scheme has its own bound: fewer bytes,
+# a higher ceiling. The schemes, all on the engine's fused kernel:
+#
+# * **float32**: 4 bytes a weight;
+# * **int8**: the layers in int8 (a byte a weight and a float32 scale per row), the head in float32;
+# * **int8+head**: the head in int8 too;
+# * **int4-g32-minmax+head**: min-max int4 at groups of 32 (the grid the model was distributed on),
+#   the head included.
+#
+# Beside each speed, its quality on the held-out windows (`Reference.compare`, as above): a scheme
+# that is fast but moves the distributions a lot is no bargain.
+#
+# **Before you run it**, work out int8's speedup over float32 from the bytes alone: count the bytes a
+# token reads in each (the layers' share and the head's share of SmolLM2's 135M parameters: lab 00's
+# `param_count` or the shapes above), and take their ratio. Then write it down.
+
+# %%
+MY_PREDICTION = None  # x: int8's decode speedup over float32 on SmolLM2, from the bytes per token of each
 
 # %%
 if real_installed:
+    from minillm.perf.machine import machine, measure_bandwidth
     from minillm.quant.quant_config import PROJECTIONS  # every projection, the LM head included
 
+    bandwidth = measure_bandwidth(torch.device("cpu"))  # bytes/s, with this notebook's torch threads
     real_schemes = {"int8": QuantConfig("int8"), "int8+head": QuantConfig("int8", projections=PROJECTIONS),
                     "int4-g32-minmax+head": QuantConfig("int4", group_size=32, int4_range="min-max",
                                                         projections=PROJECTIONS)}
     real_engines = {"float32": real_llm} | {name: LLM(REAL, real, num_kv_blocks=8, quantization=config)
                                             for name, config in real_schemes.items()}  # each a quantized copy
+    per_token = {name: linear_weight_bytes(llm.engine.model)["linear"] for name, llm in real_engines.items()}
+    real_quality = {name: (real_reference.quality if name == "float32" else real_reference.compare(llm.engine.model))
+                    for name, llm in real_engines.items()}
     real_prompt = real_llm.tokenizer.encode("def fibonacci(n):\n    ")
-    real_steps = decode_step_times(real_engines, real_prompt, rounds=2)
+    real_steps = decode_step_times(real_engines, real_prompt, rounds=1 if quick_run() else 3)
+    print(f"{machine()}: copy bandwidth {bandwidth / 1e9:.1f} GB/s\n")
+    print(f"{'scheme':>22} {'MB/token':>9} {'bound tok/s':>11} {'measured':>9} {'of bound':>8} {'KL (nats)':>10} "
+          f"{'top-1':>6}")
     for name, seconds in real_steps.items():
-        print(f"{name:>22}: {seconds * 1e3:6.1f} ms per decode step, "
-              f"{real_steps['float32'] / seconds:.2f}x float32's tokens/s")
+        bound = bandwidth / per_token[name]
+        print(f"{name:>22} {per_token[name] / 1e6:9.1f} {bound:11.1f} {1 / seconds:9.1f} {1 / seconds / bound:8.0%} "
+              f"{real_quality[name].kl:10.5f} {real_quality[name].top1:6.3f}")
+
+# %%
+if real_installed:
+    from minillm.labkit import compare
+
+    int8_theory = per_token["float32"] / per_token["int8"]
+    int8_measured = real_steps["float32"] / real_steps["int8"]
+    compare("int8's decode speedup over float32, SmolLM2 at batch 1", MY_PREDICTION, theory=int8_theory,
+            measured=int8_measured, unit="x", theory_name="bytes ratio (bandwidth bound)",
+            gap="below the bytes ratio: what a step does besides reading weights (norms, attention, the Python around "
+                "121 products, turning each code into its weight) did not shrink with the bytes.")
+    names = list(real_steps)
+    fig = go.Figure([go.Bar(name="bandwidth bound", x=names, y=[bandwidth / per_token[n] for n in names],
+                            marker_color="#bbbbbb"),
+                     go.Bar(name="measured", x=names, y=[1 / real_steps[n] for n in names], marker_color="#3d6fb6",
+                            text=[f"KL {real_quality[n].kl:.4f}" for n in names], textposition="outside")])
+    fig.update_layout(title=f"{REAL}: decode tokens/s at batch 1 against each scheme's bandwidth bound",
+                      yaxis_title="tokens/s", barmode="group", height=380)
+    fig.show()
     del real_engines
 
 # %% [markdown]
-# Each scheme reads fewer bytes a token, and here that is time: on the course's 2-core AMD EPYC (one thread),
-# int8 ran 1.6-1.7x float32's tokens/s, int8 with the head 2.1-2.2x and int4 with the head 1.8x, where the bytes
-# alone would allow 4x and 6x. The rest of a step did not shrink: the norms, attention and the Python around 121
-# matrix products; and turning each code into its weight is arithmetic the float32 product does not do. At one row
-# of x it costs about as much as the multiply-add itself, so int4's kernel runs out of arithmetic before it runs out
-# of memory bandwidth, and int8's nearly does too.
+# Read your table from top to bottom. Each scheme reads fewer bytes a token, and on SmolLM2 that is
+# time: the quantized schemes should sit above float32's speed. But compare each with its own bound:
+# which one reaches the smallest share of it in your run? The rest of a step did not shrink: the norms,
+# attention and the Python around 121 matrix products; and turning each code into its weight is
+# arithmetic the float32 product does not do. At one row of x it costs about as much as the multiply-add
+# itself, so int4's kernel can run out of arithmetic before it runs out of memory bandwidth. Quantizing
+# the head pays more than its share of the parameters suggests: it is a fifth of float32's bytes per
+# token, read for every token. The KL column says what each step down costs in quality.
 #
-# ## How production engines do it
+# ## How production engines do it (~5 min)
 #
 # * **Better rounding, same format.** Rounding each weight to its nearest level is the simplest
 #   choice, not the best. **GPTQ** (Frantar et al. 2022) quantizes a matrix one column at a time

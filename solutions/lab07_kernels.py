@@ -1,8 +1,13 @@
 # %% [markdown]
 # # Lab 07 · Triton kernels
 #
-# **Time:** about 110 minutes. **You need:** lab 00 (the roofline), lab 01 (RMSNorm, softmax,
-# attention), lab 03 (block tables) and lab 06 (the packed int4 format).
+# **Time:** about 140 minutes in all (each section's heading gives its share). **You need:** lab 00
+# (the roofline), lab 01 (RMSNorm, softmax, attention), lab 03 (block tables) and lab 06 (the packed
+# int4 format).
+#
+# **See also:** the visualizer's **Kernels** page (`make app`: which elements each program of a
+# kernel loads and stores, and, on a GPU, each kernel's bandwidth), and the Triton kernels section of
+# [docs/engine.md](../docs/engine.md#triton-kernels) (the engine's kernels and how to turn them on).
 #
 # Every operation of the engine so far was a PyTorch call, and each call reads its inputs from the
 # GPU's memory and writes its output back. A **kernel** is the program the GPU runs for one such
@@ -30,7 +35,9 @@
 # 5. unpack and dequantize int4 weights in registers, inside the matmul;
 # 6. write paged decode attention: a query per sequence, its keys found through its block table,
 #    one program per kv head serving all its query heads (GQA);
-# 7. catch out-of-bounds accesses with guard regions, and say what a GPU would measure.
+# 7. catch out-of-bounds accesses with guard regions, and say what a GPU would measure;
+# 8. predict and measure the engine's fused CPU kernels at SmolLM2's shapes against the bytes they
+#    must move, and, on a GPU, your own kernels.
 #
 # ## How this lab works (and why it runs without a GPU)
 # Write code only in the exercise cells (they contain `raise NotImplementedError`), keeping names
@@ -39,8 +46,9 @@
 # There is no GPU here, so the kernels run in **Triton's interpreter** (`TRITON_INTERPRET=1`, set by
 # `import minillm`, which must come before Triton is imported: restart the kernel if a cell imported
 # triton first, and the kernels' runtime tells you so): it runs the programs of a grid one after the
-# other, in numpy. The results are those of a GPU; the speed is not, and nothing timed in this
-# notebook says anything about a GPU. The shapes are small for that reason, but never multiples of
+# other, in numpy. The results are those of a GPU; the speed is not, so the notebook times your
+# kernels only where a GPU is present; on the CPU it times the engine's fused C++ kernels instead.
+# The exercises' shapes are small for that reason, but never multiples of
 # the block sizes: that is where kernels go wrong. Each exercise's launcher has the signature of
 # the engine's, in `minillm/kernels/` (read it after you finish).
 
@@ -66,7 +74,7 @@ torch.set_num_threads(1)
 print("interpreted (no GPU):", INTERPRETED)
 
 # %% [markdown]
-# ## Programs, blocks, masks, pointers
+# ## Programs, blocks, masks, pointers (~10 min)
 #
 # A kernel is a function decorated with `@triton.jit`. It is launched on a **grid**:
 # `kernel[(programs,)](args...)` runs `programs` instances of it. Inside, `tl.program_id(0)` says
@@ -142,11 +150,12 @@ def access_heatmap(z: Tensor, title: str, xaxis: str = "column", yaxis: str = "r
 
 
 # %% [markdown]
-# ## Exercise 7.1 · Vector add: the first kernel
+# ## Exercise 7.1 · Vector add: the first kernel (~10 min)
 #
-# `out = x + y` for two vectors of `n` elements. Program `pid` owns elements
-# `pid * BLOCK ... pid * BLOCK + BLOCK - 1`; the grid has `ceil(n / BLOCK)` programs
-# (`triton.cdiv(n, BLOCK)`), so the last one is partly past the end and must mask.
+# `out = x + y` for two vectors of `n` elements. Each program owns one block of `BLOCK`
+# consecutive elements, program 0 the first. How many programs must the grid have so that every
+# element has an owner? With 40 elements in blocks of 16 it takes three, and the third is partly
+# past the end: it must mask. Work out the general count before you write the launcher.
 #
 # Add in float32 (`.to(tl.float32)` after loading) and store in the output's dtype:
 # `out_ptr.dtype.element_ty` is the element type a pointer points to. Each exercise below has the
@@ -162,7 +171,10 @@ def vector_add_spec(x: Tensor, y: Tensor) -> Tensor:
 
 @triton.jit
 def vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """One program: out[i] = x[i] + y[i] for its BLOCK elements i (those < n)."""
+    """One program's share of the sum: its BLOCK elements, those below n.
+
+    out[i] = x[i] + y[i] (definition)
+    """
     ### BEGIN SOLUTION
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = offsets < n
@@ -173,13 +185,13 @@ def vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def vector_add(x: Tensor, y: Tensor, block: int = 1024) -> Tensor:
-    """Elementwise x + y on the vector_add_kernel.
+    """The elementwise sum of two vectors on the vector_add_kernel, added in float32.
 
-    x, y: [n], same dtype -> out [n] in x's dtype; out[i] = x[i] + y[i], added in float32.
-    block: elements per program (a power of two); the grid is ceil(n / block) programs.
+    out[i] = x[i] + y[i] (definition)
 
-    Hints: kernel 5 lines: offsets from tl.program_id(0), a mask, two tl.load, one tl.store.
-    Launcher 2 lines: torch.empty_like, then vector_add_kernel[(triton.cdiv(n, block),)](...).
+    x, y: [n], same dtype, on one device -> out: a new [n] tensor in x's dtype; x and y are not written.
+    block: elements per program (a power of two); every element has exactly one owning program.
+    Raises ValueError for shapes that are not two vectors of one length (the checks are given).
     """
     if x.shape != y.shape or x.dim() != 1:
         raise ValueError(f"vector_add takes two vectors of the same length, got {tuple(x.shape)} and {tuple(y.shape)}")
@@ -190,6 +202,28 @@ def vector_add(x: Tensor, y: Tensor, block: int = 1024) -> Tensor:
     vector_add_kernel[(triton.cdiv(x.numel(), block),)](x, y, out, x.numel(), BLOCK=block)
     return out
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# The kernel: which elements are this program's? Its program id and a range of `BLOCK` lanes say it.
+# Then: which of those lanes exist? The launcher: an output to fill, and a grid to launch.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# A lane exists when its offset is below `n`: that comparison is the mask, for both loads and the
+# store. The grid is a tuple with one entry, the number of blocks it takes to cover `n` elements,
+# rounded *up* (Triton has a helper for exactly that division). Arguments are passed in the
+# kernel's order; the `constexpr` block size by keyword.
+# </details>
+#
+# <details><summary>Hint 3: the last step</summary>
+#
+# Load both inputs as float32, add, convert to the output pointer's element type, store under the
+# same mask. The output is a new, uninitialised tensor like `x`.
+# </details>
 
 
 # %% [markdown]
@@ -245,7 +279,7 @@ fig.update_yaxes(showticklabels=False)
 fig.show()
 
 # %% [markdown]
-# ## Exercise 7.2 · RMSNorm with the residual add fused in
+# ## Exercise 7.2 · RMSNorm with the residual add fused in (~15 min)
 #
 # In every decoder layer, `x = x + attn(...)` is followed by the next RMSNorm. Unfused, that is
 # three passes over the row: read x and the residual and write their sum; read the sum for its
@@ -263,7 +297,7 @@ fig.show()
 
 # %% exercise="7.2"
 def rmsnorm_residual_spec(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """x, residual: [rows, hidden]; weight: [hidden] -> (y [rows, hidden], h = x + residual)"""
+    """x, residual: [rows, hidden]; weight: [hidden] -> (y [rows, hidden], h = x + residual) (definition)"""
     h = x + residual
     normed = (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
     return (weight.float() * normed.float()).to(h.dtype), h
@@ -272,7 +306,10 @@ def rmsnorm_residual_spec(x: Tensor, residual: Tensor, weight: Tensor, eps: floa
 @triton.jit
 def rmsnorm_residual_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, hidden, eps,
                             stride_x, stride_r, stride_y, stride_h, BLOCK: tl.constexpr):
-    """One program per row: h = x + res (stored), y = h / sqrt(mean(h^2) + eps) * w (stored)."""
+    """One program per row: both results stored, each row read once.
+
+    h = x + res, y = h / sqrt(mean(h^2) + eps) * w (definition)
+    """
     ### BEGIN SOLUTION
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -292,13 +329,10 @@ def rmsnorm_residual_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, hidden, eps,
 def rmsnorm_residual(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """The fused residual add and RMSNorm on rmsnorm_residual_kernel.
 
-    x, residual: [rows, hidden] (rows may be strided, columns contiguous); weight: [hidden]
-    -> (y, h), both [rows, hidden] in x's dtype: h = x + residual, y = rms_norm(h) * weight.
-    One program per row; the row is one block of next_pow2(hidden) lanes.
-
-    Hints: kernel about 11 lines: two masked loads, the sum, a store of h, the statistics, a load
-    of w, a store of y. Launcher 3 lines: torch.empty_like twice, a grid of (rows,), the strides
-    x.stride(0), residual.stride(0), y.stride(0), h.stride(0).
+    x, residual: [rows, hidden] (rows may be strided, columns contiguous); weight: [hidden]; eps > 0
+    -> (y, h), two new [rows, hidden] tensors in x's dtype, with the spec's roundings (definition above).
+    One program per row, the whole row in one block of lanes (a power of two, at least hidden).
+    No input is written. Raises ValueError for mismatched shapes (the checks are given).
     """
     if x.shape != residual.shape or x.dim() != 2 or weight.shape != x.shape[1:]:
         raise ValueError(f"rmsnorm_residual takes x and residual [rows, hidden] and weight [hidden], got "
@@ -313,6 +347,28 @@ def rmsnorm_residual(x: Tensor, residual: Tensor, weight: Tensor, eps: float) ->
                                      residual.stride(0), y.stride(0), h.stride(0), BLOCK=next_pow2(hidden))
     return y, h
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# One program, one row: where does row `r` of each tensor start? Not at `r * hidden` when rows
+# are strided. Which lanes of the block are real columns?
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# The kernel receives each tensor's row stride; the launcher passes them, in the kernel's order, and
+# a grid with one program per row. Masked lanes should load 0 so that they add nothing to the sum of
+# squares, and the mean divides by the real number of columns. Round `h` to the model's dtype
+# before the statistics, as the concept says.
+# </details>
+#
+# <details><summary>Hint 3: the last step</summary>
+#
+# The lane count is the next power of two of `hidden` (the runtime imports a helper for it). Two
+# outputs to allocate, both like `x`.
+# </details>
 
 
 # %% [markdown]
@@ -333,7 +389,7 @@ fig.show()
 check("7.2")
 
 # %% [markdown]
-# ## Exercise 7.3 · Softmax: stable, then online
+# ## Exercise 7.3 · Softmax: stable, then online (~15 min)
 #
 # $$\mathrm{softmax}(x)_i = \frac{e^{x_i - m}}{\sum_j e^{x_j - m}},\qquad m = \max_j x_j .$$
 #
@@ -354,7 +410,7 @@ check("7.2")
 
 # %% exercise="7.3"
 def softmax_spec(x: Tensor) -> Tensor:
-    """x: [rows, cols] -> [rows, cols], computed in float32, returned in x's dtype"""
+    """x: [rows, cols] -> [rows, cols], computed in float32, returned in x's dtype (definition)"""
     return torch.softmax(x.float(), dim=-1).to(x.dtype)
 
 
@@ -383,11 +439,10 @@ def softmax_kernel(x_ptr, out_ptr, cols, stride_x, stride_out, BLOCK: tl.constex
 def softmax(x: Tensor, block: int = 4096) -> Tensor:
     """Row softmax on softmax_kernel, numerically stable, online over blocks for long rows.
 
-    x: [rows, cols] (rows may be strided) -> [rows, cols] in x's dtype, computed in float32.
-    block: the most lanes per block (a power of two); a block has min(next_pow2(cols), block) lanes.
-
-    Hints: kernel about 14 lines: two `for start in range(0, cols, BLOCK)` loops over the row;
-    loads with other=-float("inf"); tl.maximum, tl.max, tl.exp, tl.sum. Launcher 2 lines.
+    x: [rows, cols] (rows may be strided) -> a new [rows, cols] tensor in x's dtype, computed in float32;
+    finite for logits far past exp's float32 range. x is not written.
+    block: the most lanes per block (a power of two): a row of up to block columns is one block, a longer
+    one is walked in blocks of block lanes. One program per row.
     """
     if x.dim() != 2:
         raise ValueError(f"softmax takes a matrix [rows, cols], got shape {tuple(x.shape)}")
@@ -400,6 +455,28 @@ def softmax(x: Tensor, block: int = 4096) -> Tensor:
     softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=min(next_pow2(cols), block))
     return out
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Two passes over the row, each a loop over its blocks. The first keeps two running numbers; the
+# second writes. What must a lane past the end of the row load so that it changes neither the max
+# nor the sum?
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# Start the running max at minus infinity and the sum at 0. Each block: its own max, the new running
+# max, the old sum rescaled to the new max, plus this block's terms against the new max. Masked lanes
+# load minus infinity: their exponential is 0 and they never win the max.
+# </details>
+#
+# <details><summary>Hint 3: the last step</summary>
+#
+# The block's lane count: the smaller of the row's length rounded up to a power of two and `block`.
+# One program per row; pass the row strides.
+# </details>
 
 
 # %% [markdown]
@@ -416,7 +493,7 @@ print("online over blocks of 2 lanes:", softmax(big, block=2).tolist())
 check("7.3")
 
 # %% [markdown]
-# ## Exercise 7.4 · Tiled matmul with a K loop
+# ## Exercise 7.4 · Tiled matmul with a K loop (~15 min)
 #
 # `C = A @ B` with `A: [M, K]`, `B: [K, N]`. Each program computes one `[BLOCK_M, BLOCK_N]` tile of
 # `C`, on a 2-D grid: `tl.program_id(0)` picks the tile's rows, `tl.program_id(1)` its columns. It
@@ -432,7 +509,7 @@ check("7.3")
 
 # %% exercise="7.4"
 def matmul_spec(a: Tensor, b: Tensor) -> Tensor:
-    """a: [M, K]; b: [K, N] -> [M, N], accumulated in float32, returned in a's dtype"""
+    """a: [M, K]; b: [K, N] -> [M, N], accumulated in float32, returned in a's dtype (definition)"""
     return (a.float() @ b.float()).to(a.dtype)
 
 
@@ -459,12 +536,10 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 def matmul(a: Tensor, b: Tensor, block_m: int = 64, block_n: int = 64, block_k: int = 32) -> Tensor:
     """C = A @ B on matmul_kernel.
 
-    a: [M, K]; b: [K, N], same dtype, any strides -> [M, N] in a's dtype, accumulated in float32.
-    Blocks: powers of two, at least 16 (tl.dot's smallest tile). Grid: (ceil(M / block_m), ceil(N / block_n)).
-
-    Hints: kernel about 12 lines: rm and rn from the two program ids, a float32 tl.zeros accumulator,
-    `for k0 in range(0, K, BLOCK_K)`, two masked 2-D loads, tl.dot(a, b, acc, input_precision="ieee"),
-    a masked store. Launcher 3 lines: torch.empty, the grid, the launch with *a.stride(), *b.stride(), *c.stride().
+    a: [M, K]; b: [K, N], same dtype and device, any strides (transposed views included)
+    -> a new [M, N] tensor in a's dtype, accumulated in float32; a and b are not written.
+    block_m, block_n, block_k: the tile sizes, powers of two, at least 16 (tl.dot's smallest tile); every
+    tile of C has exactly one program. Raises ValueError for shapes that do not multiply (given).
     """
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
         raise ValueError(f"matmul takes a [M, K] and b [K, N] of one dtype, got {tuple(a.shape)} {a.dtype} and "
@@ -478,6 +553,28 @@ def matmul(a: Tensor, b: Tensor, block_m: int = 64, block_n: int = 64, block_k: 
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return c
     ### END SOLUTION
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# A program's tile of C: its rows come from one program id, its columns from the other. What does
+# it need from A and from B at each step along K, and what happens at the last, partial step?
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# A float32 accumulator of the tile's shape; a loop over K in steps of the K tile; at each step a
+# 2-D load of A's tile and of B's, each masked on both its dimensions (lanes past K load 0 and add
+# nothing); accumulate their product in IEEE float32; store masked on M and N. Offsets use the
+# strides, never the shapes, so transposed views work.
+# </details>
+#
+# <details><summary>Hint 3: the last step</summary>
+#
+# The launcher: the output, a 2-D grid that covers M with row tiles and N with column tiles (rounded
+# up, as in 7.1), and the six strides in the kernel's order.
+# </details>
 
 
 # %% [markdown]
@@ -523,10 +620,10 @@ print("c_demo's tile equals A @ B there:", torch.allclose(c_demo[16:32, 32:], (a
 check("7.4")
 
 # %% [markdown]
-# ## Exercise 7.5 · int4 dequantize fused into the matmul
+# ## Exercise 7.5 · int4 dequantize fused into the matmul (~15 min)
 #
-# Lab 06's `int4_linear` rebuilt the whole float weight in memory for every call, and was slower
-# than the float layer it replaced. Fused, the packed codes are read and unpacked **tile by tile,
+# Lab 06's `int4_linear` rebuilt the whole float weight in memory for every call: compare its time
+# with the float layer's in your run of lab 06. Fused, the packed codes are read and unpacked **tile by tile,
 # in registers**, right before `tl.dot`: the float weight never exists in memory, and a
 # memory-bound decode reads 4.6 bits per weight instead of 16.
 #
@@ -537,16 +634,20 @@ check("7.4")
 # $$W_{n,k} = (q_{n,k} - z_{n,\lfloor k/g \rfloor})\; s_{n,\lfloor k/g \rfloor},\qquad
 #   q_{n,k} = (\text{byte}_{n,\lfloor k/2 \rfloor} \gg 4\,(k \bmod 2))\ \&\ \mathtt{0xF} .$$
 #
-# `y = x @ W^T + bias`. The grid and the K loop are those of 7.4 with `B = W^T`: program
-# `(i, j)` computes rows `i` of `y` and output features `j`, and at each K step loads a
-# `[BLOCK_N, BLOCK_K]` tile of bytes (`q_ptr + rn[:, None] * stride_qn + (rk // 2)[None, :]`: two
-# neighbouring lanes load the same byte), picks each lane's nibble, and loads the scale and zero of
-# each lane's group. Then `tl.dot(x, tl.trans(w))`. Convert the bytes to `tl.int32` before shifting,
-# and the codes to float before subtracting the zero point.
+# `y = x @ W^T + bias`. The tiling and the K loop are those of 7.4 with `B = W^T`: a program
+# computes a tile of rows of `y` by a tile of output features, and at each K step builds the
+# `[BLOCK_N, BLOCK_K]` tile of `W` it needs from the bytes: input `k` of a row sits in byte `k // 2`
+# of that row (so two neighbouring lanes load the same byte), and which nibble is its own depends on
+# whether `k` is even. Each lane also needs the scale and zero point of its own group. Shift in a
+# wide integer type, not in uint8, and subtract the zero point in float. The tile sizes are yours
+# to choose (powers of two, at least 16).
 
 # %% exercise="7.5"
 def int4_linear_spec(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
-    """x: [n, in]; packed: uint8 [out, ceil(in / 2)]; scale, zero: [out, in // group_size]; bias: [out] -> [n, out]"""
+    """The operation, in PyTorch (definition)
+
+    x: [n, in]; packed: uint8 [out, ceil(in / 2)]; scale, zero: [out, in // group_size]; bias: [out] -> [n, out]
+    """
     k = x.shape[-1]
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)[:, :k]  # [out, in]
     group = torch.arange(k) // (k // scale.shape[1])                                             # [in]
@@ -558,7 +659,10 @@ def int4_linear_spec(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bia
 def int4_matmul_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, group_size,
                        stride_xm, stride_xk, stride_qn, stride_sn, stride_zn, stride_ym, stride_yn,
                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program per [BLOCK_M, BLOCK_N] tile of y = x @ dequant(W)^T + b, W dequantized a tile at a time."""
+    """One program per [BLOCK_M, BLOCK_N] tile of y, W dequantized a tile at a time, in registers.
+
+    y = x @ dequant(W)^T + b (definition)
+    """
     ### BEGIN SOLUTION
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x and y
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output features: rows of W
@@ -583,16 +687,13 @@ def int4_matmul_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, group_
 
 
 def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None) -> Tensor:
-    """y = x @ W^T + bias on int4_matmul_kernel, W in the engine's packed int4 format (lab 06's int4_linear).
+    """lab 06's int4_linear on int4_matmul_kernel, W in the engine's packed int4 format.
 
-    x: [..., in]; packed: uint8 [out, ceil(in / 2)]; scale: float32 [out, groups]; zero: uint8
-    [out, groups] (groups divides in; group_size = in // groups); bias: [out] or None -> [..., out] in x's dtype.
-    Tiles: BLOCK_M = 16, BLOCK_N = BLOCK_K = 32; grid (ceil(rows / 16), ceil(out / 32)).
+    y = x @ W^T + bias (definition)
 
-    Hints: kernel about 18 lines: 7.4's, with the tile of W built from a byte load, a shift by
-    (rk % 2) * 4, & 0xF, and the loads of each lane's scale and zero at group rk // group_size; the
-    bias added to acc under `if HAS_BIAS:`. Launcher 3 lines: the grid and the launch (when there is
-    no bias, pass any tensor as b_ptr: HAS_BIAS=False never reads it).
+    x: [..., in], any leading dimensions (none included); packed: uint8 [out, in / 2 rounded up]; scale: float32
+    [out, groups]; zero: uint8 [out, groups], groups dividing in; bias: [out] or None -> [..., out] in x's dtype,
+    the float weight never built in memory. No input is written. Shape errors raise ValueError (given).
     """
     k = x.shape[-1]
     n, groups = scale.shape
@@ -611,6 +712,29 @@ def int4_linear(x: Tensor, packed: Tensor, scale: Tensor, zero: Tensor, bias: Te
                              y.stride(0), y.stride(1), HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
     ### END SOLUTION
     return y.view(*x.shape[:-1], n)
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Start from your 7.4 kernel. Only B's tile changes: instead of loading floats, you load bytes and
+# turn them into the dequantized tile of `W`, then multiply `x`'s tile by its transpose.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# For the lanes `k` of the tile: the byte index is `k` halved (rounded down), the shift is 0 for an
+# even `k` and 4 for an odd one, and a 4-bit mask keeps the nibble. The group of lane `k` is `k`
+# divided by the group size: load the scale and zero point at that column of each row. The bias is
+# added to the accumulator only when the `constexpr` flag says there is one.
+# </details>
+#
+# <details><summary>Hint 3: the last step</summary>
+#
+# The launcher: a 2-D grid over the rows of `x` (flattened to 2-D, given) and the output features,
+# in tiles of your choosing, and the group size from the scale's shape. Without a bias, any tensor
+# can stand in for its pointer: the flag keeps the kernel from reading it.
+# </details>
 
 
 # %% [markdown]
@@ -637,7 +761,7 @@ print("equals lab 06's formula:", torch.allclose(int4_linear(x4, packed_demo, sc
 check("7.5")
 
 # %% [markdown]
-# ## Exercise 7.6 · Paged decode attention
+# ## Exercise 7.6 · Paged decode attention (~25 min)
 #
 # The decode step of lab 03: each sequence has **one** new query token, attending over its whole
 # context, whose keys and values lie in the paged pool, scattered over blocks. Token `t` of
@@ -662,17 +786,17 @@ check("7.5")
 # $$\text{acc}' = \alpha\,\text{acc} + p\,V_{\text{tile}},\qquad \ell' = \alpha\,\ell + \textstyle\sum p ,
 #   \qquad \text{out} = \text{acc} / \ell .$$
 #
-# Tokens past the context (`t >= context_lens[b]`) must score `-inf` (`tl.where`), and their
-# loads must be masked: their slots belong to no one, or to another sequence. The products are
-# written as broadcasts and sums (`tl.sum(q[:, None, :] * k[None, :, :], axis=2)`), since
-# `GROUP` may be below `tl.dot`'s 16. Query and output row of sequence `b` is `rows[b]`: the engine
+# Tokens past the context (`t >= context_lens[b]`) must score `-inf`, and their loads must be
+# masked: their slots belong to no one, or to another sequence. Write the two products as
+# broadcasts and sums over a dimension rather than `tl.dot`, since `GROUP` may be below `tl.dot`'s 16.
+# Query and output row of sequence `b` is `rows[b]`: the engine
 # puts the decode rows among the prefill rows of one flattened batch, and passes `out` to fill.
 
 # %% exercise="7.6"
 def paged_decode_spec(q: Tensor, k_slots: Tensor, v_slots: Tensor, block_tables: Tensor, context_lens: Tensor,
                       block_size: int) -> Tensor:
     """q: [B, heads, d]; k_slots, v_slots: [slots, kv_heads, d]; block_tables: [B, max_blocks];
-    context_lens: [B] -> [B, heads, d]. Sequence b's token t lies in slot table[b, t // bs] * bs + t % bs."""
+    context_lens: [B] -> [B, heads, d]. Token t of sequence b: slot table[b, t // bs] * bs + t % bs. (definition)"""
     out = torch.empty_like(q)
     group = q.shape[1] // k_slots.shape[1]
     for b, length in enumerate(context_lens.tolist()):
@@ -736,16 +860,11 @@ def paged_decode_attention(q: Tensor, k_slots: Tensor, v_slots: Tensor, block_ta
     block_tables: int [B, max_blocks]; context_lens: int [B], each >= 1; block_size: slots per block;
     max_context: the longest context (the engine passes it; one program walks a whole context, so
     it is not needed here); rows: int [B], the row of q (and out) of each sequence (None: 0..B-1);
-    out: [tokens, heads, d] whose rows `rows` are written (None: a new tensor). -> out.
-    out[rows[b], h] = softmax(q[rows[b], h] . K_b^T / sqrt(d)) V_b over sequence b's context,
-    with K_b, V_b kv head h // (heads // kv_heads) of its tokens' slots.
-    Grid (B, kv_heads); scale d ** -0.5; GROUP = next_pow2(heads // kv_heads), D = next_pow2(d).
-
-    Hints: kernel about 30 lines, the formulas above; tl.full((GROUP,), -float("inf"), tl.float32),
-    `for n0 in range(0, ctx, BLOCK_N)`, `.to(tl.int64)` on the block numbers (slot * stride can
-    pass 2**31 in a large pool). Launcher 2 or 3 lines: group, then the launch with the strides
-    q.stride(0), q.stride(1), k_slots.stride(0), k_slots.stride(1), block_tables.stride(0),
-    out.stride(0), out.stride(1).
+    out: [tokens, heads, d] whose rows `rows` are written, and no others (None: a new tensor). -> out.
+    out[rows[b], h] = softmax(q[rows[b], h] . K_b^T / sqrt(d)) V_b over sequence b's context, (definition)
+    K_b, V_b being kv head h // (heads // kv_heads) of its tokens' slots, in q's dtype. (definition)
+    One program per (sequence, kv head), reading each key and value of its context once; no slot outside
+    a sequence's context is read. Shape errors raise ValueError (given).
     """
     batch, (_, heads, d), kv_heads = block_tables.shape[0], q.shape, k_slots.shape[1]
     if heads % kv_heads or k_slots.shape[2] != d or v_slots.shape != k_slots.shape or context_lens.shape != (batch,):
@@ -770,6 +889,31 @@ def paged_decode_attention(q: Tensor, k_slots: Tensor, v_slots: Tensor, block_ta
         out.stride(0), out.stride(1), GROUP=next_pow2(group), D=next_pow2(d), BLOCK_N=BLOCK_N)
     ### END SOLUTION
     return out
+
+
+# %% [markdown]
+# <details><summary>Hint 1: a nudge</summary>
+#
+# Write it in three parts: which query heads and which row this program serves; the loop over the
+# context's tiles, where each token's slot comes from the block table; the online softmax of 7.3,
+# now with an output accumulator beside the running max and sum, one of each per query head.
+# </details>
+#
+# <details><summary>Hint 2: the idea</summary>
+#
+# The query block is `[GROUP, D]` (lanes past the group or past `d` masked). For a tile of tokens:
+# their block numbers from the table (widen them to 64 bits before multiplying by a stride: a large
+# pool passes 2³¹), their slots, a masked load of K and of V; scores as a broadcast product summed
+# over `d`, minus infinity past the context; rescale the accumulator and the sum by the change of
+# the max, add this tile's share. Divide at the end; store only the real heads.
+# </details>
+#
+# <details><summary>Hint 3: the last step</summary>
+#
+# The launcher: a 2-D grid, one program per sequence and kv head; the query heads per kv head; the
+# softmax scale (one over the square root of `d`); the strides in the kernel's order; the `constexpr`
+# sizes are powers of two covering the group and `d`.
+# </details>
 
 
 # %% [markdown]
@@ -803,7 +947,7 @@ print("equals the spec:", torch.allclose(paged_decode_attention(q_pool, k_pool, 
 check("7.6")
 
 # %% [markdown]
-# ## Your kernel inside the engine
+# ## Your kernel inside the engine (~5 min)
 #
 # `LLM(..., attention_backend="triton")` runs the paged cache's attention on Triton kernels
 # (`minillm/cache/paged_triton.py`): a kernel writes each step's K/V into the pool, a prefill
@@ -833,14 +977,15 @@ for prompt, g, w in zip(prompts, got, want):
 check("7.E")
 
 # %% [markdown]
-# ## What a GPU would measure: bandwidth against the roofline
+# ## What a GPU would measure: bandwidth against the roofline (~5 min)
 #
-# Nothing in this notebook timed a kernel, on purpose: the interpreter runs each program one after
+# Nothing so far timed a Triton kernel, on purpose: the interpreter runs each program one after
 # another in numpy, so its times measure numpy. On a GPU, the number to report for a memory-bound
 # kernel is its **achieved bandwidth**, the bytes it must move divided by its time, as a fraction
-# of the GPU's peak (gpt-fast prints it after every run). A good fused kernel reaches 70 to 90% of
-# peak; a kernel far below has a problem (uncoalesced loads, too few programs to fill the GPU, a
-# tile too small to hide latency).
+# of the GPU's peak (gpt-fast prints it after every run). A good fused kernel comes close to the
+# peak a plain copy reaches on the same GPU (measure both, as the next section does on this CPU);
+# a kernel far below has a problem (uncoalesced loads, too few programs to fill the GPU, a tile too
+# small to hide latency).
 #
 # The bytes are a property of the kernel's design, and you can count them here. Below, each
 # kernel at a size a real model uses (a Llama-3-8B-like layer in bfloat16), its minimal traffic,
@@ -880,7 +1025,173 @@ fig.show()
 # a GPU and runs a correctness smoke pass instead). Your kernels from this lab would run there
 # unchanged: the same code compiles for the GPU when `TRITON_INTERPRET` is not set.
 #
-# ## How production engines do it
+# %% [markdown]
+# ## Predict, then measure: the engine's fused kernels at SmolLM2's shapes, on this machine (~15 min)
+#
+# The table above is arithmetic. Now measure. On this CPU the engine does not run Triton at all
+# for speed: it runs the same two ideas as 7.5 and 7.6 in C++, **fused**, and those it can time.
+#
+# * **Fused decode attention**, `minillm/kernels/paged_decode_cpu.py` (the C++ one,
+#   `paged_decode_cpu.cpp`): 7.6's interface and job, reading K/V in place through the block tables,
+#   once per kv head.
+# * **Fused quantized product**, `minillm/quant/fused.py` (`fused_matvec.cpp`): 7.5's job for int8
+#   and int4, the codes converted to floats in registers, the float weight never written.
+#
+# Both at the shapes of **SmolLM2-135M** (`minillm.perf.model_shape`: hidden 576, 9 query heads
+# over 3 kv heads of 64, MLP 1,536, 30 layers), and at the size of one decode step: every layer's
+# matrices (or every layer's K/V pool) in turn, so that, as in a real step, the bytes come from main
+# memory and not from a cache that still holds the previous call's. Each kernel's **bound** is the
+# bytes it must move (read its weights or its K/V once, write its output) over this machine's
+# memory bandwidth, measured the way lab 00 measured it (a large copy).
+
+# %%
+from minillm.labkit import compare, quick_run
+from minillm.perf import model_shape
+from minillm.perf.machine import machine, measure_bandwidth
+from minillm.perf.timing import median_time
+from minillm.quant import fused
+from minillm.kernels import paged_decode_cpu
+
+smol = model_shape("SmolLM2-135M")
+H, inter, heads, kv_heads, d = (smol.hidden_size, smol.intermediate_size, smol.num_attention_heads,
+                            smol.num_key_value_heads, smol.head_dim)
+layers = 8 if quick_run() else smol.num_hidden_layers  # the test suite runs a few layers, a learner all 30
+cpu_bandwidth = measure_bandwidth(torch.device("cpu"))  # bytes/s, this notebook's torch threads
+print(f"{machine()}\nmeasured copy bandwidth: {cpu_bandwidth / 1e9:.1f} GB/s; SmolLM2's layer: hidden {H}, "
+      f"{heads} heads over {kv_heads} kv heads of {d}, MLP {inter}; timing {layers} layers")
+
+# %% [markdown]
+# **Before you run the next cells**, predict one figure: the time of SmolLM2's int8 layer products
+# for one decode token at batch 1 (the four matrices of each layer: q, k and v stacked
+# `[H + 2·kv_heads·d, H]`, the output projection `[H, H]`, gate and up stacked `[2·inter, H]`, down
+# `[H, inter]`; a byte a weight and a float32 scale a row), from their bytes and the bandwidth just
+# printed. Lab 00 did the same for a whole step.
+
+# %%
+MY_PREDICTION = None  # ms: the int8 products of the timed layers at batch 1, from their bytes and the bandwidth above
+
+# %%
+gen = torch.Generator().manual_seed(7)
+shapes = [(H + 2 * kv_heads * d, H), (H, H), (2 * inter, H), (H, inter)]  # [out, in] of each projection of a layer
+float_w = [torch.randn(o, i, generator=gen) * 0.02 for _ in range(layers) for o, i in shapes]
+int8_w = [codecs.quantize_int8(w) for w in float_w]                                  # (q, scale) each
+int4_w = [(codecs.pack_int4(c), s, z) for c, s, z in (codecs.quantize_int4(w, 32) for w in float_w)]
+x_in = {i: torch.randn(1, i, generator=gen) for _, i in shapes}                      # one token's activations
+
+
+def stored_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def io_bytes(ws) -> int:  # each product reads its x and writes its y, float32
+    return sum(4 * (w.shape[1] + w.shape[0]) for w in ws)
+
+
+# one decode step's products: the callable and the bytes it must move at least
+products = {
+    "float32 product (torch)": (lambda: [torch.nn.functional.linear(x_in[w.shape[1]], w) for w in float_w],
+                                stored_bytes(float_w) + io_bytes(float_w)),
+    "int8, fused (C++)": (lambda: [fused.int8_linear(x_in[w.shape[1]], q, s, None)
+                                   for w, (q, s) in zip(float_w, int8_w)],
+                          sum(stored_bytes(t) for t in int8_w) + io_bytes(float_w)),
+    "int4-g32, fused (C++)": (lambda: [fused.int4_linear(x_in[w.shape[1]], p, s, z, None)
+                                      for w, (p, s, z) in zip(float_w, int4_w)],
+                              sum(stored_bytes(t) for t in int4_w) + io_bytes(float_w)),
+}
+
+# decode attention: 8 sequences of 512 tokens, one pool per layer, blocks of 16 handed out shuffled
+batch, context, block = 8, 512, 16
+blocks_per_seq = context // block
+tables = torch.randperm(batch * blocks_per_seq, generator=gen).reshape(batch, blocks_per_seq).int()
+lens = torch.full((batch,), context, dtype=torch.int32)
+pools = [(torch.randn(batch * context, kv_heads, d, generator=gen), torch.randn(batch * context, kv_heads, d,
+                                                                               generator=gen)) for _ in range(layers)]
+q_dec = torch.randn(batch, heads, d, generator=gen)
+attention_bytes = layers * (2 * batch * context * kv_heads * d * 4 + 2 * q_dec.numel() * 4)  # K, V once; q in, out
+kernels = dict(products)
+if paged_decode_cpu.available():
+    kernels["decode attention, fused (C++)"] = (
+        lambda: [paged_decode_cpu.paged_decode_attention_cpu(q_dec, k, v, tables, lens, block) for k, v in pools],
+        attention_bytes)
+if not fused.available():
+    print("no C++ compiler here: the fused kernels do not exist, and only the float32 product is timed")
+    kernels = {n: k for n, k in kernels.items() if "fused" not in n}
+
+measured_s = {name: median_time(fn, repeats=3 if quick_run() else 7) for name, (fn, _) in kernels.items()}
+print(f"{'kernel, ' + str(layers) + ' layers':>34} {'MB moved':>9} {'bound ms':>9} {'measured ms':>12} {'GB/s':>6} "
+      f"{'of bound':>9}")
+for name, (_, moved) in kernels.items():
+    bound = moved / cpu_bandwidth
+    print(f"{name:>34} {moved / 1e6:9.1f} {bound * 1e3:9.2f} {measured_s[name] * 1e3:12.2f} "
+          f"{moved / measured_s[name] / 1e9:6.1f} {bound / measured_s[name]:9.0%}")
+
+# %%
+if "int8, fused (C++)" in kernels:
+    compare(f"SmolLM2's int8 layer products for one token ({layers} layers), fused, on this CPU", MY_PREDICTION,
+            theory=kernels["int8, fused (C++)"][1] / cpu_bandwidth * 1e3,
+            measured=measured_s["int8, fused (C++)"] * 1e3,
+            unit="ms", theory_name="bandwidth bound",
+            gap="the kernel's time over the time its bytes take at the copy bandwidth: near 1, it is memory-bound; "
+                "far above, something else (the code-to-float arithmetic, threads, a cache the copy did not use) "
+                "sets its pace.")
+fig = go.Figure([go.Bar(name="bandwidth bound", y=list(kernels), orientation="h", marker_color="#bbbbbb",
+                        x=[m / cpu_bandwidth * 1e3 for _, m in kernels.values()]),
+                 go.Bar(name="measured", y=list(kernels), x=[measured_s[n] * 1e3 for n in kernels], orientation="h",
+                        marker_color="#3d6fb6")])
+fig.update_layout(title=f"The engine's CPU kernels at SmolLM2's shapes ({layers} layers), against their bytes",
+                  xaxis_title="ms", barmode="group", height=340, margin=dict(l=230))
+fig.update_yaxes(autorange="reversed")
+fig.show()
+
+# %% [markdown]
+# Read the "of bound" column. The float32 product is ATen's matrix-vector routine, the reference
+# point for what "memory-bound" reaches on this machine; the fused int8 and int4 kernels read a
+# quarter and about an eighth of its bytes, and the question is whether their time fell as far. Where
+# it did not, the extra work per byte (unpacking, subtracting the zero point, scaling) is what
+# remains: at one row of `x` that arithmetic costs about as much as the multiply-add itself. Decode
+# attention reads each key and value once per kv head, for 3 query heads each (GQA), so it has
+# little arithmetic per byte.
+#
+# ### Your kernels on a GPU
+#
+# With a GPU (`torch.cuda.is_available()`), the next cell times **your** 7.5 and 7.6 kernels, compiled
+# for it, at the same shapes, against the GPU's own measured bandwidth. Without one it says so,
+# and shows what the same bytes would take at the bandwidth of lab 00's hardware profiles
+# (`minillm/perf/hardware.py`, each from its vendor's datasheet): the speed a good kernel could
+# approach there.
+
+# %%
+gpu_bytes = {"int4-g32 products (your 7.5)": kernels["int4-g32, fused (C++)"][1] if "int4-g32, fused (C++)" in kernels
+             else sum(stored_bytes(t) for t in int4_w) + io_bytes(float_w),
+             "decode attention (your 7.6)": attention_bytes}
+if torch.cuda.is_available() and not INTERPRETED:
+    cuda = torch.device("cuda")
+    gpu_bandwidth = measure_bandwidth(cuda)
+    w4 = [(w.shape[1], p.to(cuda), s.to(cuda), z.to(cuda)) for w, (p, s, z) in zip(float_w, int4_w)]
+    xs = {i: x.to(cuda) for i, x in x_in.items()}
+    pools_gpu = [(k.to(cuda), v.to(cuda)) for k, v in pools]
+    args = (tables.to(cuda), lens.to(cuda), block)
+    q_gpu = q_dec.to(cuda)
+    yours = {"int4-g32 products (your 7.5)": lambda: [int4_linear(xs[i], p, s, z, None) for i, p, s, z in w4],
+             "decode attention (your 7.6)": lambda: [paged_decode_attention(q_gpu, k, v, *args) for k, v in pools_gpu]}
+    print(f"{torch.cuda.get_device_name()}: measured copy bandwidth {gpu_bandwidth / 1e9:.0f} GB/s")
+    for name, fn in yours.items():
+        seconds = median_time(fn, repeats=10, sync=torch.cuda.synchronize)
+        print(f"{name:>30}: {seconds * 1e6:8.1f} µs, bound {gpu_bytes[name] / gpu_bandwidth * 1e6:8.1f} µs, "
+              f"{gpu_bytes[name] / seconds / 1e9:6.0f} GB/s ({gpu_bytes[name] / gpu_bandwidth / seconds:.0%} of bound)")
+else:
+    print("No GPU here: your Triton kernels run in Triton's interpreter, one program after another in numpy, so "
+          "timing them would time numpy. What the same bytes would take on the GPUs of lab 00's hardware profiles, "
+          "at their datasheet bandwidth (the fastest they could run there):")
+    gpus = {name: p for name, p in PROFILES.items() if "LPU" not in name}
+    print(f"{'':>30} " + " ".join(f"{name:>14}" for name in gpus))
+    for name, moved in gpu_bytes.items():
+        print(f"{name:>30} " + " ".join(f"{moved / p.bandwidth * 1e6:11.1f} µs" for p in gpus.values()))
+    print(f"{'bandwidth':>30} " + " ".join(f"{p.bandwidth / 1e9:9.0f} GB/s" for p in gpus.values())
+          + f"   (this CPU: {cpu_bandwidth / 1e9:.1f} GB/s)")
+
+# %% [markdown]
+# ## How production engines do it (~5 min)
 #
 # * **FlashAttention** (Dao et al. 2022, 2023) is 7.3's online softmax applied to attention in
 #   prefill: tiles of queries against tiles of keys, the scores never written to memory.

@@ -1,8 +1,9 @@
 """Grader of lab 06, quantization.
 
 Oracles: minillm's codecs and quantized linear layer (minillm/quant/codecs.py, linear.py), whose
-formulas the exercises state, checked bit for bit where the formula fixes every rounding; fixed
-cases computed by hand (ties at .5, one-signed and constant groups, nibble order); the round-trip
+formulas the exercises state, checked bit for bit where the contract fixes every rounding; fixed
+cases computed by hand (ties at .5, weights exactly halfway after the division, one-signed and constant
+groups, nibble order); the round-trip
 bound |w - dequant(w)| <= scale / 2; minillm's own sensitivity sweep (minillm/experiments/quant_sensitivity.py);
 a brute-force search written here for the cancelling pairs; and for 6.E the real engine with the
 notebook's codecs against the engine with its own.
@@ -94,6 +95,42 @@ def test_int8_rounds_halves_to_even(lab):
                  atol=0, rtol=1e-7)
     want = [127, 2, -4, 0, 0, 2, 126, -126]
     assert q[0].tolist() == want, f"quantize_int8 of {w[0].tolist()} gave {q[0].tolist()}, expected {want}"
+
+
+def exact_halves(seed: int, rows: int) -> torch.Tensor:
+    """Rows whose weights sit exactly halfway between two codes: w / scale, divided in float32, is k + 0.5.
+    Each row holds its largest |w| (which fixes the scale) and every half-step from -126.5 to 125.5 that the
+    division lands on exactly. There the quotient decides the code: a product with a rounded reciprocal of the
+    scale instead of the quotient lands a hair off the half and rounds to the other neighbour."""
+    rng = random.Random(seed)
+    halves = torch.arange(-126, 126, dtype=torch.float32) + 0.5          # [252]
+    out = []
+    for _ in range(rows):
+        peak = torch.tensor([rng.uniform(0.01, 3.0)], dtype=torch.float32)
+        scale = (peak / codecs.INT8_MAX).clamp_min(codecs.TINY)
+        w = halves * scale                                                # [252], each a float32
+        w = w[w / scale == halves]                                        # only the exact halves
+        out.append(torch.cat([peak, w[: len(halves) // 2], -peak, w[len(halves) // 2:]]))
+    width = min(len(r) for r in out)
+    return torch.stack([r[:width] for r in out])
+
+
+@exercise("6.1")
+def test_int8_codes_at_exact_halves_equal_minillm(lab):
+    """weights exactly halfway between two codes (w / scale in float32 is k + 0.5, for many scales): the codes equal
+    minillm's bit for bit, each the even neighbour of the quotient"""
+    w = exact_halves(611, 24)
+    what = f"quantize_int8 of {w.shape[0]} rows of weights exactly halfway between two codes"
+    q, scale = int8_of(lab, w, what)
+    want_q, want_scale = codecs.quantize_int8(w)
+    assert_close(scale, want_scale, f"{what}: scale", atol=0, rtol=0)
+    bad = (q != want_q).nonzero().tolist()
+    if bad:
+        r, c = bad[0]
+        raise AssertionError(f"{what}: {len(bad)} of {q.numel()} codes differ from minillm's, e.g. w = "
+                             f"{float(w[r, c]):.9g} with scale {float(scale[r]):.9g} (w / scale = "
+                             f"{float(w[r, c] / scale[r]):.9g} in float32) gave {int(q[r, c])}, expected "
+                             f"{int(want_q[r, c])}")
 
 
 def small_rows(seed: int, out_features: int, in_features: int) -> torch.Tensor:
@@ -587,6 +624,24 @@ def pairs_text(pairs) -> str:
     return "[" + ", ".join(f"({sorted(a)}, {sorted(b)})" for a, b in pairs) + "]"
 
 
+def pairs_difference(got, want) -> str:
+    """What a found list lacks, adds or repeats against the expected one, short; or where their order first differs."""
+    got_sets, want_sets = [frozenset({a, b}) for a, b in got], [frozenset({a, b}) for a, b in want]
+    missing = [p for p, s in zip(want, want_sets) if s not in got_sets]
+    extra = [p for p, s in zip(got, got_sets) if s not in want_sets]
+    twice = [p for i, (p, s) in enumerate(zip(got, got_sets)) if s in got_sets[:i]]
+    parts = [f"found {len(got)}, expected {len(want)}"]
+    for label, pairs in (("missing", missing), ("not expected", extra), ("reported more than once", twice)):
+        if pairs:
+            more = f" and {len(pairs) - 3} more" if len(pairs) > 3 else ""
+            parts.append(f"{label}: {pairs_text(pairs[:3])}{more}")
+    if not missing and not extra and not twice:
+        i = next(i for i, (g, w) in enumerate(zip(got_sets, want_sets)) if g != w)
+        parts.append(f"the same pairs in another order: position {i} holds {pairs_text(got[i:i + 1])}, expected "
+                     f"{pairs_text(want[i:i + 1])} (most negative mean interaction first)")
+    return "; ".join(parts)
+
+
 @exercise("6.7")
 def test_cancellations_equal_a_brute_force_search_on_random_sweeps(lab):
     """seeded sweeps over 5 layers (2 to 12 windows, some sets unmeasured, layers named by scattered numbers), z = 2,
@@ -599,8 +654,8 @@ def test_cancellations_equal_a_brute_force_search_on_random_sweeps(lab):
             want = brute_force_cancellations(errors, z)
             got = cancellations_of(lab, errors, z, f"sweep seed {seed}, z = {z}")
             assert [frozenset({a, b}) for a, b in got] == [frozenset({a, b}) for a, b in want], \
-                (f"find_cancellations on the sweep of seed {seed} ({len(errors)} sets, z = {z}) found "
-                 f"{pairs_text(got)}; expected {pairs_text(want)}")
+                (f"find_cancellations on the sweep of seed {seed} ({len(errors)} sets, z = {z}): "
+                 f"{pairs_difference(got, want)}")
 
 
 @exercise("6.7")
