@@ -795,8 +795,9 @@ check("5.E")
 # The target is `tiny`; the proposers are prompt lookup (your code), the `pico` draft model (the
 # engine's, verified by your code), and, if they have been trained, `tiny`'s multi-token-prediction
 # heads (your 5.7 on the bundled heads, no second model) and the bundled distilled pico. Requests
-# run one at a time (batch 1, the latency case speculation is for), greedy, on code prompts. The engine counts, per step and sequence, what was proposed, reached (verification stops
-# at the first rejection) and accepted: `α = accepted / reached`.
+# run one at a time (batch 1, the latency case speculation is for), greedy, on code prompts. The
+# engine counts, per step and sequence, what was proposed, reached (verification stops at the first
+# rejection) and accepted: `α = accepted / reached`.
 #
 # Each run is timed too: tokens per second against the same requests without speculation, and the
 # median time of a decode step with and without, which gives `c_k`.
