@@ -130,8 +130,10 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 
 # %% exercise="5.1"
 def accept(p: float, q: float, generator: torch.Generator) -> bool:
-    """Decide whether to keep a token the proposer drew from q: kept tokens must never come out more
-    often than the target wants them, and, within that, as often as possible.
+    """Keep or reject a token the proposer drew from q.
+
+    Kept tokens must never come out more often than the target wants them, and, within that, as
+    often as possible.
 
     p: the target's probability of the token, q: the proposer's; Python floats in [0, 1].
     -> True to keep the token, False to reject it (a bool, or anything bool() reads).
@@ -205,8 +207,10 @@ check("5.1")
 
 # %% exercise="5.2"
 def residual(p: Tensor, q: Tensor) -> Tensor:
-    """The distribution to draw from after a rejection, such that kept proposals and draws from it
-    together emit every token with exactly the target's probability.
+    """The distribution to draw from after a rejection.
+
+    Kept proposals and draws from it must together emit every token with exactly the target's
+    probability.
 
     p, q: [vocab] probabilities, the target's and the proposer's (non-negative, each summing to 1,
     of one float dtype). -> [vocab] in that dtype: non-negative, summing to 1, no NaN.
@@ -302,9 +306,10 @@ check("5.2")
 # %% exercise="5.3"
 def verify(logits: Tensor, proposals: list[int], q: Tensor | None, temperature: float, top_k: int,
            top_p: float, generator: torch.Generator) -> tuple[int, int]:
-    """Verify k proposals against the target. -> (accepted, token), both Python ints: how many
-    proposals the target keeps, counted from the first (0 <= accepted <= k), and the token it emits
-    after them (accepted == k: the bonus token).
+    """Verify k proposals against the target's logits.
+
+    -> (accepted, token), both Python ints: how many proposals the target keeps, counted from the
+    first (0 <= accepted <= k), and the token it emits after them (accepted == k: the bonus token).
 
     logits: [k + 1, vocab], the target's; row i was computed after proposals[:i], row k after all.
     proposals: k >= 1 token ids. q: [k, vocab], row i the distribution proposals[i] was drawn from;
@@ -417,9 +422,10 @@ check("5.3")
 
 # %% exercise="5.4"
 def propose_ngram(token_ids: list[int], n: int, k: int) -> list[int]:
-    """Prompt lookup's proposals under the engine's rules (above). -> at most k token ids (Python
-    ints), in order; [] when not even the last token occurred earlier (a history of 0 or 1 tokens
-    included).
+    """Prompt lookup's proposals, under the engine's rules (above).
+
+    -> at most k token ids (Python ints), in order; [] when not even the last token occurred
+    earlier (a history of 0 or 1 tokens included).
 
     token_ids: the prompt and the output so far (not modified). n >= 1: the longest run of last
     tokens to look up (longer than the history allows: the longest that fits). k >= 1.
@@ -492,9 +498,10 @@ check("5.4")
 
 # %% exercise="5.5"
 def expected_tokens_per_forward(alpha: float, k: int) -> float:
-    """Tokens a speculative step emits on average, per forward of the target: the kept proposals
-    plus the target's own token, for k proposals each kept with probability alpha, independently,
-    and counted only while every earlier one was kept.
+    """Tokens a speculative step emits on average, per forward of the target.
+
+    They are the kept proposals plus the target's own token, for k proposals each kept with
+    probability alpha, independently, and counted only while every earlier one was kept.
 
     alpha: a Python float in [0, 1]; k: int >= 0 proposals. -> a float, in tokens per forward: 1 for
     alpha == 0 or k == 0, at most one more than k. Exact at alpha == 1 (no division by zero), and as
@@ -586,9 +593,10 @@ check("5.5")
 
 # %% exercise="5.6"
 def distill_loss(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """The distillation loss of a draft (the student) toward its target (the teacher): the KL
-    divergence that punishes the student for missing the teacher's mass, at `temperature`, averaged
-    over the tokens, scaled so that its gradient's size does not depend on the temperature.
+    """The distillation loss of a draft (the student) toward its target (the teacher).
+
+    The KL divergence that punishes the student for missing the teacher's mass, at `temperature`,
+    averaged over the tokens, scaled so that its gradient's size does not depend on the temperature.
 
     student_logits, teacher_logits: [..., vocab] of one shape, any float dtype (bfloat16 included);
     every index but the last is a token. temperature > 0 (1: the models' own distributions).
@@ -697,8 +705,9 @@ fig.show()
 
 # %% exercise="5.7"
 def propose_heads(hidden: Tensor, blocks: torch.nn.ModuleList, lm_head: torch.nn.Module, k: int) -> list[list[int]]:
-    """The heads' proposals for a batch of sequences: each sequence's k guesses, nearest first, the
-    same the engine's own heads proposal gives.
+    """The heads' proposals for a batch of sequences.
+
+    Each sequence's k guesses, nearest first: the same the engine's own heads proposal gives.
 
     hidden: [B, hidden] (float32 or bfloat16), the target's hidden state after the last token it
         computed, one row per sequence; B >= 0.
