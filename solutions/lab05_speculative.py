@@ -1282,7 +1282,7 @@ for _ in range(STEPS):
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    curve.append(float(loss))
+    curve.append(loss.item())
 student.eval()
 print(f"{STEPS} steps in {time.perf_counter() - start:.0f} s; distillation loss {curve[0]:.3f} -> {curve[-1]:.3f} nats")
 

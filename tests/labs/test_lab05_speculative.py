@@ -17,6 +17,7 @@ takes 0.1 to 0.3 ms there, and many times that on a busy machine's thread pool.
 import fractions
 import math
 import random
+import tempfile
 from pathlib import Path
 
 import torch
@@ -803,8 +804,8 @@ def test_heads_proposal_refuses_a_k_the_heads_cannot_give(lab):
         raise AssertionError(f"propose_heads with 3 heads and k = {k} returned {got!r} instead of raising ValueError")
 
 
-def tiny_heads_file(tmp_path) -> Path:
-    """tiny's bundled heads, or (when they were not trained) seeded ones fitted to nothing."""
+def tiny_heads_file(folder: Path) -> Path:
+    """tiny's bundled heads, or (when they were not trained) seeded ones fitted to nothing, saved in folder."""
     bundled = BUNDLED_DIR / "tiny" / HEADS_FILE
     if bundled.is_file():
         return bundled
@@ -812,8 +813,8 @@ def tiny_heads_file(tmp_path) -> Path:
     heads = SpecHeads(target.config.hidden_size, 4)
     for block in heads.blocks:
         torch.nn.init.normal_(block.weight, std=0.05, generator=torch.Generator().manual_seed(574))
-    save_heads(heads, target, tmp_path / HEADS_FILE)
-    return tmp_path / HEADS_FILE
+    save_heads(heads, target, folder / HEADS_FILE)
+    return folder / HEADS_FILE
 
 
 def heads_run(spec: SpeculativeConfig, propose=None) -> tuple[list[list[int]], list[tuple[int, int]]]:
@@ -826,7 +827,7 @@ def heads_run(spec: SpeculativeConfig, propose=None) -> tuple[list[list[int]], l
 
 
 @exercise("5.7", timeout=180)
-def test_your_heads_proposal_runs_the_real_engine(lab, tmp_path):
+def test_your_heads_proposal_runs_the_real_engine(lab):
     """the real engine (tiny, its heads, k = 4, greedy) with your heads proposal: the reference engine's tokens,
     and the same proposals proposed and accepted per request"""
     calls = []
@@ -839,8 +840,8 @@ def test_your_heads_proposal_runs_the_real_engine(lab, tmp_path):
             raise AssertionError(f"Exercise 5.7 (propose_heads) raised inside the engine: {type(e).__name__}: {e}") \
                 from e
 
-    spec = SpeculativeConfig("heads", k=4, heads=str(tiny_heads_file(tmp_path)))
-    with one_thread():
+    with tempfile.TemporaryDirectory() as folder, one_thread():  # check() in a notebook has no pytest fixtures
+        spec = SpeculativeConfig("heads", k=4, heads=str(tiny_heads_file(Path(folder))))
         reference = heads_run(spec)
         mine = heads_run(spec, yours)
     assert calls, "the engine never called your propose_heads"
