@@ -113,14 +113,14 @@ torch.set_num_threads(1)  # small model, small steps: one thread avoids thread-p
 # 2. it should be as large as the first demand allows: every rejection throws away the rest of the
 #    step's proposals. And `a(x)` is a probability, so it is at most 1.
 #
-# **A worked example, on other numbers.** The target wants `cat` with probability 0.2 and `dog`
-# with 0.5; the draft proposes `cat` with 0.8 and `dog` with 0.25.
+# **A worked example, on other numbers.** The target wants `cat` with probability 0.15 and `dog`
+# with 0.5; the draft proposes `cat` with 0.6 and `dog` with 0.2.
 #
-# * `cat` is over-proposed. Kept every time, it would come out 0.8 of the time, four times too
-#   often. Kept a quarter of the time it comes out 0.8 × 0.25 = 0.2: exactly the target's share,
+# * `cat` is over-proposed. Kept every time, it would come out 0.6 of the time, four times too
+#   often. Kept a quarter of the time it comes out 0.6 × 0.25 = 0.15: exactly the target's share,
 #   and no larger keep-rate meets demand 1.
-# * `dog` is under-proposed: even kept every time it comes out only 0.25 < 0.5. Keep it always
-#   (demand 2); the missing 0.25 is 5.2's business.
+# * `dog` is under-proposed: even kept every time it comes out only 0.2 < 0.5. Keep it always
+#   (demand 2); the missing 0.3 is 5.2's business.
 # * A token the target never writes (its `p` is 0) must never come out.
 #
 # Write the keep-probability for any `p` and `q`, then make the decision with one uniform draw: a
@@ -192,14 +192,14 @@ check("5.1")
 #
 # | token | `p` | `q` | comes out through the filter |
 # | --- | --- | --- | --- |
-# | `cat` | 0.2 | 0.8 | 0.8 × 0.25 = 0.2 |
-# | `dog` | 0.5 | 0.1 | 0.1 × 1 = 0.1 |
-# | `eel` | 0.3 | 0.1 | 0.1 × 1 = 0.1 |
+# | `cat` | 0.15 | 0.6 | 0.6 × 0.25 = 0.15 |
+# | `dog` | 0.5 | 0.2 | 0.2 × 1 = 0.2 |
+# | `eel` | 0.35 | 0.2 | 0.2 × 1 = 0.2 |
 #
-# Proposals are kept 0.2 + 0.1 + 0.1 = 0.4 of the time, so a rejection happens 0.6 of the time.
-# `cat` already has its share; `dog` is short by 0.4 and `eel` by 0.2. A residual that draws `dog`
-# with 0.4 / 0.6 and `eel` with 0.2 / 0.6 fills those gaps exactly: `dog` gets 0.1 + 0.6 × 2/3 =
-# 0.5. Notice that the shortfalls add up to the chance of a rejection. Is that a coincidence of
+# Proposals are kept 0.15 + 0.2 + 0.2 = 0.55 of the time, so a rejection happens 0.45 of the time.
+# `cat` already has its share; `dog` is short by 0.3 and `eel` by 0.15. A residual that draws `dog`
+# with 0.3 / 0.45 and `eel` with 0.15 / 0.45 fills those gaps exactly: `dog` gets 0.2 + 0.45 × 2/3
+# = 0.5. Notice that the shortfalls add up to the chance of a rejection. Is that a coincidence of
 # these numbers?
 #
 # Your turn: the residual for any `p` and `q`. Then the odd case: `p == q`. Nothing is short, and a
@@ -248,7 +248,7 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
 #
 # Every token now comes out with probability `min(p, q) + (Σ max(0, p − q)) · r = p`: exactly `p`,
 # whatever `q` is. A good proposer only makes rejections rarer; a bad one can never make the output
-# wrong. The sum `α = Σ_y min(p(y), q(y))` (0.4 in the example) is the chance that a proposal is
+# wrong. The sum `α = Σ_y min(p(y), q(y))` (0.55 in the example) is the chance that a proposal is
 # kept: the proposer's **acceptance rate** at this position, `1 −` the total variation distance
 # between `p` and `q`. Keep it in mind for 5.5 and 5.6.
 #
