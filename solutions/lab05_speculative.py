@@ -915,23 +915,23 @@ for name, runs in sweep.items():
 # %% [markdown]
 # Read the table column by column:
 #
-# * **α** is how often a reached proposal survives. For the draft it barely moves with k; for prompt
-#   lookup it depends on whether the text repeats. It does move a little: later proposals are
-#   reached only after earlier ones were right, which happens more often in easy, repetitive text.
+# * **α** is how often a reached proposal survives. Does it move with k? Later proposals are
+#   reached only after earlier ones were right, which happens more often in easy, repetitive text,
+#   so α at a large k is measured on easier positions than at k = 1.
 # * **tok/fwd against theory**: the formula of 5.5 with the measured α. Where they differ,
 #   acceptance is not independent from one position to the next (it comes in runs: a proposer
-#   that copies a line gets the whole line), the assumption behind the formula.
+#   that copies a line gets the whole line; misses come in runs too), the assumption behind the
+#   formula.
 # * **c_k** is what a speculative step costs in plain decode steps. For prompt lookup it is the
-#   price of computing k + 1 positions instead of one; for the draft, add k forwards of pico. On
-#   this CPU even verification is not free, so c_k rises with k, and the best k is small. Why?
-#   Speculation's premise is lab 00's: a decode step waits on memory, so extra rows of arithmetic
-#   ride along for free. `tiny`'s 23 MB of weights, though, stay in this CPU's caches from one step
-#   to the next, so its step is bound by arithmetic and per-operation overhead, not by memory: a
-#   matrix product of 2 rows costs noticeably more than one of 1 row (the `c_k` column says how
-#   much on your machine). A model of billions of parameters on a GPU is the other case: there
-#   verifying a few tokens costs about one step. Pico has a fraction of tiny's parameters but is
-#   not that much faster per forward (its `c_k` at k = 1 says so), for the same reason: below some
-#   size, a model's cost is the number of operations it launches.
+#   price of computing k + 1 positions instead of one; for a draft, add k forwards of it. Read how
+#   it grows with k on your machine. Speculation's premise is lab 00's: a decode step waits on
+#   memory, so extra rows of arithmetic ride along for free. `tiny`'s 23 MB of weights (float32)
+#   may stay largely in a CPU's caches from one step to the next; then its step is bound by
+#   arithmetic and per-operation overhead rather than memory, and a matrix product of 2 rows can
+#   cost noticeably more than one of 1 row. A model of billions of parameters on a GPU is the
+#   clear case: there verifying a few tokens costs about one step. Pico has a fraction of tiny's
+#   parameters, yet the draft's `c_k` at k = 1 shows how much one pico forward adds to a step: below
+#   some size, a model's cost is the number of operations it launches more than its bytes.
 # * **predicted** (tok/fwd ÷ c_k) against **measured**: the speedup is that ratio, up to the
 #   prefills, which speculation does not change, and the machine's noise.
 #
