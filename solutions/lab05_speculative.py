@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Lab 05 · Speculative decoding
 #
-# **Time:** about 130 minutes in all; each section's heading gives its share. **You need:** lab 02
+# **Time:** about 140 minutes in all; each section's heading gives its share. **You need:** lab 02
 # (temperature, top-k and top-p sampling) and lab 04 (what a step computes); lab 00's roofline
 # explains why any of this works.
 #
@@ -472,7 +472,7 @@ print(propose_ngram([4, 1, 9, 8, 4], 3, 2), "  (only [4] occurred before)")
 check("5.4")
 
 # %% [markdown]
-# ## Exercise 5.5 · What to expect: tokens per forward (~10 min)
+# ## Exercise 5.5 · What to expect: tokens per forward (~5 min)
 #
 # Say each proposal the verifier reaches is kept with probability `α`, independently of the others.
 # How many tokens does a step emit on average? It always emits one of the target's own (the
@@ -799,7 +799,7 @@ YOURS = Components(verify=verify, propose_ngram=propose_ngram, propose_heads=pro
 check("5.E")
 
 # %% [markdown]
-# ## Measure it: acceptance, tokens per forward and speed, against k (~10 min)
+# ## Measure it: acceptance, tokens per forward and speed, against k (~5 min)
 #
 # The target is `tiny`; the proposers are prompt lookup (your code), the `pico` draft model (the
 # engine's, verified by your code), and, if they have been trained, `tiny`'s multi-token-prediction
@@ -971,7 +971,7 @@ print("\nwhat tiny writes after the first prompt:\n" + target_llm.tokenizer.deco
 # lookup for retrieval, code editing and agents re-reading their tool output; a draft or heads for
 # everything else.
 #
-# ## Measure it: where speculation stops paying (~10 min)
+# ## Measure it: where speculation stops paying (~5 min)
 #
 # Two ways to lose:
 #
@@ -1317,7 +1317,7 @@ fig.show()
 # costs a pico forward and backward and a tiny forward), or a temperature above 1 in your loss. If
 # the loss fell and α did not, the student learned its training rows, not tiny.
 #
-# ## How production engines do it
+# ## How production engines do it (~5 min)
 #
 # * **vLLM** takes a `speculative_config`: a `method` (a separate draft model, `ngram` prompt lookup
 #   with a range of n-gram lengths, EAGLE and EAGLE-3 heads, Medusa heads, a model's own MTP layers,
