@@ -43,6 +43,10 @@ class Components:
     propose_ngram: Callable | None = None
     """speculative/ngram.propose_ngram(token_ids, n, k): prompt lookup's proposals."""
 
+    propose_heads: Callable | None = None
+    """speculative/heads.propose_heads(hidden, blocks, lm_head, k) -> each sequence's k token ids: the heads'
+    proposals from the last hidden states [B, hidden], made with certainty (q = None, at any temperature)."""
+
     quantize_int8: Callable | None = None
     """quant/codecs.quantize_int8(w) -> (q, scale)."""
 

@@ -33,8 +33,22 @@ class SpecHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module, k: int) -> torch.Tensor:
         """hidden: [B, hidden] -> logits [B, k, vocab] for the tokens 2 .. k + 1 ahead."""
-        guesses = torch.stack([hidden + F.silu(block(hidden)) for block in self.blocks[:k]], dim=1)  # [B, k, hidden]
-        return lm_head(guesses)  # one pass over the LM head's weights for all k heads, not k passes
+        return head_logits(hidden, self.blocks, lm_head, k)
+
+
+def head_logits(hidden: torch.Tensor, blocks: nn.ModuleList, lm_head: nn.Module, k: int) -> torch.Tensor:
+    """hidden: [B, hidden] -> logits [B, k, vocab]: head i (of the first k) reads the same hidden state."""
+    guesses = torch.stack([hidden + F.silu(block(hidden)) for block in blocks[:k]], dim=1)  # [B, k, hidden]
+    return lm_head(guesses)  # one pass over the LM head's weights for all k heads, not k passes
+
+
+def propose_heads(hidden: torch.Tensor, blocks: nn.ModuleList, lm_head: nn.Module, k: int) -> list[list[int]]:
+    """Each sequence's greedy proposals: the first k heads' top tokens, in order (Components.propose_heads)."""
+    if not 0 <= k <= len(blocks):
+        raise ValueError(f"k = {k} proposals asked of {len(blocks)} heads; 0 <= k <= {len(blocks)}")
+    if k == 0:
+        return [[] for _ in range(len(hidden))]
+    return head_logits(hidden, blocks, lm_head, k).argmax(-1).tolist()
 
 
 def save_heads(heads: SpecHeads, target: nn.Module, path: Path) -> None:
@@ -51,8 +65,8 @@ def load_heads(path: Path, target: nn.Module) -> SpecHeads:
 class HeadsProposer:
     """Proposes from the hidden state the target left after each sequence's last computed token."""
 
-    def __init__(self, path: str | None, target: ProposerTarget, k: int) -> None:
-        self.lm_head = target.model.lm_head
+    def __init__(self, path: str | None, target: ProposerTarget, k: int, propose=None) -> None:
+        self.lm_head, self._propose = target.model.lm_head, propose  # propose: Components.propose_heads, or None
         self.heads = load_heads(Path(path) if path else target.model_dir / HEADS_FILE, target.model)
         if k > len(self.heads.blocks):
             raise ValueError(f"speculative k = {k}, but the heads predict only {len(self.heads.blocks)} tokens ahead")
@@ -64,6 +78,11 @@ class HeadsProposer:
         if not ready:
             return
         hidden = torch.stack([self.hidden[id(seq)] for seq, _ in ready])  # [B, hidden]
+        if self._propose is not None:  # a component's top tokens: proposed with certainty, so verify takes q = None
+            proposals = self._propose(hidden, self.heads.blocks, self.lm_head, max(k for _, k in ready))
+            for (seq, k), tokens in zip(ready, proposals):
+                seq.spec_tokens, seq.spec_probs = [int(t) for t in tokens][:k], None
+            return
         logits = self.heads(hidden, self.lm_head, max(k for _, k in ready)).float()  # [B, k, vocab]
         for (seq, k), rows in zip(ready, logits):
             p = seq.params

@@ -37,4 +37,4 @@ def make_proposer(config: SpeculativeConfig, target: ProposerTarget, components:
         return DraftProposer(config.draft_model, target, config.draft_quantization, config.draft_head_quantization)
     if config.method == "mlp":
         return MLPProposer(config.speculator, target)
-    return HeadsProposer(config.heads, target, config.k)
+    return HeadsProposer(config.heads, target, config.k, components.propose_heads)

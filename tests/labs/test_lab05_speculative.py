@@ -17,6 +17,8 @@ takes 0.1 to 0.3 ms there, and many times that on a busy machine's thread pool.
 import fractions
 import math
 import random
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -27,11 +29,14 @@ from minillm.labkit import exercise
 from minillm.labkit.endtoend import MODEL, check_against_reference
 from minillm.labkit.fixtures import assert_close, one_thread, randn
 from minillm.labkit.plug import lab_components
+from minillm.models.registry import BUNDLED_DIR
+from minillm.speculative.heads import HEADS_FILE, SpecHeads, save_heads
+from minillm.speculative.heads import propose_heads as reference_propose_heads
 from minillm.speculative.ngram import propose_ngram as reference_propose_ngram
 from minillm.speculative.verify import target_probs
 
 EXERCISES = {"5.1": "accept", "5.2": "residual", "5.3": "verify", "5.4": "propose_ngram",
-             "5.5": "expected_tokens_per_forward", "5.6": "distill_loss",
+             "5.5": "expected_tokens_per_forward", "5.6": "distill_loss", "5.7": "propose_heads",
              "5.E": "your verifier and prompt lookup in the real engine"}
 
 # A correct solution fails a chi-square check with probability FALSE_ALARM. A wrong one gives a statistic of
@@ -688,6 +693,20 @@ def test_distill_loss_with_probabilities_that_underflow(lab):
 
 
 @exercise("5.6")
+def test_distill_loss_of_bfloat16_logits_is_computed_in_float32(lab):
+    """bfloat16 logits (how a model run in bfloat16 hands them over): a float32 result equal to the KL of those very
+    values computed in float64, to 1e-5; a loss computed in bfloat16 itself is off by about 1e-2 of itself"""
+    for seed, shape in ((598, (6, 40)), (599, (2, 3, 64))):
+        student = randn(seed, *shape, scale=2).bfloat16()
+        teacher = randn(seed + 10, *shape, scale=3).bfloat16()
+        for t in (1.0, 2.0):
+            what = f"distill_loss on bfloat16 logits {list(shape)}, temperature {t}"
+            got = loss_of(lab, student, teacher, t, what)
+            assert got.dtype == torch.float32, f"{what}: the loss is {got.dtype}, not float32"
+            assert_close(got.double(), kl_div_reference(student, teacher, t), what, atol=1e-5, rtol=1e-5)
+
+
+@exercise("5.6")
 def test_distill_loss_trains_the_student(lab):
     """the loss keeps its gradient: d loss / d student = T (q - p) / tokens"""
     for t in (1.0, 2.5):
@@ -699,6 +718,137 @@ def test_distill_loss_trains_the_student(lab):
         got.backward()
         expected = t * ((student.detach() / t).softmax(-1) - (teacher / t).softmax(-1)) / 5
         assert_close(student.grad, expected, f"the gradient of distill_loss at temperature {t}", atol=1e-5)
+
+
+# -- 5.7 the heads' proposal ---------------------------------------------------------------------
+def seeded_heads(seed: int, hidden: int, vocab: int, num_heads: int, dtype=torch.float32):
+    """(blocks, lm_head) with seeded weights far from the identity, so each head guesses its own token."""
+    gen = torch.Generator().manual_seed(seed)
+    heads = SpecHeads(hidden, num_heads)
+    lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.weight.copy_(torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5 * 2)
+            block.bias.copy_(torch.randn(hidden, generator=gen))
+        lm_head.weight.copy_(torch.randn(vocab, hidden, generator=gen))
+    return heads.blocks.to(dtype), lm_head.to(dtype)
+
+
+def heads_proposal_of(lab, hidden, blocks, lm_head, k: int, what: str) -> list[list[int]]:
+    with torch.inference_mode():
+        got = lab.propose_heads(hidden, blocks, lm_head, k)
+    assert isinstance(got, list) and all(isinstance(row, list) for row in got), \
+        f"{what}: returns {type(got).__name__}, not a list of one list per sequence"
+    assert all(type(t) is int for row in got for t in row), f"{what}: the token ids are not Python ints: {got}"
+    return got
+
+
+@exercise("5.7")
+def test_heads_proposal_matches_minillm_on_seeded_heads(lab):
+    """seeded heads, LM heads and hidden states: hidden sizes 8 to 48, vocabularies 11 to 300, 1 to 6 heads,
+    batches of 1 to 5 and every k up to the number of heads: the engine's proposals"""
+    rng = random.Random(570)
+    for case in range(10):
+        hidden_size, vocab, num_heads, batch = rng.randint(8, 48), rng.randint(11, 300), rng.randint(1, 6), \
+            rng.randint(1, 5)
+        blocks, lm_head = seeded_heads(5700 + case, hidden_size, vocab, num_heads)
+        hidden = randn(5710 + case, batch, hidden_size, scale=2)
+        for k in range(1, num_heads + 1):
+            what = (f"propose_heads on {batch} sequences, hidden size {hidden_size}, {num_heads} heads, vocab {vocab}, "
+                    f"k = {k}")
+            expected = reference_propose_heads(hidden, blocks, lm_head, k)
+            got = heads_proposal_of(lab, hidden, blocks, lm_head, k, what)
+            assert got == expected, f"{what}: proposed {got}; the engine's heads propose {expected}"
+
+
+@exercise("5.7")
+def test_heads_proposal_at_the_edges(lab):
+    """k = 0 (an empty list per sequence), no sequences, bfloat16 heads and hidden states, heads still at their
+    identity start (each guesses the LM head's own token); hidden and the modules left unchanged"""
+    blocks, lm_head = seeded_heads(5720, 16, 40, 3)
+    hidden = randn(5721, 4, 16, scale=2)
+    before = hidden.clone(), [b.weight.clone() for b in blocks], lm_head.weight.clone()
+    got = heads_proposal_of(lab, hidden, blocks, lm_head, 0, "propose_heads with k = 0")
+    assert got == [[], [], [], []], f"propose_heads with k = 0 on 4 sequences returned {got}, not 4 empty lists"
+    got = heads_proposal_of(lab, hidden[:0], blocks, lm_head, 2, "propose_heads on no sequences")
+    assert got == [], f"propose_heads on a [0, 16] hidden returned {got}, not an empty list"
+    heads_proposal_of(lab, hidden, blocks, lm_head, 3, "propose_heads with k = all 3 heads")
+    assert torch.equal(hidden, before[0]), "propose_heads changed the hidden states it was given"
+    unchanged = all(torch.equal(b.weight, w) for b, w in zip(blocks, before[1]))
+    assert unchanged and torch.equal(lm_head.weight, before[2]), \
+        "propose_heads changed the heads' or the LM head's weights"
+    blocks16, lm_head16 = seeded_heads(5722, 24, 64, 4, dtype=torch.bfloat16)
+    hidden16 = randn(5723, 3, 24, scale=2).bfloat16()
+    what = "propose_heads on bfloat16 hidden states and heads, k = 4"
+    expected = reference_propose_heads(hidden16, blocks16, lm_head16, 4)
+    assert heads_proposal_of(lab, hidden16, blocks16, lm_head16, 4, what) == expected, \
+        f"{what}: not the engine's proposals {expected}"
+    fresh = SpecHeads(16, 3).blocks  # zero weights and biases: every head guesses what the LM head does
+    own = lm_head(hidden).argmax(-1).tolist()
+    got = heads_proposal_of(lab, hidden, fresh, lm_head, 3, "propose_heads with heads at their identity start")
+    assert got == [[t] * 3 for t in own], \
+        (f"propose_heads with heads of zero weights proposed {got}; each head adds nothing to the hidden state then, "
+         f"so each should guess the LM head's own token {own}")
+
+
+@exercise("5.7")
+def test_heads_proposal_refuses_a_k_the_heads_cannot_give(lab):
+    """k above the number of heads, or below 0: ValueError"""
+    blocks, lm_head = seeded_heads(5730, 8, 20, 3)
+    for k in (4, 9, -1):
+        try:
+            with torch.inference_mode():
+                got = lab.propose_heads(randn(5731, 2, 8), blocks, lm_head, k)
+        except ValueError:
+            continue
+        raise AssertionError(f"propose_heads with 3 heads and k = {k} returned {got!r} instead of raising ValueError")
+
+
+def tiny_heads_file(folder: Path) -> Path:
+    """tiny's bundled heads, or (when they were not trained) seeded ones fitted to nothing, saved in folder."""
+    bundled = BUNDLED_DIR / "tiny" / HEADS_FILE
+    if bundled.is_file():
+        return bundled
+    target = LLM("tiny").model
+    heads = SpecHeads(target.config.hidden_size, 4)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.weight, std=0.05, generator=torch.Generator().manual_seed(574))
+    save_heads(heads, target, folder / HEADS_FILE)
+    return folder / HEADS_FILE
+
+
+def heads_run(spec: SpeculativeConfig, propose=None) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Greedy code-like prompts through tiny with the heads proposing: tokens and (proposed, accepted) per request."""
+    gen = torch.Generator().manual_seed(575)
+    prompts = [torch.randint(1, 4096, (4 + 3 * i,), generator=gen).tolist() for i in range(4)]
+    llm = LLM("tiny", speculative=spec, components=Components(propose_heads=propose))
+    outs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)
+    return [o.token_ids for o in outs], [(o.metrics["spec_proposed"], o.metrics["spec_accepted"]) for o in outs]
+
+
+@exercise("5.7", timeout=180)
+def test_your_heads_proposal_runs_the_real_engine(lab):
+    """the real engine (tiny, its heads, k = 4, greedy) with your heads proposal: the reference engine's tokens,
+    and the same proposals proposed and accepted per request"""
+    calls = []
+
+    def yours(*args):
+        calls.append(1)
+        try:
+            return lab.propose_heads(*args)
+        except Exception as e:
+            raise AssertionError(f"Exercise 5.7 (propose_heads) raised inside the engine: {type(e).__name__}: {e}") \
+                from e
+
+    with tempfile.TemporaryDirectory() as folder, one_thread():  # check() in a notebook has no pytest fixtures
+        spec = SpeculativeConfig("heads", k=4, heads=str(tiny_heads_file(Path(folder))))
+        reference = heads_run(spec)
+        mine = heads_run(spec, yours)
+    assert calls, "the engine never called your propose_heads"
+    assert mine[0] == reference[0], "with your heads proposal the engine's greedy tokens differ from its own"
+    assert mine[1] == reference[1], \
+        (f"with your heads proposal the engine proposed and accepted (per request) {mine[1]}; with its own "
+         f"{reference[1]}")
 
 
 # -- 5.E the verifier and prompt lookup inside the engine -----------------------------------------

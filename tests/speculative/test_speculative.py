@@ -11,7 +11,7 @@ from minillm.arith import cdiv
 from minillm.config import Components, EngineConfig, SpeculativeConfig
 from minillm.quant.quant_config import PROJECTIONS, QuantConfig
 from minillm.quant.quantized_linear import QuantizedLinear
-from minillm.speculative.heads import SpecHeads, save_heads
+from minillm.speculative.heads import SpecHeads, propose_heads, save_heads
 from minillm.speculative.mlp_speculator import MLPSpeculator, save_speculator
 from minillm.speculative.ngram import propose_ngram
 from minillm.speculative.theory import acceptance_rate, expected_tokens_per_forward
@@ -354,3 +354,34 @@ def test_after_every_rollback_no_block_outlives_the_tokens_it_holds(method, tiny
     llm.generate(workload(tiny), params, use_tqdm=False)
     assert sum(seen) > 0, "no proposal was ever rejected: nothing was rolled back"
     assert llm.engine.view.kv_stats().used_blocks == 0
+
+
+def test_a_heads_proposal_given_as_a_component_is_the_one_the_engine_verifies(tiny, heads_file):
+    """Components.propose_heads replaces the heads' proposal step: the engine calls it with the last hidden
+    states, its tokens are what is verified (with certainty, q = None, also when sampling), and the engine's own
+    proposal (heads.propose_heads) gives the engine's own greedy tokens and counts."""
+    calls, seen_q = [], []
+
+    def recording(hidden, blocks, lm_head, k):
+        calls.append((tuple(hidden.shape), k))
+        return [[7] * k for _ in range(len(hidden))]  # always token 7: a proposal the engine cannot have made
+
+    def recording_verify(logits, proposals, q, *args):
+        seen_q.append(q)
+        return verify(logits, proposals, q, *args)
+
+    prompts, params = workload(tiny, 3), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    spec = spec_config("heads", 3, heads_file)
+    own = LLM("tiny", speculative=spec)
+    expected = [o.token_ids for o in own.generate(prompts, params, use_tqdm=False)]
+    same = LLM("tiny", speculative=spec, components=Components(propose_heads=propose_heads))
+    assert [o.token_ids for o in same.generate(prompts, params, use_tqdm=False)] == expected
+    assert same.engine.speculator.stats == own.engine.speculator.stats
+    sevens = LLM("tiny", speculative=spec, components=Components(propose_heads=recording, verify=recording_verify))
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=0, ignore_eos=True)
+    assert [o.token_ids for o in sevens.generate(prompts, params, use_tqdm=False)] == expected
+    sevens.generate(prompts, sampled, use_tqdm=False)
+    assert calls and all(shape[1] == tiny.model.config.hidden_size and 1 <= k <= 3 for shape, k in calls)
+    assert sevens.engine.speculator.stats.proposed > 0 and all(q is None for q in seen_q)
+    with pytest.raises(ValueError, match="0 <= k"):
+        propose_heads(torch.zeros(1, 4), SpecHeads(4, 2).blocks, torch.nn.Linear(4, 5), 3)
