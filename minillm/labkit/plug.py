@@ -36,6 +36,7 @@ PARTS = {
     "make_room": ("4.4", "make_room"),
     "verify": ("5.3", "verify"),
     "propose_ngram": ("5.4", "propose_ngram"),
+    "propose_heads": ("5.7", "propose_heads"),
     "quantize_int8": ("6.1", "quantize_int8"),
     "quantize_int4": ("6.2", "quantize_int4"),
     "pack_int4": ("6.3", "pack_int4"),
