@@ -33,6 +33,14 @@ class Results:
         self.data[section][key] = value
         self.save()
 
+    def cached(self, section: str, name: str, compute, *args):
+        """The file's value, or compute(*args) written there at once: a resumed search repeats nothing."""
+        value = self.get(section, name)
+        if value is None:
+            value = compute(*args)
+            self.put(section, name, value)
+        return value
+
     def count(self, section: str) -> int:
         return len(self.data[section])
 

@@ -66,7 +66,7 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
         given, profiles = dict(profiles or {}), {}
         for scheme in dict.fromkeys(c["quantization"] for c in candidates):
             bar.set_description(f"tune: the step profile of {scheme}")
-            profiles[scheme] = given.get(scheme) or StepProfile(**cached(record, "profiles", scheme, measured_profile,
+            profiles[scheme] = given.get(scheme) or StepProfile(**record.cached("profiles", scheme, measured_profile,
                                                                          base, scheme, quick))
             bar.update()
         if rate is None and workload == "chat":
@@ -74,7 +74,7 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
         arrivals = {n: first_requests(workload, n, rate or 1.0, seed) for _, n in rungs(top, requests)}
         if not arrivals[requests]:
             raise TuneError(f"the workload {workload!r} holds no request")
-        model = (lambda knobs, n: cached(record, "predicted", f"{key(knobs)} @{n}", predict, arrivals[n],
+        model = (lambda knobs, n: record.cached("predicted", f"{key(knobs)} @{n}", predict, arrivals[n],
                                          profiles[knobs["quantization"]], knobs, slo, goodput_fn))
         predicted = []
         for knobs in candidates:
@@ -84,7 +84,7 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
         bar.close()
         ranked = [candidates[i] for i in sorted(range(len(candidates)), key=lambda i: -predicted[i])]  # ties: order
         runs = halving(ranked[:top], rungs(min(top, len(ranked)), requests), score, model,
-                       lambda knobs, n: cached(record, "measured", f"{key(knobs)} @{n}", measure, base, knobs,
+                       lambda knobs, n: record.cached("measured", f"{key(knobs)} @{n}", measure, base, knobs,
                                                arrivals[n], slo, goodput_fn, seed), round_fn, progress)
     except KeyboardInterrupt:
         bar.close()
@@ -139,15 +139,6 @@ def within_budget(candidates: list[dict], base: LLM, budget: int | None, fits_fn
                     f"max_num_batched_tokens in the space")
 
 
-def cached(record: Results, section: str, name: str, compute, *args):
-    """The results file's value, or compute(*args) written there at once: a resumed search repeats nothing."""
-    value = record.get(section, name)
-    if value is None:
-        value = compute(*args)
-        record.put(section, name, value)
-    return value
-
-
 def halving(candidates: list[dict], plan: list[tuple[int, int]], score: str, model, run, round_fn,
             progress: bool) -> dict:
     """Successive halving over the candidates, best predicted first: each round runs its survivors on its
@@ -192,7 +183,7 @@ def print_errors(runs: dict, out=print) -> None:
 def cost_of_waiting(base, knobs, measured, requests, slo, goodput_fn, price, seed, cost_fn, record, out) -> dict:
     """$ per 1M output tokens serving interactively at the SLO (the tuned run's good tokens/s) against an
     offline batch job on the same configuration (every request at once: its full throughput)."""
-    batch = cached(record, "measured", f"batch: {key(knobs)} @{requests}", lambda: measure(
+    batch = record.cached("measured", f"batch: {key(knobs)} @{requests}", lambda: measure(
         base, knobs, named_workload("batch", requests, 1.0, seed), {}, goodput_fn, seed))
     interactive = cost_fn(price, measured["good_tokens_s"]) if measured["good_tokens_s"] > 0 else None
     offline = cost_fn(price, batch["throughput"])
