@@ -74,16 +74,16 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
         arrivals = {n: first_requests(workload, n, rate or 1.0, seed) for _, n in rungs(top, requests)}
         if not arrivals[requests]:
             raise TuneError(f"the workload {workload!r} holds no request")
-        model = (lambda knobs, n: record.cached("predicted", f"{key(knobs)} @{n}", predict, arrivals[n],
+        predicted_at = (lambda knobs, n: record.cached("predicted", f"{key(knobs)} @{n}", predict, arrivals[n],
                                          profiles[knobs["quantization"]], knobs, slo, goodput_fn))
         predicted = []
         for knobs in candidates:
             bar.set_description(f"tune: the model of {key(knobs)}")
-            predicted.append(model(knobs, requests)[score])
+            predicted.append(predicted_at(knobs, requests)[score])
             bar.update()
         bar.close()
         ranked = [candidates[i] for i in sorted(range(len(candidates)), key=lambda i: -predicted[i])]  # ties: order
-        runs = halving(ranked[:top], rungs(min(top, len(ranked)), requests), score, model,
+        runs = halving(ranked[:top], rungs(min(top, len(ranked)), requests), score, predicted_at,
                        lambda knobs, n: record.cached("measured", f"{key(knobs)} @{n}", measure, base, knobs,
                                                arrivals[n], slo, goodput_fn, seed), round_fn, progress)
     except KeyboardInterrupt:
