@@ -49,6 +49,8 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
         raise TuneError(f"unknown objective {objective!r}: the objectives are {', '.join(OBJECTIVES)}")
     if objective == "cost" and not price_per_hour:
         raise TuneError("the cost objective needs --price-per-hour (the machine's price in $ an hour)")
+    if not first_requests(workload, requests, 1.0, seed):  # a bad trace line or workload name: before any work
+        raise TuneError(f"the workload {workload!r} holds no request")
     slo = dict(slo or {}) if objective != "throughput" else {}
     space = space or DEFAULT_SPACE
     score = OBJECTIVES[objective]
@@ -72,8 +74,6 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
         if rate is None and workload == "chat":
             rate = load / alone_seconds(next(iter(profiles.values())))
         arrivals = {n: first_requests(workload, n, rate or 1.0, seed) for _, n in rungs(top, requests)}
-        if not arrivals[requests]:
-            raise TuneError(f"the workload {workload!r} holds no request")
         predicted_at = (lambda knobs, n: record.cached("predicted", f"{key(knobs)} @{n}", predict, arrivals[n],
                                          profiles[knobs["quantization"]], knobs, slo, goodput_fn))
         predicted = []
