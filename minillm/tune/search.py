@@ -26,7 +26,7 @@ from minillm.tune.prediction import predict
 from minillm.tune.record import Results
 from minillm.tune.report import MB, error, print_table, recommendation_lines, run_row
 from minillm.tune.space import DEFAULT_SPACE, configurations, key
-from minillm.tune.workloads import first_requests, named_workload
+from minillm.tune.traffic import first_requests, named_workload
 
 OBJECTIVES = {"goodput": "goodput", "throughput": "throughput", "cost": "good_tokens_s"}  # -> the figure maximized
 
@@ -83,7 +83,7 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
             bar.update()
         bar.close()
         ranked = [candidates[i] for i in sorted(range(len(candidates)), key=lambda i: -predicted[i])]  # ties: order
-        runs = halving(ranked[:top], rungs(min(top, len(ranked)), requests), score, predicted_at,
+        runs, every = halving(ranked[:top], rungs(min(top, len(ranked)), requests), score, predicted_at,
                        lambda knobs, n: record.cached("measured", f"{key(knobs)} @{n}", measure, base, knobs,
                                                arrivals[n], slo, goodput_fn, seed), round_fn, progress)
     except KeyboardInterrupt:
@@ -92,11 +92,11 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
         out(f"\ninterrupted: {record.count('measured')} real runs and {record.count('predicted')} predictions are "
             f"saved in {record.path}; run the same command again (same --results) to resume without repeating them")
         raise
-    rows = [run_row(name, n, score, predicted, measured) for name, (_, n, predicted, measured) in runs.items()]
+    rows = [run_row(key(knobs), n, score, predicted, measured) for knobs, n, predicted, measured in every]
     print_table(rows, f"the configurations really run ({workload}, {objective}"
                       f"{', SLO ' + ', '.join(f'{k} <= {v:g} s' for k, v in slo.items()) if slo else ''}): "
                       f"the model beside the measurement, and its error", out)
-    print_errors(runs, out)
+    print_errors(runs, score, out)
     points = [{"configuration": k, score: m[score], "ttft_p99": m["ttft_p99"],
                "memory_mb": memory_needed(base.engine.model_config, knobs)["total"] / MB} for k, (knobs, _, _, m)
               in runs.items()]
@@ -143,8 +143,9 @@ def halving(candidates: list[dict], plan: list[tuple[int, int]], score: str, mod
             progress: bool) -> dict:
     """Successive halving over the candidates, best predicted first: each round runs its survivors on its
     number of requests (run(knobs, n) -> measured figures) and keeps the next round's count by round_fn.
-    -> {key: (knobs, requests, predicted, measured)} of each configuration's longest run, the winner last."""
-    runs, survivors = {}, candidates
+    -> ({key: (knobs, requests, predicted, measured)} of each configuration's longest run, the winner last;
+    every run in the order run)."""
+    runs, every, survivors = {}, [], candidates
     with tqdm(total=sum(c for c, _ in plan), desc="tune: real runs", unit="run", disable=not progress,
               leave=False) as bar:
         for i, (count, n) in enumerate(plan):
@@ -154,13 +155,14 @@ def halving(candidates: list[dict], plan: list[tuple[int, int]], score: str, mod
                 measured = run(knobs, n)
                 runs.pop(key(knobs), None)
                 runs[key(knobs)] = (knobs, n, model(knobs, n), measured)
+                every.append(runs[key(knobs)])
                 scores.append((key(knobs), measured[score]))
                 bar.update()
             best, _ = round_fn(scores, plan[i + 1][0] if i + 1 < len(plan) else 1)
             survivors = [next(k for k in survivors if key(k) == name) for name in best]
     winner = key(survivors[0])
     runs[winner] = runs.pop(winner)
-    return runs
+    return runs, every
 
 
 def measured_profile(base: LLM, scheme: str, quick: bool) -> dict:
@@ -172,12 +174,15 @@ def measure(base: LLM, knobs: dict, requests, slo, goodput_fn, seed: int) -> dic
     return {**run_figures(served, slo, goodput_fn), "rss_growth": growth}
 
 
-def print_errors(runs: dict, out=print) -> None:
-    """The model's mean absolute error over the real runs, and the factor that corrects its score."""
+def print_errors(runs: dict, score: str, out=print) -> None:
+    """The model's mean absolute error over the real runs, and the factor that corrects its score: the median
+    of measured over predicted (what the model's figure for a configuration not run should be scaled by)."""
     ttft = [abs(error(p["ttft_p99"], m["ttft_p99"])) for _, _, p, m in runs.values()]
     tpot = [abs(error(p["tpot_p99"], m["tpot_p99"])) for _, _, p, m in runs.values()]
+    ratios = [m[score] / p[score] if p[score] else float("nan") for _, _, p, m in runs.values()]
     out(f"the simulator's error on the configurations really run (their longest run): TTFT p99 "
-        f"{statistics.mean(ttft):.0%}, TPOT p99 {statistics.mean(tpot):.0%} on average (aim: <= 15%)")
+        f"{statistics.mean(ttft):.0%}, TPOT p99 {statistics.mean(tpot):.0%} on average (aim: <= 15%); "
+        f"the measured {score} was {statistics.median(ratios):.2f}x the model's (median): the factor that corrects it")
 
 
 def cost_of_waiting(base, knobs, measured, requests, slo, goodput_fn, price, seed, cost_fn, record, out) -> dict:

@@ -69,3 +69,17 @@ def test_a_memory_budget_smaller_than_the_weights_is_named(tmp_path, profiles):
     with pytest.raises(TuneError, match=r"the memory budget of 1.0 MB is smaller than the weights alone: none "
                                         r"weights need [0-9.]+ MB"):
         tune("tiny", "chat", space=SPACE, memory_budget=2**20, results=str(tmp_path / "t.json"), profiles=profiles)
+
+
+def test_the_cost_objective_prices_interactive_against_batch(one_thread, trace, tmp_path, profiles, capsys):
+    data = tune("tiny", trace, "cost", slo={"ttft": 5.0}, space={"max_num_seqs": [2, 8]}, requests=6, top=2,
+                price_per_hour=0.089, results=str(tmp_path / "t.json"), profiles=profiles, progress=False)
+    cost = data["cost"]
+    assert cost["batch_usd_per_1m"] > 0 and cost["interactive_usd_per_1m"] > 0
+    assert cost["saving"] == 1 - cost["batch_usd_per_1m"] / cost["interactive_usd_per_1m"]
+    assert "cost per 1M output tokens at $0.089/hour: interactive at the SLO $" in capsys.readouterr().out
+
+
+def test_the_cost_objective_needs_a_price(tmp_path):
+    with pytest.raises(TuneError, match="the cost objective needs --price-per-hour"):
+        tune("tiny", "chat", "cost", results=str(tmp_path / "t.json"))

@@ -1,6 +1,6 @@
 import pytest
 
-from minillm.tune.workloads import TraceError, first_requests, named_workload, read_trace
+from minillm.tune.traffic import TraceError, first_requests, named_workload, read_trace
 
 
 def test_a_trace_is_read_one_line_at_a_time(tmp_path):
