@@ -12,6 +12,13 @@ objective.py (goodput under SLOs, the Pareto front, the cost per million tokens)
 memory_fit.py (the fit under a memory budget). edge.py answers the edge question: what fits in a memory
 budget at a TPOT, with what quality.
 """
-from minillm.tune.search import TuneError, tune
-
 __all__ = ["TuneError", "tune"]
+
+
+def __getattr__(name: str):
+    """tune and TuneError, imported on first use: the command line builds tune's parser (command.py) for every
+    command, and `python -m minillm serve` must run without the simulator's extra (SimPy)."""
+    if name in __all__:
+        from minillm.tune import search
+        return getattr(search, name)
+    raise AttributeError(f"module 'minillm.tune' has no attribute {name!r}")

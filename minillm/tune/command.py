@@ -3,8 +3,6 @@ import argparse
 import re
 import sys
 
-from minillm.sim.step_profile import StepProfile
-
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3}
 
@@ -55,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # here, not above: `python -m minillm serve` builds this parser and needs neither torch nor sim
+
+    from minillm.sim.step_profile import StepProfile
     from minillm.tune.edge import EdgeError, edge
     from minillm.tune.search import tune
     from minillm.tune.space import parse_space
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         if args.tpot_budget is not None:
             if args.memory_budget is None:
                 raise ValueError("--tpot-budget asks the edge question with --memory-budget: give both")
+            if args.threads:
+                torch.set_num_threads(args.threads)
             edge(args.model, args.memory_budget, args.tpot_budget, results=args.results, profiles=profiles)
             return 0
         slo = {name: v for name, v in (("ttft", args.slo_ttft), ("tpot", args.slo_tpot), ("e2e", args.slo_e2e))

@@ -3,7 +3,7 @@ import math
 
 from minillm.tune.space import DEFAULTS, llm_call
 
-MB = 2**20
+MB = 10**6  # the unit --memory-budget 300MB means (command.size)
 
 
 def print_table(rows: list[dict], title: str, out=print) -> None:

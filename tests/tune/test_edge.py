@@ -3,7 +3,7 @@ import pytest
 from minillm.tune.edge import EdgeError, edge, edge_knobs
 from minillm.tune.memory_fit import weight_bytes
 
-MB = 2**20
+MB = 10**6
 
 
 def ask(tmp_path, profiles, memory, tpot):

@@ -68,7 +68,7 @@ def test_an_slo_no_configuration_meets_names_the_closest(one_thread, trace, tmp_
 def test_a_memory_budget_smaller_than_the_weights_is_named(tmp_path, profiles):
     with pytest.raises(TuneError, match=r"the memory budget of 1.0 MB is smaller than the weights alone: none "
                                         r"weights need [0-9.]+ MB"):
-        tune("tiny", "chat", space=SPACE, memory_budget=2**20, results=str(tmp_path / "t.json"), profiles=profiles)
+        tune("tiny", "chat", space=SPACE, memory_budget=10**6, results=str(tmp_path / "t.json"), profiles=profiles)
 
 
 def test_the_cost_objective_prices_interactive_against_batch(one_thread, trace, tmp_path, profiles, capsys):
