@@ -47,3 +47,14 @@ def test_a_bad_size_names_the_units(capsys):
 def test_a_budget_smaller_than_the_weights_exits_naming_them(capsys, tmp_path):
     err = error_of(capsys, ["tune", "--model", "tiny", "--memory-budget", "1MB", "--results", str(tmp_path / "t")])
     assert "error: the memory budget of 1.0 MB is smaller than the weights alone" in err
+
+
+def test_an_edge_budget_nothing_fits_exits_1_naming_the_closest(capsys, tmp_path, profiles, one_thread):
+    paths = []
+    for scheme, profile in profiles.items():
+        profile.save(tmp_path / f"{scheme}.json")
+        paths.append(f"{scheme}={tmp_path / scheme}.json")
+    rc = main(["tune", "--model", "tiny", "--memory-budget", "10MB", "--tpot-budget", "1ms", "--profile", *paths,
+               "--results", str(tmp_path / "e.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "error: nothing fits: the closest, " in err and "the budget is 10.0 MB" in err
