@@ -14,6 +14,7 @@ import statistics
 import torch
 from tqdm import tqdm
 
+from minillm.config import EngineConfig
 from minillm.llm import LLM
 from minillm.sim.calibrate import alone_seconds
 from minillm.sim.step_profile import StepProfile
@@ -25,7 +26,7 @@ from minillm.tune.objective import cost_per_million, goodput_objective, pareto_f
 from minillm.tune.prediction import predict
 from minillm.tune.record import Results
 from minillm.tune.report import MB, error, print_table, recommendation_lines, run_row
-from minillm.tune.space import DEFAULT_SPACE, configurations, key
+from minillm.tune.space import DEFAULT_SPACE, configurations, engine_knobs, key
 from minillm.tune.traffic import first_requests, named_workload
 
 OBJECTIVES = {"goodput": "goodput", "throughput": "throughput", "cost": "good_tokens_s"}  # -> the figure maximized
@@ -61,7 +62,7 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
               "memory_budget": memory_budget, "threads": threads or torch.get_num_threads()}
     record = Results(results, inputs)
     base = LLM(model)
-    candidates = within_budget(configurations(space), base, memory_budget, fits_fn)
+    candidates = within_budget(accepted(configurations(space), model, out), base, memory_budget, fits_fn)
     bar = tqdm(total=len({c["quantization"] for c in candidates}) + len(candidates), desc="tune: the model",
                unit="step", disable=not progress, leave=False)
     try:
@@ -117,6 +118,20 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
                                               cost_fn, record, out)
     record.save()
     return record.data
+
+
+def accepted(candidates: list[dict], model: str, out=print) -> list[dict]:
+    """The candidates EngineConfig accepts; each one it refuses is printed with its reason, and skipped."""
+    kept = []
+    for knobs in candidates:
+        try:
+            EngineConfig.from_knobs(model, **engine_knobs(knobs))
+            kept.append(knobs)
+        except (ValueError, TypeError) as e:
+            out(f"skipped {key(knobs)}: {e}")
+    if not kept:
+        raise TuneError(f"the engine accepts no configuration of the space ({len(candidates)} refused, above)")
+    return kept
 
 
 def within_budget(candidates: list[dict], base: LLM, budget: int | None, fits_fn) -> list[dict]:
