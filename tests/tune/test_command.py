@@ -58,3 +58,17 @@ def test_an_edge_budget_nothing_fits_exits_1_naming_the_closest(capsys, tmp_path
                "--results", str(tmp_path / "e.json")])
     err = capsys.readouterr().err
     assert rc == 1 and "error: nothing fits: the closest, " in err and "the budget is 10.0 MB" in err
+
+
+def test_serve_takes_every_knob_tune_recommends(monkeypatch):
+    from minillm.serve import server
+    seen = {}
+    monkeypatch.setattr(server, "run_server", lambda *a, engine_options, **kw: seen.update(engine_options) or 0)
+    assert main(["serve", "--model", "tiny", "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
+                 "--block-size", "32", "--num-kv-blocks", "512", "--no-prefix-caching", "--no-chunked-prefill",
+                 "--quantization", "int8"]) == 0
+    assert {k: seen[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
+                                 "enable_prefix_caching", "enable_chunked_prefill")} == {
+        "max_num_seqs": 8, "max_num_batched_tokens": 256, "block_size": 32, "num_kv_blocks": 512,
+        "enable_prefix_caching": False, "enable_chunked_prefill": False}
+    assert seen["quantization"].scheme == "int8"
