@@ -74,9 +74,10 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
             bar.update()
         if rate is None and workload == "chat":
             rate = load / alone_seconds(next(iter(profiles.values())))
-        arrivals = {n: first_requests(workload, n, rate or 1.0, seed) for _, n in rungs(top, requests)}
+        plan = rungs(min(top, len(candidates)), requests)  # (candidates, requests each) of each round of real runs
+        arrivals = {n: first_requests(workload, n, rate or 1.0, seed) for _, n in plan}
         predicted_at = (lambda knobs, n: record.cached("predicted", f"{key(knobs)} @{n}", predict, arrivals[n],
-                                         profiles[knobs["quantization"]], knobs, slo, goodput_fn))
+                                                       profiles[knobs["quantization"]], knobs, slo, goodput_fn))
         predicted = []
         for knobs in candidates:
             bar.set_description(f"tune: the model of {key(knobs)}")
@@ -84,9 +85,9 @@ def tune(model: str = "smollm2-135m-instruct", workload: str = "chat", objective
             bar.update()
         bar.close()
         ranked = [candidates[i] for i in sorted(range(len(candidates)), key=lambda i: -predicted[i])]  # ties: order
-        runs, every = halving(ranked[:top], rungs(min(top, len(ranked)), requests), score, predicted_at,
-                       lambda knobs, n: record.cached("measured", f"{key(knobs)} @{n}", measure, base, knobs,
-                                               arrivals[n], slo, goodput_fn, seed), round_fn, progress)
+        measured_at = (lambda knobs, n: record.cached("measured", f"{key(knobs)} @{n}", measure, base, knobs,
+                                                      arrivals[n], slo, goodput_fn, seed))
+        runs, every = halving(ranked[:top], plan, score, predicted_at, measured_at, round_fn, progress)
     except KeyboardInterrupt:
         bar.close()
         record.save()
