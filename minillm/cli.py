@@ -1,5 +1,5 @@
 """The command line:
-`python -m minillm generate | chat | quantize | serve | route | batch | bench | train [heads | distill]`."""
+`python -m minillm generate | chat | quantize | serve | route | batch | tune | bench | train [heads | distill]`."""
 import argparse
 import ipaddress
 import sys
@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "sequential"])
     serve.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
     serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens a step computes at most")
+    serve.add_argument("--block-size", type=int, default=None, help="token slots per KV block")
+    serve.add_argument("--num-kv-blocks", type=int, default=None, help="the KV pool's size in blocks")
+    serve.add_argument("--no-prefix-caching", action="store_true", help="compute every prompt in full")
+    serve.add_argument("--no-chunked-prefill", action="store_true", help="a prompt runs in one step or waits")
+    serve.add_argument("--quantization", default=None, choices=["int8", "int4", "fp8"], help="weight-only scheme")
     serve.add_argument("--device", default="auto")
     serve.add_argument("--dtype", default="auto")
 
@@ -81,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("input", type=Path)
     batch.add_argument("output", type=Path)
     batch.add_argument("--model", default=None, help="bundled model name or model directory (default: tiny)")
+
+    from minillm.tune.command import add_arguments as tune_arguments
+    tune_arguments(sub.add_parser("tune", help="find the engine's best configuration for a workload, an objective "
+                                               "and a budget: the simulator ranks, real runs decide"))
 
     sub.add_parser("bench", help="run a benchmark (same as python -m minillm.bench; --list names them)")
 
@@ -125,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "route":
         return _route(args)
+    if args.command == "tune":
+        from minillm.tune.command import run as tune_run
+        return tune_run(args)
     if args.command == "batch":
         from minillm.serve.batch import run_batch
         done = run_batch(args.input, args.output, model=args.model)
@@ -223,6 +236,13 @@ def _serve(args) -> int:
     from minillm.serve.server import run_server
     engine = dict(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                   device=args.device, dtype=args.dtype)
+    tuned = {"max_num_batched_tokens": args.max_num_batched_tokens, "block_size": args.block_size,
+             "num_kv_blocks": args.num_kv_blocks, "enable_prefix_caching": False if args.no_prefix_caching else None,
+             "enable_chunked_prefill": False if args.no_chunked_prefill else None}
+    engine.update({k: v for k, v in tuned.items() if v is not None})
+    if args.quantization:
+        from minillm.quant import QuantConfig
+        engine["quantization"] = QuantConfig(args.quantization)
     try:
         return run_server(args.model, args.host, args.port, grace_period=args.grace_period, engine_options=engine,
                           api_key=args.api_key, max_waiting=args.max_waiting,
