@@ -13,6 +13,7 @@ decides *that* and *why* a sequence stops, and calls `finish` to make it so.
 from collections.abc import Callable
 
 from minillm.config import EngineConfig
+from minillm.engine.isolation import fail_alone
 from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.sequence import FinishReason, Sequence
 
@@ -44,12 +45,20 @@ class OutputProcessor:
     # -- a step's tokens -------------------------------------------------------------------------
     def append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
         """Add a step's tokens to their sequence (one, or several when speculating), detokenize
-        them, and finish the sequence at the first that stops it (the rest are dropped). No tokens and
-        an error: the sampler found no token its constraints allow, and the sequence ends here."""
-        if seq.error is not None:
+        them, and finish the sequence at the first that stops it (the rest are dropped). An error (the
+        sampler found no token its constraints allow, or something raised for this sequence alone, here
+        or in the sampler: engine/isolation.py) ends the sequence here, with finish_reason "error"."""
+        if seq.error is None:
+            try:
+                return self._append(seq, tokens, now)
+            except Exception as e:  # its detokenizing, stop strings or grammar raised: it ends alone
+                fail_alone(seq, "detokenizing and checking its stops", e)
+        if not seq.is_finished:  # what raised may have come after its finish
             seq.metrics.finished_time = now
             self._finish(seq, FinishReason.ERROR)
-            return self._chunk(seq, [])
+        return self._chunk(seq, [])
+
+    def _append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
         for n, token in enumerate(tokens, 1):
             seq.token_ids.append(token)
             seq.metrics.token_times.append(now)
@@ -95,7 +104,7 @@ class OutputProcessor:
         if self._speculative:
             metrics.update(spec_proposed=seq.num_proposed, spec_accepted=seq.num_accepted)
         return Completion(seq.index, seq.output_text, seq.output_token_ids, seq.finish_reason, metrics,
-                          None if seq.logprobs is None else list(seq.logprobs), seq.error)
+                          None if seq.logprobs is None else list(seq.logprobs), seq.error, seq.fault)
 
 
 def cut_at_stop_string(seq: Sequence) -> bool:

@@ -139,6 +139,7 @@ class OpenAIServer:
                 async for payload in events:
                     yield sse(payload)
             except APIError as e:
+                self.metrics.stream_errors.labels(str(e.status)).inc()
                 yield sse(error_body(e.status, e.message, e.param, e.code))
             finally:
                 self.generations.discard(gen)
