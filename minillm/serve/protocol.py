@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from minillm.sampling import MAX_LOGPROBS, SamplingParams
+from minillm.serve.limits import MAX_JSON_DEPTH, json_depth_over
 from minillm.serve.messages import ChatMessage
 from minillm.structured import StructuredOutput
 
@@ -102,6 +103,9 @@ class CommonRequest(Strict):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data):
+        if json_depth_over(data):  # first: the checks below recurse once per level
+            raise ValueError(f"the body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep: this "
+                             f"server accepts at most {MAX_JSON_DEPTH} (serve/limits.py)")
         where = _unencodable(data)
         if where is not None:
             raise ValueError(f"{where} holds a string that is not valid Unicode (a lone surrogate such as "

@@ -37,10 +37,10 @@ def raising_logits_processors():
 def raising_stop_check():
     real = output_processor.cut_at_stop_string
 
-    def cut(seq):
+    def cut(seq, *since):
         if "POISON" in seq.params.stop:
             raise RuntimeError("the stop check broke on this request")
-        return real(seq)
+        return real(seq, *since)
     return "cut_at_stop_string", output_processor, cut
 
 
