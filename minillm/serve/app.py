@@ -76,6 +76,17 @@ class OpenAIServer:
             raise APIError(404, f"model {body.model!r} does not exist: this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
+    async def room(self, prompts: list[str | list[int]], n: int) -> int:
+        """The most tokens every prompt (with n samples) has room for, in the context and the KV pool: the
+        cap of a default max_tokens, so that a request that leaves it out is always servable. Tokenizing
+        runs in a worker thread; a prompt the engine would refuse -> 400."""
+        engine = self.llm.engine
+        try:
+            lengths = await asyncio.to_thread(lambda: [len(engine.input_processor.prompt_ids(p)[1]) for p in prompts])
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        return min(engine.input_processor.max_new_tokens(length, n) for length in lengths)
+
     async def open(self, body: CommonRequest, prompts: list, max_tokens: int, logprobs: int | None,
                    prefix: str) -> Generation:
         """Check the model and the queue, build the SamplingParams, queue the prompts."""
