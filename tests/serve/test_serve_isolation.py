@@ -77,3 +77,22 @@ def test_a_poisoned_request_fails_alone_and_the_healthy_streams_are_unchanged(se
     whole = httpx.post(server.base_url + "/v1/completions", json={**BAD, "stream": False}, timeout=60)
     assert whole.status_code == 500 and "the engine failed on this request" in whole.json()["error"]["message"]
     assert server.llm.num_running == 0 and server.llm.kv_stats().used_blocks == 0
+
+
+def test_a_step_that_fails_for_everyone_ends_each_stream_with_an_error_counted_in_metrics(server, monkeypatch):
+    runner = server.llm.engine.runner
+    real, failed = runner.execute, []
+
+    def execute_once_broken(batch):
+        if not failed and len(batch) > 1:  # the model's forward: a fault of the engine, not of one request
+            failed.append(True)
+            raise RuntimeError("the forward broke")
+        return real(batch)
+    monkeypatch.setattr(runner, "execute", execute_once_broken)
+    errors_before = stream_errors(server, "500")
+    streams = asyncio.run(stream_all(server, HEALTHY))
+    assert failed
+    cut = [s for s in streams if "error" in s[-2]]
+    assert cut and all(s[-1] == "[DONE]" and "the forward broke" in s[-2]["error"]["message"] for s in cut)
+    assert stream_errors(server, "500") == errors_before + len(cut)
+    assert server.llm.num_running == 0 and server.llm.kv_stats().used_blocks == 0
