@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="refuse requests (429 + Retry-After) while this many wait (default: never)")
     serve.add_argument("--max-body-bytes", type=int, default=None,
                        help="refuse (413) request bodies larger than this (default: 2 MiB, serve/body_limit.py)")
+    # issue 50: the request limits of serve/limits.py (docs/serving.md lists them)
+    serve.add_argument("--max-stop-strings", type=int, default=None,
+                       help="refuse (400) requests with more stop strings than this (default: 16)")
+    serve.add_argument("--max-stop-chars", type=int, default=None,
+                       help="refuse (400) requests whose stop strings total more characters (default: 4096)")
     serve.add_argument("--grace-period", type=float, default=10.0,
                        help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
     serve.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "sequential"])
@@ -225,6 +230,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def request_limits(args):
+    """issue 50: the server's RequestLimits from its flags (the defaults where a flag is not given); a flag
+    out of range raises ValueError."""
+    from minillm.serve.limits import RequestLimits
+    given = {name: getattr(args, name) for name in ("max_stop_strings", "max_stop_chars")
+             if getattr(args, name) is not None}
+    return RequestLimits(**given)
+
+
 def _serve(args) -> int:
     if not is_loopback(args.host) and not (args.allow_remote and args.api_key):
         flags = (("--allow-remote", args.allow_remote), ("--api-key KEY", args.api_key))
@@ -246,6 +260,7 @@ def _serve(args) -> int:
     try:
         return run_server(args.model, args.host, args.port, grace_period=args.grace_period, engine_options=engine,
                           api_key=args.api_key, max_waiting=args.max_waiting,
+                          limits=request_limits(args),  # issue 50
                           **({"max_body_bytes": args.max_body_bytes} if args.max_body_bytes else {}),
                           **({"model_name": args.served_model_name} if args.served_model_name else {}))
     except (ValueError, FileNotFoundError) as e:

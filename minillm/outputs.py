@@ -13,6 +13,7 @@ class Completion:
     metrics: dict = field(default_factory=dict)
     logprobs: list[dict[int, float]] | None = None  # per output token, with SamplingParams(logprobs=k)
     error: str | None = None  # with finish_reason "error": which of its constraints left no token to draw
+    fault: bool = False  # ... or how the engine failed on this sample alone (engine/isolation.py): not the client's
 
 
 @dataclass

@@ -146,9 +146,11 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
 
 
 def sample_requests(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                    sample_fn=None) -> list[int]:
+                    sample_fn=None, on_error=None) -> list[int | None]:
     """logits: [rows, vocab], one row per sequence with its own params and generator -> a token
-    per row. Greedy rows share one argmax; a replaced sampler (sample_fn) gets every row."""
+    per row. Greedy rows share one argmax; a replaced sampler (sample_fn) gets every row.
+    on_error(i, exception): row i's draw raised; its token is None and the other rows draw as they
+    would have (each from its own generator). Without on_error, the exception propagates."""
     if sample_fn is None:
         greedy, sample_fn = logits.argmax(-1).tolist(), sample
     else:
@@ -157,8 +159,14 @@ def sample_requests(logits: torch.Tensor, params: list[SamplingParams], generato
     for i, (p, gen) in enumerate(zip(params, generators)):
         if p.greedy and greedy[i] is not None:
             out.append(greedy[i])
-        else:
+            continue
+        try:
             out.append(int(sample_fn(logits[i:i + 1], p.temperature, p.top_k, p.top_p, gen)[0]))
+        except Exception as e:
+            if on_error is None:
+                raise
+            on_error(i, e)
+            out.append(None)
     return out
 
 

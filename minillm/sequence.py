@@ -51,7 +51,7 @@ class FinishReason(Label):
     STOP = "stop"          # an end-of-sequence token, a stop token or a stop string
     LENGTH = "length"      # max_tokens reached
     ABORT = "abort"        # the caller gave up on it
-    ERROR = "error"        # its own constraints left no token to draw (Sequence.error says which)
+    ERROR = "error"        # its constraints left no token, or the engine failed on it alone (Sequence.error says)
 
 
 @dataclass
@@ -120,6 +120,7 @@ class Sequence:
         self.stop_text_from = 0  # a stop string counts only if it ends past here (params.min_tokens holds it back)
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None  # why it ended with FinishReason.ERROR
+        self.fault = False  # that error is the engine's, raised on this request alone (engine/isolation.py)
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.grammar: Any = None  # structured output: this sample's structured.grammar.GrammarState
         # Speculative decoding: this step's proposals (computed after the last token, then verified),

@@ -13,6 +13,7 @@ unwind through a noexcept frame), and the process aborts with "terminate called 
 import asyncio
 import atexit
 import contextlib
+import logging
 import queue
 import sys
 import threading
@@ -29,6 +30,7 @@ from minillm.step import KVStats
 # up to the interval. The engine thread lowers it for the process: a forced switch costs
 # microseconds, and happens only while another thread waits for the GIL.
 SWITCH_INTERVAL = 0.0005
+log = logging.getLogger(__name__)
 
 
 class RequestStream:
@@ -153,7 +155,10 @@ class EngineThread:
                 if self.engine.has_unfinished():
                     try:
                         chunks = self.engine.step()
-                    except Exception as e:  # a broken step fails every open stream, loudly
+                    except Exception as e:
+                        # The last resort, for a fault of the engine itself (the model's forward, the scheduler):
+                        # what raises for one request's sake ends that request alone (engine/isolation.py).
+                        log.exception("an engine step failed: every running request fails with it")
                         self._fail_all(e)
                         continue
                     self._publish()

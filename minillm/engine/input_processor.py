@@ -85,6 +85,19 @@ class InputProcessor:
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[:5]}")
         return None, ids
 
+    def max_new_tokens(self, num_prompt_tokens: int, n: int = 1) -> int:
+        """The largest max_tokens a request of n samples after this prompt could have: what the context
+        leaves, and what the empty KV pool could hold (0: not even one token). A default of this size is
+        always servable, where "the rest of the context" may not be (a pool smaller than the context)."""
+        least, most = 0, max(0, self.max_model_len - num_prompt_tokens)
+        while least < most:  # bisect: a request that fits still fits with fewer tokens
+            mid = (least + most + 1) // 2
+            if self.cache.fits(num_prompt_tokens, num_prompt_tokens + mid, n):
+                least = mid
+            else:
+                most = mid - 1
+        return least
+
     def _check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """The request fits the context, and could fit in the empty KV pool."""
         if params.n > self.max_num_seqs:

@@ -13,6 +13,7 @@ decides *that* and *why* a sequence stops, and calls `finish` to make it so.
 from collections.abc import Callable
 
 from minillm.config import EngineConfig
+from minillm.engine.isolation import fail_alone
 from minillm.outputs import Completion, RequestOutput, StreamChunk
 from minillm.sequence import FinishReason, Sequence
 
@@ -44,29 +45,38 @@ class OutputProcessor:
     # -- a step's tokens -------------------------------------------------------------------------
     def append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
         """Add a step's tokens to their sequence (one, or several when speculating), detokenize
-        them, and finish the sequence at the first that stops it (the rest are dropped). No tokens and
-        an error: the sampler found no token its constraints allow, and the sequence ends here."""
-        if seq.error is not None:
+        them, and finish the sequence at the first that stops it (the rest are dropped). An error (the
+        sampler found no token its constraints allow, or something raised for this sequence alone, here
+        or in the sampler: engine/isolation.py) ends the sequence here, with finish_reason "error"."""
+        if seq.error is None:
+            try:
+                return self._append(seq, tokens, now)
+            except Exception as e:  # its detokenizing, stop strings or grammar raised: it ends alone
+                fail_alone(seq, "detokenizing and checking its stops", e)
+        if not seq.is_finished:  # what raised may have come after its finish
             seq.metrics.finished_time = now
             self._finish(seq, FinishReason.ERROR)
-            return self._chunk(seq, [])
+        return self._chunk(seq, [])
+
+    def _append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
         for n, token in enumerate(tokens, 1):
             seq.token_ids.append(token)
             seq.metrics.token_times.append(now)
+            before = len(seq.output_text)  # a new stop string ends past here: the text before was searched
             seq.output_text += seq.detokenizer.push(token)
             if len(seq.token_ids) - seq.num_prompt_tokens == seq.params.min_tokens:
                 seq.stop_text_from = len(seq.output_text)  # min_tokens holds back stop strings too, as vLLM does
             if seq.grammar is not None:
                 seq.grammar.accept(token)
             reason = None
-            if token in seq.stop_token_ids or cut_at_stop_string(seq) or (seq.grammar and seq.grammar.finished):
+            if token in seq.stop_token_ids or cut_at_stop_string(seq, before) or (seq.grammar and seq.grammar.finished):
                 reason = FinishReason.STOP
             elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
                 reason = FinishReason.LENGTH
             if reason is not None:
                 if reason == FinishReason.LENGTH or token in seq.stop_token_ids:
                     seq.output_text += seq.detokenizer.flush()
-                    cut_at_stop_string(seq)
+                    cut_at_stop_string(seq, before)
                 seq.metrics.finished_time = now
                 self._finish(seq, reason)
                 if seq.logprobs is not None:
@@ -95,15 +105,18 @@ class OutputProcessor:
         if self._speculative:
             metrics.update(spec_proposed=seq.num_proposed, spec_accepted=seq.num_accepted)
         return Completion(seq.index, seq.output_text, seq.output_token_ids, seq.finish_reason, metrics,
-                          None if seq.logprobs is None else list(seq.logprobs), seq.error)
+                          None if seq.logprobs is None else list(seq.logprobs), seq.error, seq.fault)
 
 
-def cut_at_stop_string(seq: Sequence) -> bool:
+def cut_at_stop_string(seq: Sequence, since: int = 0) -> bool:
     """Cut the text before the first stop string that ends past seq.stop_text_from (the text of the
-    first min_tokens tokens), if one has appeared; -> whether one did."""
+    first min_tokens tokens) and past `since` (the text up to there was searched already), if one has
+    appeared; -> whether one did. Each token costs a search of its own text and a stop string's length
+    before it, whatever the length of the output."""
     if len(seq.output_token_ids) < seq.params.min_tokens:
         return False
-    found = (seq.output_text.find(s, max(0, seq.stop_text_from - len(s) + 1)) for s in seq.params.stop)
+    searched = max(since, seq.stop_text_from)
+    found = (seq.output_text.find(s, max(0, searched - len(s) + 1)) for s in seq.params.stop)
     hits = [i for i in found if i >= 0]
     if hits:
         seq.output_text = seq.output_text[:min(hits)]

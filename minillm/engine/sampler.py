@@ -6,12 +6,14 @@ min_tokens: logits_processors.py), masked to what its grammar allows next (struc
 a penalty can never bring back a token the grammar forbids), then sampled with its own params and
 generator. Requests that asked for logprobs get them for every token emitted, under the model's
 own distribution at that token's row (raw: before the controls, as vLLM reports them by default).
+What raises for one sequence's sake ends that sequence alone (engine/isolation.py).
 """
 import itertools
 
 import torch
 
 from minillm.config import EngineConfig
+from minillm.engine.isolation import fail_alone, rowwise
 from minillm.logits_processors import history_of, process_logits
 from minillm.sampling import sample_requests, token_logprobs
 from minillm.sequence import Sequence
@@ -53,24 +55,31 @@ class Sampler:
         """emitting: (sequence, batch index) of each sequence the step reached the end of (a prompt's
         other samples join at its index); logits: [rows, vocab]. -> what each emits, drawn ones first."""
         drawn = [(seq, rows[i]) for seq, i in emitting if seq not in verified]
+        seqs = [seq for seq, _ in drawn]
         drawn_logits = logits[[row for _, row in drawn]]  # [drawn, vocab]
-        if any(seq.params.processes_logits for seq, _ in drawn):  # else not even a History is built
-            drawn_logits = process_logits(drawn_logits, [history_of(seq) for seq, _ in drawn])
-        masked = self._constrain(drawn_logits, [seq for seq, _ in drawn])
-        # A row with no finite logit has no token to draw (its grammar and min_tokens disagree): sampling it
-        # would raise, failing every sequence of the step. It ends alone, with the reason, and draws nothing.
-        alive = torch.isfinite(masked).any(-1).tolist()
-        for (seq, _), ok in zip(drawn, alive):
-            if not ok:
+        if any(seq.params.processes_logits for seq in seqs):  # else not even a History is built
+            drawn_logits = rowwise(lambda x, ss: process_logits(x, [history_of(q) for q in ss]), drawn_logits, seqs,
+                                   "applying its logit_bias, penalties and min_tokens")
+        masked = self._constrain(drawn_logits, seqs)
+        # A row with no finite logit has no token to draw (its grammar and min_tokens disagree, or a control
+        # failed on it): sampling it would raise, failing every sequence of the step. It ends alone, drawing nothing.
+        alive = [ok and seq.error is None for seq, ok in zip(seqs, torch.isfinite(masked).any(-1).tolist())]
+        for seq, ok in zip(seqs, alive):
+            if not ok and seq.error is None:
                 seq.error = dead_end(seq)
         live = [j for j, ok in enumerate(alive) if ok]
-        tokens = iter(sample_requests(masked[live], [drawn[j][0].params for j in live],
-                                      [drawn[j][0].generator for j in live], self._sample))
-        emitted = [(seq, [next(tokens)] if ok else [], row) for (seq, row), ok in zip(drawn, alive)]
+        tokens = sample_requests(masked[live], [seqs[j].params for j in live], [seqs[j].generator for j in live],
+                                 self._sample, on_error=lambda k, e: fail_alone(seqs[live[k]], "sampling", e))
+        drawn_tokens = dict(zip(live, tokens))
+        emitted = [(seq, [] if drawn_tokens.get(j) is None else [drawn_tokens[j]], row)
+                   for j, (seq, row) in enumerate(drawn)]
         emitted += [(seq, verified[seq], rows[i]) for seq, i in emitting if seq in verified]
         for seq, new, row in emitted:
             if seq.logprobs is not None:
-                seq.logprobs += [token_logprobs(logits[row + j], t, seq.params.logprobs) for j, t in enumerate(new)]
+                try:
+                    seq.logprobs += [token_logprobs(logits[row + j], t, seq.params.logprobs) for j, t in enumerate(new)]
+                except Exception as e:
+                    fail_alone(seq, "computing its logprobs", e)
         return emitted
 
     def _constrain(self, rows: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -81,7 +90,15 @@ class Sampler:
             return rows
         bitmask = new_bitmask(len(constrained), rows.shape[-1])  # [constrained, ceil(vocab / 32)]
         for r, j in enumerate(constrained):
-            seqs[j].grammar.fill_bitmask(bitmask, r)
+            try:
+                seqs[j].grammar.fill_bitmask(bitmask, r)
+            except Exception as e:
+                fail_alone(seqs[j], "masking its logits to its grammar", e)
+        row_of = {seqs[j]: r for r, j in enumerate(constrained)}
+
+        def mask(x: torch.Tensor, ss: list[Sequence]) -> torch.Tensor:
+            return self._grammar_mask(x, bitmask[[row_of[q] for q in ss]].to(x.device))
         rows = rows.clone()
-        rows[constrained] = self._grammar_mask(rows[constrained], bitmask.to(rows.device))
+        rows[constrained] = rowwise(mask, rows[constrained], [seqs[j] for j in constrained],
+                                    "masking its logits to its grammar")
         return rows

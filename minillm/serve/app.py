@@ -34,6 +34,7 @@ from minillm.serve.chat import chat_complete
 from minillm.serve.completions import complete
 from minillm.serve.errors import APIError, error_body, install_error_handlers
 from minillm.serve.generation import Generation
+from minillm.serve.limits import DEFAULT_LIMITS, RequestLimits
 from minillm.serve.openapi import GENERATION, LISTING, MODEL, PROMETHEUS, drop_422
 from minillm.serve.protocol import ChatRequest, CommonRequest, CompletionRequest
 from minillm.serve.responses import new_id, sse
@@ -45,8 +46,10 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its cl
 class OpenAIServer:
     """The endpoints' state: the engine, the served name, admission, metrics, the chat template."""
 
-    def __init__(self, llm: AsyncLLM, model_name: str, max_waiting: int | None, admission) -> None:
+    def __init__(self, llm: AsyncLLM, model_name: str, max_waiting: int | None, admission,
+                 limits: RequestLimits) -> None:
         self.llm, self.model_name, self.max_waiting, self.admission = llm, model_name, max_waiting, admission
+        self.limits = limits
         self.tokenizer = llm.engine.tokenizer
         self.template = ChatTemplate.for_model(llm.engine.model_dir)
         self.vocab_size = llm.engine.model_config.vocab_size
@@ -73,10 +76,25 @@ class OpenAIServer:
             raise APIError(404, f"model {body.model!r} does not exist: this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
+    async def room(self, prompts: list[str | list[int]], n: int) -> int:
+        """The most tokens every prompt (with n samples) has room for, in the context and the KV pool: the
+        cap of a default max_tokens, so that a request that leaves it out is always servable. Tokenizing
+        runs in a worker thread; a prompt the engine would refuse -> 400."""
+        engine = self.llm.engine
+        try:
+            lengths = await asyncio.to_thread(lambda: [len(engine.input_processor.prompt_ids(p)[1]) for p in prompts])
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        return min(engine.input_processor.max_new_tokens(length, n) for length in lengths)
+
     async def open(self, body: CommonRequest, prompts: list, max_tokens: int, logprobs: int | None,
                    prefix: str) -> Generation:
         """Check the model and the queue, build the SamplingParams, queue the prompts."""
         self.check_model(body)
+        try:
+            self.limits.check_stop(body.stop)
+        except ValueError as e:
+            raise APIError(400, str(e), param="stop") from None
         try:
             params = body.sampling_params(max_tokens, logprobs, self.vocab_size)
         except ValueError as e:
@@ -139,6 +157,7 @@ class OpenAIServer:
                 async for payload in events:
                     yield sse(payload)
             except APIError as e:
+                self.metrics.stream_errors.labels(str(e.status)).inc()
                 yield sse(error_body(e.status, e.message, e.param, e.code))
             finally:
                 self.generations.discard(gen)
@@ -191,11 +210,12 @@ PROBED = [("/health", health), ("/metrics", metrics)]  # HEAD too, for load bala
 
 
 def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
-              admission=admit, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              admission=admit, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              limits: RequestLimits = DEFAULT_LIMITS) -> FastAPI:
     """The FastAPI app serving llm as model_name. api_key: required as a Bearer token when set.
     max_waiting: refuse (429) while this many sequences wait (None: never). admission: the policy.
-    max_body_bytes: larger request bodies are refused with 413."""
-    server = OpenAIServer(llm, model_name, max_waiting, admission)
+    max_body_bytes: larger request bodies are refused with 413. limits: the other bounds (serve/limits.py)."""
+    server = OpenAIServer(llm, model_name, max_waiting, admission, limits)
     # Imported now, not at the first structured request: importing xgrammar takes seconds and holds
     # the GIL for stretches of a third of one, which would freeze every open stream meanwhile.
     import xgrammar  # noqa: F401

@@ -155,7 +155,8 @@ class BatchRun:
                 prompt = self.template.render(body.template_messages())
             except ValueError as e:
                 raise Refused(400, str(e)) from None
-            room = self.engine.max_model_len - len(self.engine.tokenizer.encode(prompt))
+            inputs = self.engine.input_processor  # no max_tokens: the rest of the context, as the KV pool holds it
+            room = inputs.max_new_tokens(len(inputs.prompt_ids(prompt)[1]), body.samples)
             prompts, max_tokens, logprobs = [prompt], body.requested_max_tokens or max(room, 1), body.engine_logprobs
         ids = []
         try:
@@ -182,9 +183,11 @@ class BatchRun:
         job = self.pending.pop(cid)
         outputs = [job["done"][rid] for rid in job["ids"]]
         rid = new_id("cmpl" if job["url"] == "/v1/completions" else "chatcmpl")
-        errors = [c.error for o in outputs for c in o.outputs if c.error is not None]
-        if errors:  # a sample's constraints left it no token: the server's 400 (serve/generation.py)
-            return self.write(cid, {"status_code": 400, "request_id": rid, "body": error_body(400, errors[0])}, None)
+        failed = [c for o in outputs for c in o.outputs if c.error is not None]
+        if failed:  # constraints that left no token (400), or the engine failed on it alone (500): serve/generation.py
+            status = 500 if failed[0].fault else 400
+            return self.write(cid, {"status_code": status, "request_id": rid,
+                                    "body": error_body(status, failed[0].error)}, None)
         self.answer(cid, rid, completion_body(rid, self.model, job["url"], job["body"], outputs, self.engine.tokenizer,
                                               job["shown"]))
 

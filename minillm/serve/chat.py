@@ -2,7 +2,8 @@
 whole or streamed (each choice's first delta names the role, as OpenAI's do).
 
 The prompt is tokenized in a worker thread (a long conversation must not stall the other streams)
-and refused at once when it leaves no room in the context.
+and refused at once when it leaves no room in the context. Without max_tokens the answer may take the
+rest of the context, capped by what the KV pool could hold for this prompt, so the default is servable.
 """
 import asyncio
 
@@ -20,13 +21,16 @@ async def chat_complete(server, body: ChatRequest, request: Request):
         prompt = server.template.render(body.template_messages())
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
-    limit = server.llm.engine.max_model_len
-    if body.requested_max_tokens is None:
-        room = limit - len(await asyncio.to_thread(server.tokenizer.encode, prompt))
-        if room < 1:
-            raise APIError(400, f"the messages take {limit - room} tokens: no room is left in the context of "
-                           f"{limit} tokens", param="messages")
-    gen = await server.open(body, [prompt], body.requested_max_tokens or room, body.engine_logprobs, "chatcmpl")
+    max_tokens = body.requested_max_tokens
+    if max_tokens is None:  # the rest of the context, as far as the KV pool holds it
+        max_tokens = await server.room([prompt], body.samples)
+        if max_tokens < 1:
+            engine = server.llm.engine
+            taken = len(await asyncio.to_thread(server.tokenizer.encode, prompt))
+            raise APIError(400, f"the messages take {taken} tokens: no room is left for an answer in the context "
+                           f"of {engine.max_model_len} tokens or the KV pool of {engine.cache.num_blocks} blocks",
+                           param="messages")
+    gen = await server.open(body, [prompt], max_tokens, body.engine_logprobs, "chatcmpl")
     if body.stream:
         return server.streaming(gen, events(server, body, gen))
     outputs = await server.collect(gen, request)

@@ -63,8 +63,11 @@ def scored_choices(body: CompletionRequest, prompts: list[EchoedPrompt]) -> list
 
 
 async def complete(server, body: CompletionRequest, request: Request):
-    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     server.check_model(body)
+    max_tokens = body.max_tokens
+    if max_tokens is None:  # OpenAI's 16, or fewer where a prompt leaves less room (context, KV pool)
+        room = await server.room(body.prompts(), body.samples)
+        max_tokens = min(DEFAULT_MAX_TOKENS, room) if room else DEFAULT_MAX_TOKENS  # none: the engine's 400 says why
     prompts = await echoes(server, body)
     if max_tokens == 0:
         return scored(server, body, prompts)

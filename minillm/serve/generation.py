@@ -7,7 +7,8 @@ is refused with a 400 before a streaming response has started.
 
 Whoever stops reading early (a client that disconnects, a server shutting down) closes the stream,
 and every request still running is aborted at once, so its KV blocks go back to the pool. A sample
-whose constraints left it no token (finish_reason "error") ends the whole HTTP request with a 400. `cut()`
+whose constraints left it no token (finish_reason "error") ends the whole HTTP request with a 400; one the
+engine failed on alone (engine/isolation.py), or a step that failed for everyone, with a 500. `cut()`
 ends the stream from outside (the grace period of a shutdown is over): the reader gets the error.
 """
 import asyncio
@@ -69,10 +70,17 @@ class Generation:
                     done.add(i)
                 elif isinstance(item, asyncio.CancelledError):
                     raise APIError(503, "the request was aborted: the server is shutting down")
+                elif isinstance(item, APIError):
+                    raise item
+                elif isinstance(item, Exception):  # the engine thread's last resort: a step failed for everyone
+                    raise APIError(500, f"the engine failed while serving this request: {type(item).__name__}: "
+                                   f"{item}", code="engine_error") from item
                 elif isinstance(item, BaseException):
                     raise item
-                elif item.output is not None and item.output.error is not None:  # its constraints dead-ended
-                    raise APIError(400, item.output.error)
+                elif item.output is not None and item.output.error is not None:
+                    # its constraints dead-ended (the client's: 400), or the engine failed on it alone (500)
+                    raise APIError(500 if item.output.fault else 400, item.output.error,
+                                   code="engine_error" if item.output.fault else None)
                 else:
                     self._count(item)
                     yield i, item

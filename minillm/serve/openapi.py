@@ -3,10 +3,11 @@ it, or a fuzzer checking every response against it (tests/serve/test_serve_fuzz.
 
 FastAPI documents a 422 for every body it validates; this server answers 400 in OpenAI's error
 shape instead (serve/errors.py), so the 422 is dropped and the errors each endpoint can send are
-listed. A generation endpoint answers JSON, or server-sent events when `stream` is true.
+listed. A generation endpoint answers JSON, or server-sent events when `stream` is true. The request
+fields whose validators refuse more than their types do say so in the schema too (the *_SCHEMA below).
 """
 from fastapi import FastAPI
-from pydantic import BaseModel
+from pydantic import BaseModel, WithJsonSchema
 
 
 class ErrorDetail(BaseModel):
@@ -20,10 +21,27 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+# What the schema (/openapi.json) says of the fields whose validators refuse more than their types do, so
+# that a client or a fuzzer reading it sends only what is accepted. The types stay wide where a validator
+# gives a better message than pydantic's (an empty prompt, a tool choice), and WithJsonSchema says the truth.
+_TEXT = {"type": "string", "minLength": 1}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+PROMPT_SCHEMA = WithJsonSchema({"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}, _IDS,
+                                          {"type": "array", "items": _IDS, "minItems": 1}]})
+STOP_SCHEMA = WithJsonSchema({"anyOf": [_TEXT, {"type": "array", "items": _TEXT}, {"type": "null"}]})
+TOOL_CHOICE_SCHEMA = WithJsonSchema({"anyOf": [{"enum": ["none", "auto"]}, {"type": "null"}],
+                                     "description": "'auto' only with no tools: tool calls are not supported"})
+LOGIT_BIAS_SCHEMA = WithJsonSchema({"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                                                "additionalProperties": {"type": "number", "minimum": -100,
+                                                                         "maximum": 100}}, {"type": "null"}]})
+SUFFIX_SCHEMA = WithJsonSchema({"anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}]})
+
+
 def _errors(*statuses: int) -> dict:
     return {s: {"model": ErrorResponse, "description": d} for s, d in (
         (400, "invalid request: the message names the field"), (401, "missing or wrong API key"),
         (404, "unknown model"), (413, "request body over the limit"), (429, "queue full: see Retry-After"),
+        (500, "the engine failed on this request (the others go on)"),
         (503, "the server shut down before the request finished")) if s in statuses}
 
 
@@ -35,7 +53,7 @@ _CHOICES = {"type": "object", "required": ["id", "object", "created", "model", "
 _EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 GENERATION = {200: {"description": "the completion, or its server-sent events with stream=true",
                     "content": {"application/json": {"schema": _CHOICES}, "text/event-stream": {"schema": _EVENT}}},
-              **_errors(400, 401, 404, 413, 429, 503)}
+              **_errors(400, 401, 404, 413, 429, 500, 503)}
 MODEL = {200: {"description": "the model served"}, **_errors(401, 404)}
 LISTING = _errors(401)
 PROMETHEUS = {200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},

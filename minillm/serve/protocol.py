@@ -10,17 +10,22 @@ that would need what it lacks (tool calls, `suffix`, `best_of` > n) is refused b
 strict (a string is not a number), and unknown fields are refused, so a misspelt option fails
 loudly instead of being ignored.
 """
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from minillm.sampling import MAX_LOGPROBS, SamplingParams
+from minillm.serve.limits import MAX_JSON_DEPTH, json_depth_over
 from minillm.serve.messages import ChatMessage
+from minillm.serve.openapi import LOGIT_BIAS_SCHEMA, PROMPT_SCHEMA, STOP_SCHEMA, SUFFIX_SCHEMA, TOOL_CHOICE_SCHEMA
 from minillm.structured import StructuredOutput
 
 MAX_N = 16  # samples per prompt: each is a sequence in the batch, so a cap keeps one request from filling it
 INT64 = Field(ge=-(2**63), le=2**63 - 1)
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+# A token id as a JSON object key: ASCII digits only (str.isdigit takes "²", and int() reads "١٢" as 12)
+TOKEN_ID = re.compile(r"[0-9]+")
 # The penalties and their values that change nothing: passed to SamplingParams only when set otherwise.
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None,
            "min_tokens": 0}
@@ -80,7 +85,7 @@ class CommonRequest(Strict):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None  # 0 or vLLM's -1: no top-k filter
     seed: Annotated[int, INT64] | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, STOP_SCHEMA] = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -92,7 +97,8 @@ class CommonRequest(Strict):
     frequency_penalty: Penalty | None = None
     # bounded away from 0: it divides positive logits, and a penalty of 5e-324 overflows them to inf
     repetition_penalty: Annotated[float, Field(ge=0.01, le=100)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None  # token id (as text) -> bias
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]] | None,
+                          LOGIT_BIAS_SCHEMA] = None  # token id -> bias
     min_tokens: Annotated[int, Field(ge=0)] | None = None
     user: str | None = None                       # OpenAI's end-user id: accepted, not used
     metadata: dict[str, str] | None = None        # for the caller's records: accepted, not used
@@ -102,18 +108,22 @@ class CommonRequest(Strict):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data):
+        if json_depth_over(data):  # first: the checks below recurse once per level
+            raise ValueError(f"the body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep: this "
+                             f"server accepts at most {MAX_JSON_DEPTH} (serve/limits.py)")
         where = _unencodable(data)
         if where is not None:
             raise ValueError(f"{where} holds a string that is not valid Unicode (a lone surrogate such as "
                              f"\\ud800): send UTF-8 text")
         return data
 
-    @field_validator("logit_bias")
+    @field_validator("logit_bias", mode="before")  # before the values': the keys' message comes first
     @classmethod
-    def _token_ids(cls, bias: dict | None) -> dict | None:
-        bad = [k for k in bias or {} if not k.isdigit()]
+    def _token_ids(cls, bias):
+        bad = [k for k in bias if not isinstance(k, str) or not TOKEN_ID.fullmatch(k)] if isinstance(bias, dict) else []
         if bad:
-            raise ValueError(f"logit_bias keys must be token ids written as decimal strings, got {bad[:5]}")
+            raise ValueError(f"logit_bias keys must be token ids written as decimal strings of the ASCII digits 0-9 "
+                             f"(such as \"50256\"), got {bad[:5]}")
         return bias
 
     @property
@@ -164,12 +174,12 @@ class CompletionRequest(CommonRequest):
     `max_tokens` defaults to 16 as in OpenAI's API; 0 generates nothing (with `echo`, the prompt is
     scored: its tokens and their log-probabilities come back). `echo` puts the prompt ahead of each
     completion."""
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]], PROMPT_SCHEMA]
     max_tokens: Annotated[int, Field(ge=0)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool | None = None
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
-    suffix: str | None = None
+    suffix: Annotated[str | None, SUFFIX_SCHEMA] = None
 
     @model_validator(mode="after")
     def _supported(self) -> "CompletionRequest":
@@ -199,7 +209,7 @@ class ChatRequest(CommonRequest):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    tool_choice: Annotated[Literal["none", "auto", "required"] | dict | None, TOOL_CHOICE_SCHEMA] = None
     parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")

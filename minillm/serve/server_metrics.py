@@ -27,6 +27,9 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("minillm_e2e_request_latency_seconds", "arrival to last token",
                              buckets=LATENCY_BUCKETS, registry=r)
+        # A stream's status (200) is sent before its first token: one that then fails is counted here too
+        self.stream_errors = Counter("minillm_stream_errors", "streams ended by an error event, by its status",
+                                     ["status"], registry=r)
         self.prompt_tokens = Counter("minillm_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("minillm_generation_tokens", "tokens generated", registry=r)
         self.kv_usage = Gauge("minillm_kv_cache_usage_ratio", "share of KV blocks held by sequences", registry=r)
