@@ -92,7 +92,7 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
         while sock.recv(65536):
             pass
         return True
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True
