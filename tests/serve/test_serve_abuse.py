@@ -4,8 +4,8 @@ tiny server. After each case /health answers within a second, no sequence runs a
 
     MINILLM_ABUSE_CASES=500 python -m pytest -q -p no:cacheprovider tests/serve/test_serve_abuse.py   # a long run
 
-Classes still owned by the other half of issue 50 (branch serve-iso) are xfailed by name below, so the
-merge flips them."""
+These checks see the server, not a neighbour: what stop-string floods and dead-ending grammars do to other
+streams (issue 50 items 1 and 4, branch serve-iso) is for that branch's isolation tests."""
 import json
 import os
 import random
@@ -116,13 +116,8 @@ def dead_end_grammar(server, rng):
     return post(server, plain(guided_regex="a", min_tokens=5))
 
 
-CLASSES = [bad_json, huge_headers, slow_body, partial_header, grammar_bomb, varied_schema, scoring_flood,
-           scoring_then_leave,            disconnect_mid_stream, logit_bias_junk]
-PENDING = {  # the classes serve-iso's half of issue 50 fixes; each fails here for the reason given
-    deep_json: "issue 50 item 6 (serve-iso): a body nested ~600 deep is a 500 (RecursionError), not a 400",
-    stop_flood: "issue 50 item 4 (serve-iso): 100,000 stop strings are scanned on every token, uncapped",
-    dead_end_grammar: "issue 50 item 1 (serve-iso): a grammar that dead-ends under min_tokens fails the engine step",
-}
+CLASSES = [bad_json, deep_json, huge_headers, slow_body, partial_header, grammar_bomb, varied_schema, scoring_flood,
+           scoring_then_leave, disconnect_mid_stream, logit_bias_junk, stop_flood, dead_end_grammar]
 
 
 def rss_mb() -> float:
@@ -161,8 +156,3 @@ def test_random_hostile_requests_leave_the_server_healthy(server):
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"abuse: {CASES} cases, RSS {baseline:.0f} -> {rss_mb():.0f} MB, peak {peak:.0f} MB")
 
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=why, strict=False), id=c.__name__)
-                                  for c, why in PENDING.items()])
-def test_pending_hostile_classes(server, case):
-    run_case(server, case, random.Random(0))
