@@ -2,10 +2,11 @@
 
 uvicorn's default parser (httptools) takes headers of any size, and no uvicorn setting times out a
 client that stops mid-request. So the server speaks HTTP through h11, whose parser refuses (400, then
-closes) a request whose headers pass `max_header_bytes`, and adds two clocks:
+closes) a request whose headers pass `max_header_bytes` (RequestLimits measures those that h11 took whole
+in one read: 431), and adds two clocks:
 - HeaderTimeoutH11: a request's headers must be complete `header_timeout_s` after the connection opens
   or after the request's first byte (uvicorn's keep-alive timeout covers an idle connection only);
-- ReadTimeout: while the app reads a body, each piece must come within `read_timeout_s`; a stalled
+- RequestLimits: while the app reads a body, each piece must come within `read_timeout_s`; a stalled
   body (or a Content-Length longer than what is sent) is a departed client to the app (which stops its
   work) and a 408 to the client, and the connection closes.
 """
@@ -51,7 +52,7 @@ class HeaderTimeoutH11(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # the headers are in: the app's ReadTimeout takes over
+        if self.conn.their_state is not h11.IDLE:  # the headers are in: the app's RequestLimits takes over
             self._cancel_header_timer()
         elif self._header_timer is None:  # the first bytes of a next request
             self._header_timer = self.loop.call_later(self.header_timeout_s, self.transport.close)
@@ -66,16 +67,24 @@ class HeaderTimeoutH11(H11Protocol):
             self._header_timer = None
 
 
-class ReadTimeout:
-    """ASGI middleware: a request body that stalls for read_timeout_s -> 408, the app told the client left."""
+class RequestLimits:
+    """ASGI middleware: headers over max_header_bytes -> 431; a request body that stalls for read_timeout_s
+    -> 408, the app told the client left. (h11 caps only headers still incomplete when a read ends: ones
+    that arrive whole in one read reach the app, and are measured here.)"""
 
-    def __init__(self, app, read_timeout_s: float) -> None:
-        self.app, self.read_timeout_s = app, read_timeout_s
+    def __init__(self, app, limits: ConnectionLimits) -> None:
+        self.app, self.read_timeout_s, self.max_header_bytes = app, limits.read_timeout_s, limits.max_header_bytes
         self.state = getattr(app, "state", None)  # DrainingServer finds the app's end_streams there
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        size = sum(len(name) + len(value) + 4 for name, value in scope["headers"])  # "name: value\r\n"
+        if size > self.max_header_bytes:
+            error = APIError(431, f"the request headers are {size} bytes, over the limit of {self.max_header_bytes} "
+                             f"bytes (--max-header-bytes)", code="request_header_fields_too_large",
+                             headers={"Connection": "close"})
+            return await error_response(error)(scope, receive, send)
         body_done, timed_out, started = False, False, False
 
         async def timed_receive():

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from minillm.async_llm import AsyncLLM
 from minillm.llm import LLM
 from minillm.serve.app import build_app
-from minillm.serve.connection_limits import ConnectionLimits, ReadTimeout
+from minillm.serve.connection_limits import ConnectionLimits, RequestLimits
 from minillm.structured.grammar import GrammarLimits
 
 END_STREAMS_MARGIN_S = 0.5  # end the open streams this long before uvicorn would cancel them
@@ -111,7 +111,7 @@ class ServerHandle(ThreadedApp):
 
 def uvicorn_config(app: FastAPI, limits: ConnectionLimits, **options) -> uvicorn.Config:
     """uvicorn's settings for app, with the connection limits enforced (serve/connection_limits.py)."""
-    return uvicorn.Config(ReadTimeout(app, limits.read_timeout_s), lifespan="on", **limits.uvicorn_options(),
+    return uvicorn.Config(RequestLimits(app, limits), lifespan="on", **limits.uvicorn_options(),
                           **options)
 
 

@@ -108,6 +108,11 @@ def test_oversize_headers_are_refused_and_the_connection_closed(server):
     assert closed_within(sock, 3.0) and time.monotonic() - start < 3.0
 
 
+def test_oversize_headers_read_whole_in_one_go_are_a_431(server):
+    r = httpx.get(server.base_url + "/health", headers={"x-big": "a" * 20_000}, timeout=5)
+    assert r.status_code == 431 and "--max-header-bytes" in r.json()["error"]["message"]
+
+
 def test_a_partial_header_is_closed_after_the_header_timeout(server):
     sock = raw(server)
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
