@@ -51,7 +51,7 @@ def bad_json(server, rng):
 
 
 def deep_json(server, rng):
-    depth = rng.randint(1500, 3000)
+    depth = rng.randint(550, 800)  # deeper, the JSON parser refuses it (400)
     return post(server, '{"model": "tiny", "prompt": "x", "metadata": ' + "[" * depth + "]" * depth + "}")
 
 
@@ -146,6 +146,7 @@ def run_case(server, case, rng) -> None:
     check_unharmed(server, case)
 
 
+@pytest.mark.slow  # ~20 s for the default 24 cases on a 2-core machine
 def test_random_hostile_requests_leave_the_server_healthy(server):
     rng = random.Random(int(os.environ.get("MINILLM_ABUSE_SEED", "50")))
     run_case(server, varied_schema, rng)  # the first structured request builds the compiler: not growth
@@ -158,11 +159,11 @@ def test_random_hostile_requests_leave_the_server_healthy(server):
     print(f"abuse: {CASES} cases, RSS {baseline:.0f} -> {rss_mb():.0f} MB, peak {peak:.0f} MB")
 
 
-PENDING = {deep_json: "issue 50 item 6 (JSON depth, branch serve-iso): a body nested 1,500+ deep can be a 500 "
+PENDING = {deep_json: "issue 50 item 6 (JSON depth, branch serve-iso): a body nested ~600 deep is a 500 "
                       "(RecursionError in the request validator), not a 400"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=why, strict=False), id=c.__name__)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=why, strict=True), id=c.__name__)
                                   for c, why in PENDING.items()])
 def test_pending_hostile_classes(server, case):
     run_case(server, case, random.Random(0))
