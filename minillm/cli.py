@@ -67,6 +67,19 @@ def main(argv: list[str] | None = None) -> int:
                        help="refuse (400) requests whose stop strings total more characters (default: 4096)")
     serve.add_argument("--grace-period", type=float, default=10.0,
                        help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    # What one request or connection may cost (issue 50; docs/serving.md's table of limits)
+    serve.add_argument("--grammar-compile-timeout", type=float, default=10.0,
+                       help="seconds a request waits for its grammar's compile, else 400 (default: 10)")
+    serve.add_argument("--grammar-cache-bytes", type=int, default=256 * 2**20,
+                       help="bytes of compiled grammars kept for reuse, least recently used evicted (default: 256 MiB)")
+    serve.add_argument("--max-header-bytes", type=int, default=64 * 1024,
+                       help="refuse (400, then close) request headers larger than this (default: 64 KiB)")
+    serve.add_argument("--header-timeout", type=float, default=10.0,
+                       help="close a connection whose request headers are not complete in this many seconds (10)")
+    serve.add_argument("--read-timeout", type=float, default=30.0,
+                       help="408 and close when a request body sends nothing for this many seconds (default: 30)")
+    serve.add_argument("--max-connections", type=int, default=1024,
+                       help="connections and requests at once; past it, 503 (default: 1024)")
     serve.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "sequential"])
     serve.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
     serve.add_argument("--max-model-len", type=int, default=None)
@@ -247,7 +260,9 @@ def _serve(args) -> int:
               f"this machine could use the server. Pass {missing} to serve other machines, or bind 127.0.0.1.",
               file=sys.stderr)
         return 2
+    from minillm.serve.connection_limits import ConnectionLimits
     from minillm.serve.server import run_server
+    from minillm.structured.grammar import GrammarLimits
     engine = dict(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                   device=args.device, dtype=args.dtype)
     tuned = {"max_num_batched_tokens": args.max_num_batched_tokens, "block_size": args.block_size,
@@ -258,7 +273,11 @@ def _serve(args) -> int:
         from minillm.quant import QuantConfig
         engine["quantization"] = QuantConfig(args.quantization)
     try:
+        connections = ConnectionLimits(args.max_header_bytes, args.header_timeout, args.read_timeout,
+                                       args.max_connections)
+        grammar_limits = GrammarLimits(args.grammar_compile_timeout, args.grammar_cache_bytes)
         return run_server(args.model, args.host, args.port, grace_period=args.grace_period, engine_options=engine,
+                          connection_limits=connections, grammar_limits=grammar_limits,
                           api_key=args.api_key, max_waiting=args.max_waiting,
                           limits=request_limits(args),  # issue 50
                           **({"max_body_bytes": args.max_body_bytes} if args.max_body_bytes else {}),

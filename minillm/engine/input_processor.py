@@ -18,7 +18,7 @@ from minillm.config import EngineConfig
 from minillm.engine.scheduler import Scheduler
 from minillm.sampling import SamplingParams
 from minillm.sequence import EngineRequest, Sequence
-from minillm.structured.grammar import GrammarCompiler, GrammarState
+from minillm.structured.grammar import GrammarCompiler, GrammarLimits, GrammarState
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -43,6 +43,7 @@ class InputProcessor:
         self.eos_token_ids, self.max_model_len, self.cache = model.eos_token_ids, model.max_model_len, cache
         self.device, self.speculative = config.torch_device, config.speculative is not None
         self._grammars: GrammarCompiler | None = None  # built at the first structured request
+        self.grammar_limits = GrammarLimits()  # the server sets its flags' limits before it serves
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._ids = itertools.count()
         self._lock = threading.Lock()  # the counters and the compiler, for callers on several threads
@@ -126,7 +127,8 @@ class InputProcessor:
         if self.speculative:
             raise ValueError("structured output is not supported with speculative decoding: the proposals "
                              "would have to be masked too. Use an engine without `speculative`")
-        with self._lock:
+        with self._lock:  # only to build the compiler: a compile under it would hold up every request
             if self._grammars is None:
-                self._grammars = GrammarCompiler(self.model_dir, self.vocab_size, self.eos_token_ids)
-            return self._grammars.matcher(params.structured)
+                self._grammars = GrammarCompiler(self.model_dir, self.vocab_size, self.eos_token_ids,
+                                                 self.grammar_limits)
+        return self._grammars.matcher(params.structured)

@@ -11,6 +11,7 @@ from minillm.outputs import Completion
 from minillm.serve.echo import EchoedPrompt, echo_prompt, join_logprobs
 from minillm.serve.errors import APIError
 from minillm.serve.generation import Generation
+from minillm.serve.json_pieces import json_in_pieces
 from minillm.serve.protocol import CompletionRequest
 from minillm.serve.responses import completion_logprobs, envelope, new_id, usage
 from minillm.tokenizer import Tokenizer
@@ -18,16 +19,20 @@ from minillm.tokenizer import Tokenizer
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-async def echoes(server, body: CompletionRequest) -> list[EchoedPrompt] | None:
+async def echoes(server, body: CompletionRequest, request: Request) -> list[EchoedPrompt] | None:
     """The prompts as echo returns them (None without echo or scoring); a prompt over the context -> 400.
     Their forwards are work the engine's queue never sees, so they are admitted like a generation: the
-    request's prompts x n sequences wait (for admission) until they are scored."""
+    request's prompts x n sequences wait (for admission) until they are scored. A client that leaves
+    meanwhile stops the scoring at the next prompt (499)."""
     if not body.echo and body.max_tokens != 0:
         return None
     prompts = body.prompts()
     out = []
     async with server.admitted(len(prompts) * body.samples):
         for i, prompt in enumerate(prompts):
+            if await request.is_disconnected():
+                raise APIError(499, f"the client closed the connection while its prompts were scored "
+                               f"({i} of {len(prompts)} done)", code="client_closed_request")
             try:
                 out.append(await echo_prompt(server.llm, prompt, body.logprobs if body.echo else None))
             except ValueError as e:
@@ -68,7 +73,7 @@ async def complete(server, body: CompletionRequest, request: Request):
     if max_tokens is None:  # OpenAI's 16, or fewer where a prompt leaves less room (context, KV pool)
         room = await server.room(body.prompts(), body.samples)
         max_tokens = min(DEFAULT_MAX_TOKENS, room) if room else DEFAULT_MAX_TOKENS  # none: the engine's 400 says why
-    prompts = await echoes(server, body)
+    prompts = await echoes(server, body, request)
     if max_tokens == 0:
         return scored(server, body, prompts)
     shown = prompts if body.echo else [None] * len(body.prompts())
@@ -76,7 +81,8 @@ async def complete(server, body: CompletionRequest, request: Request):
     if body.stream:
         return server.streaming(gen, events(server, body, gen, shown))
     choices = generated_choices(server.tokenizer, body, shown, await server.collect(gen, request))
-    return envelope(gen.request_id, "text_completion", server.model_name, choices, usage=gen.usage())
+    answer = envelope(gen.request_id, "text_completion", server.model_name, choices, usage=gen.usage())
+    return json_in_pieces(answer) if body.echo else answer  # an echoed prompt's logprobs: megabytes
 
 
 def scored(server, body: CompletionRequest, prompts: list[EchoedPrompt]):
@@ -85,7 +91,7 @@ def scored(server, body: CompletionRequest, prompts: list[EchoedPrompt]):
     server.drain.record(len(choices))  # finished sequences, as admission counted them
     total = usage(sum(len(p.ids) for p in prompts), 0)
     if not body.stream:
-        return envelope(rid, "text_completion", server.model_name, choices, usage=total)
+        return json_in_pieces(envelope(rid, "text_completion", server.model_name, choices, usage=total))
 
     async def chunks():
         extra = {"usage": total} if body.continuous_usage else {"usage": None} if body.include_usage else {}

@@ -5,7 +5,8 @@ logprobs: 1, max_tokens: 0 or 1`): token i's log-probability is read from the lo
 i - 1 of one forward over the prompt, so the first token has none (null). `max_tokens: 0` scores
 the prompt without generating anything. On the server the forward runs in a worker thread
 (AsyncLLM.logits), and so does everything that reads the vocabulary or decodes a token (the
-log-softmax, each token's text and its top alternatives'), so the event loop never waits for them;
+log-softmax, each token's text and its top alternatives'), so the event loop never waits for them,
+and the answer is encoded a choice at a time off the loop too (serve/json_pieces.py);
 the Batch API calls the same steps in its own thread (echo_now).
 """
 import asyncio

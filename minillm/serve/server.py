@@ -22,6 +22,8 @@ from fastapi import FastAPI
 from minillm.async_llm import AsyncLLM
 from minillm.llm import LLM
 from minillm.serve.app import build_app
+from minillm.serve.connection_limits import ConnectionGuard, ConnectionLimits
+from minillm.structured.grammar import GrammarLimits
 
 END_STREAMS_MARGIN_S = 0.5  # end the open streams this long before uvicorn would cancel them
 DRAIN_POLL_S = 0.05  # how often a shutdown tells the connections to close
@@ -107,12 +109,20 @@ class ServerHandle(ThreadedApp):
     llm: AsyncLLM | None = None
 
 
+def uvicorn_config(app: FastAPI, limits: ConnectionLimits, **options) -> uvicorn.Config:
+    """uvicorn's settings for app, with the connection limits enforced (serve/connection_limits.py)."""
+    return uvicorn.Config(ConnectionGuard(app, limits), lifespan="on", **limits.uvicorn_options(),
+                          **options)
+
+
 def app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, name: str = "minillm-app",
-                  grace: float = 3.0) -> ThreadedApp:
+                  grace: float = 3.0, connection_limits: ConnectionLimits | None = None) -> ThreadedApp:
     """Serve app (the server, the router, a test's fake replica) in a daemon thread on its own event loop;
     return once it listens (port 0: a free one). On stop, open streams get `grace` seconds, then are cancelled."""
     sock = bind_socket(host, port)
-    server = DrainingServer(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=grace))
+    config = uvicorn_config(app, connection_limits or ConnectionLimits(), log_level="warning",
+                            timeout_graceful_shutdown=grace)
+    server = DrainingServer(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True, name=name)
     thread.start()
     while not server.started:  # uvicorn sets it once the socket is listening
@@ -124,24 +134,32 @@ def app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, name: st
     return ThreadedApp(f"http://{display}:{bound_port}", app, server, thread)
 
 
-def serve_in_thread(llm_or_model="tiny", host: str = "127.0.0.1", port: int = 0, **app_options) -> ServerHandle:
+def serve_in_thread(llm_or_model="tiny", host: str = "127.0.0.1", port: int = 0,
+                    connection_limits: ConnectionLimits | None = None, grammar_limits: GrammarLimits | None = None,
+                    **app_options) -> ServerHandle:
     """Start the server on its own event loop in a daemon thread; return once it accepts connections.
     llm_or_model: an AsyncLLM, an LLM (its engine is driven from now on), or a model name/folder.
-    app_options: build_app's (model_name, api_key, max_waiting, admission, max_body_bytes); model_name defaults
-    to the model's name. stop() gives open streams 5 s, then cancels them (their requests are aborted)."""
+    app_options: build_app's (model_name, api_key, max_waiting, admission, max_body_bytes, limits: what one request
+    may ask for); model_name defaults to the model's name. stop() gives open streams 5 s, then cancels them (their
+    requests are aborted). connection_limits, grammar_limits: what a connection and a grammar may cost (None: the
+    defaults, docs/serving.md)."""
     llm = _as_async_llm(llm_or_model)
+    llm.engine.input_processor.grammar_limits = grammar_limits or GrammarLimits()
     app_options.setdefault("model_name", llm.config.model)
-    running = app_in_thread(build_app(llm, **app_options), host, port, name="minillm-server", grace=5.0)
+    running = app_in_thread(build_app(llm, **app_options), host, port, name="minillm-server", grace=5.0,
+                            connection_limits=connection_limits)
     return ServerHandle(running.base_url, running.app, running.server, running.thread, llm)
 
 
 def run_server(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, grace_period: float = 10.0,
-               engine_options: dict | None = None, **app_options) -> int:
+               engine_options: dict | None = None, connection_limits: ConnectionLimits | None = None,
+               grammar_limits: GrammarLimits | None = None, **app_options) -> int:
     """Serve until SIGINT/SIGTERM, drain for grace_period seconds, abort the rest; -> exit code 0."""
     llm = AsyncLLM(model, **(engine_options or {}))
+    llm.engine.input_processor.grammar_limits = grammar_limits or GrammarLimits()
     app_options.setdefault("model_name", llm.config.model)
     app = build_app(llm, **app_options)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on",
+    config = uvicorn_config(app, connection_limits or ConnectionLimits(), host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=grace_period)
     # uvicorn re-raises the signal it caught once it has shut down (so a default handler would kill
     # the process with it); handlers that do nothing make the drained shutdown an ordinary exit 0

@@ -1,8 +1,9 @@
 """Fuzzing the server with schemathesis, from the server's own OpenAPI schema: a few hundred generated
 requests per endpoint (fitting the schema, and for the POSTs breaking it too), each answered without a
-500, with a status, content type and body that the schema documents. The model field is set to the
-served model so that most requests reach the engine (an unknown model is a 404 before anything else is
-read); a context of 64 tokens keeps every generation short, so the run stays bounded in time."""
+500, with a status, content type and body that the schema documents (every check schemathesis has, as
+its CLI's `--checks all`). The model field is set to the served model so that most requests reach the
+engine (an unknown model is a 404 before anything else is read); a context of 64 tokens keeps every
+generation short, so the run stays bounded in time."""
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -34,10 +35,7 @@ CASES = [(method, path, GenerationMode.POSITIVE) for method, path in OPERATIONS]
     [(method, path, GenerationMode.NEGATIVE) for method, path in OPERATIONS if method == "POST"]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("method, path, mode", CASES)
-def test_no_generated_request_gets_a_500_or_an_undocumented_answer(api_schema, method, path, mode):
+def fuzz(api_schema, method: str, path: str, mode, checks: list) -> None:
     """Hypothesis drives schemathesis' strategy for the operation (its pytest loader is not used:
     it reads a pytest internal that pytest 9 removed). Positive requests fit the schema, negative
     ones break it (each must be a documented 4xx, never a 500)."""
@@ -51,17 +49,30 @@ def test_no_generated_request_gets_a_500_or_an_undocumented_answer(api_schema, m
             case.body["model"] = "tiny"
         if case.path_parameters and "model_id" in case.path_parameters:
             case.path_parameters["model_id"] = "tiny"
-        case.call_and_validate(checks=checks(), timeout=60)
+        case.call_and_validate(checks=checks, timeout=60)
 
     answered_as_documented()
 
 
-def checks() -> list:
-    """No 500; the status, the content type and the body as the schema documents them."""
-    from schemathesis.checks import not_a_server_error
-    from schemathesis.specs.openapi.checks import (
-        content_type_conformance,
-        response_schema_conformance,
-        status_code_conformance,
-    )
-    return [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("method, path, mode", CASES)
+def test_no_generated_request_gets_a_500_or_an_undocumented_answer(api_schema, method, path, mode):
+    fuzz(api_schema, method, path, mode, [c for c in all_checks() if c.__name__ != "positive_data_acceptance"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_every_request_that_fits_the_schema_is_accepted(api_schema, path):
+    """schemathesis' positive_data_acceptance: a request the schema admits gets no 400."""
+    fuzz(api_schema, "POST", path, GenerationMode.POSITIVE,
+         [c for c in all_checks() if c.__name__ == "positive_data_acceptance"])
+
+
+def all_checks() -> list:
+    """Every check schemathesis has (its CLI's `--checks all`): no 500; the status, content type, headers and
+    body as the schema documents them; data that breaks the schema refused, data that fits it accepted."""
+    from schemathesis.checks import CHECKS, load_all_checks
+    load_all_checks()
+    return CHECKS.get_all()
