@@ -1224,7 +1224,7 @@ import shutil
 import tempfile
 
 from minillm.models.export import save_checkpoint
-from minillm.models.loader import load_model
+from minillm.models.prepare import load_model
 from minillm.models.registry import resolve_model_path
 from minillm.training.train_draft import draft_agreement, logits_of
 
