@@ -50,15 +50,23 @@ class OutputProcessor:
         or in the sampler: engine/isolation.py) ends the sequence here, with finish_reason "error"."""
         if seq.error is None:
             try:
-                return self._append(seq, tokens, now)
+                reason, kept = self._advance(seq, tokens, now)
             except Exception as e:  # its detokenizing, stop strings or grammar raised: it ends alone
                 fail_alone(seq, "detokenizing and checking its stops", e)
+            else:
+                if reason is not None:  # outside the try: a fault in freeing its blocks is the engine's, not its own
+                    seq.metrics.finished_time = now
+                    self._finish(seq, reason)
+                    if seq.logprobs is not None:
+                        del seq.logprobs[len(seq.output_token_ids):]
+                return self._chunk(seq, kept)
         if not seq.is_finished:  # what raised may have come after its finish
             seq.metrics.finished_time = now
             self._finish(seq, FinishReason.ERROR)
         return self._chunk(seq, [])
 
-    def _append(self, seq: Sequence, tokens: list[int], now: float) -> StreamChunk:
+    def _advance(self, seq: Sequence, tokens: list[int], now: float) -> tuple[FinishReason | None, list[int]]:
+        """Append, detokenize and check each token for a stop: -> (why it finishes, or None; the tokens kept)."""
         for n, token in enumerate(tokens, 1):
             seq.token_ids.append(token)
             seq.metrics.token_times.append(now)
@@ -77,12 +85,8 @@ class OutputProcessor:
                 if reason == FinishReason.LENGTH or token in seq.stop_token_ids:
                     seq.output_text += seq.detokenizer.flush()
                     cut_at_stop_string(seq, before)
-                seq.metrics.finished_time = now
-                self._finish(seq, reason)
-                if seq.logprobs is not None:
-                    del seq.logprobs[len(seq.output_token_ids):]
-                return self._chunk(seq, tokens[:n])
-        return self._chunk(seq, tokens)
+                return reason, tokens[:n]
+        return None, tokens
 
     def _chunk(self, seq: Sequence, token_ids: list[int]) -> StreamChunk:
         """What the caller receives of this step: the text safe to show, and the output once finished."""

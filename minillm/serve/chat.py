@@ -25,10 +25,10 @@ async def chat_complete(server, body: ChatRequest, request: Request):
     if max_tokens is None:  # the rest of the context, as far as the KV pool holds it
         max_tokens = await server.room([prompt], body.samples)
         if max_tokens < 1:
-            engine = server.llm.engine
             taken = len(await asyncio.to_thread(server.tokenizer.encode, prompt))
             raise APIError(400, f"the messages take {taken} tokens: no room is left for an answer in the context "
-                           f"of {engine.max_model_len} tokens or the KV pool of {engine.cache.num_blocks} blocks",
+                           f"of {server.llm.engine.max_model_len} tokens or the KV pool of "
+                           f"{server.llm.kv_stats().total_blocks} blocks",
                            param="messages")
     gen = await server.open(body, [prompt], max_tokens, body.engine_logprobs, "chatcmpl")
     if body.stream:

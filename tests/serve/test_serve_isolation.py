@@ -11,6 +11,7 @@ from conftest import slowed
 import minillm.engine.output_processor as output_processor
 import minillm.engine.sampler as sampler
 from minillm import AsyncLLM
+from minillm.engine.runner import ModelRunner
 from minillm.serve.sse import parse_sse
 
 POISON = 0.123  # the presence_penalty that marks the poisoned request
@@ -80,15 +81,14 @@ def test_a_poisoned_request_fails_alone_and_the_healthy_streams_are_unchanged(se
 
 
 def test_a_step_that_fails_for_everyone_ends_each_stream_with_an_error_counted_in_metrics(server, monkeypatch):
-    runner = server.llm.engine.runner
-    real, failed = runner.execute, []
+    real, failed = ModelRunner.execute, []
 
-    def execute_once_broken(batch):
+    def execute_once_broken(runner, batch):
         if not failed and len(batch) > 1:  # the model's forward: a fault of the engine, not of one request
             failed.append(True)
             raise RuntimeError("the forward broke")
-        return real(batch)
-    monkeypatch.setattr(runner, "execute", execute_once_broken)
+        return real(runner, batch)
+    monkeypatch.setattr(ModelRunner, "execute", execute_once_broken)
     errors_before = stream_errors(server, "500")
     streams = asyncio.run(stream_all(server, HEALTHY))
     assert failed
