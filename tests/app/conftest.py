@@ -1,13 +1,11 @@
 """Fixtures for the visualizer's tests: the app under Streamlit's AppTest, on the small bundled model."""
-import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from app_pages import APP
 
-APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
 # Streamlit runs the app with the script's folder first on sys.path: that is how the pages import
 # minillm_visualizer, which is not installed. The tests do the same, so they import the very files the app runs.
 sys.path.insert(0, str(APP.parent))
@@ -49,28 +47,3 @@ def app():
     run = at.session_state["run"] if "run" in at.session_state else None
     if run is not None:
         run.stop()
-
-
-def run_to_end(at, timeout: float = 60):
-    """Press Run, wait for the engine to finish, redraw; -> the EngineRun."""
-    at.button(key="b_run").click().run()
-    assert not at.exception, [e.value for e in at.exception]
-    run = at.session_state["run"]
-    assert run.wait(timeout), "the run did not finish in time"
-    assert run.status == "finished", f"the run ended {run.status}: {run.error}"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return run
-
-
-def figures(at) -> dict[str, dict]:
-    """The page's Plotly figures by title: {"data": [...traces], "layout": {...}}."""
-    out = {}
-    for chart in at.get("plotly_chart"):
-        spec = json.loads(chart.proto.spec)
-        out[spec["layout"]["title"]["text"]] = spec
-    return out
-
-
-def errors(at) -> list[str]:
-    return [e.value for e in at.error]

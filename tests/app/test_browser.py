@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import APP
+from app_pages import APP
 from test_my_notebook import ROOT
 
 from minillm.testing import CHROMIUM_FLAGS, chromium, free_port, serve

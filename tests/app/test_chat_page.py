@@ -3,7 +3,7 @@ the pool's blocks beside it; and the model pickers, which offer the real model a
 import json
 
 import pytest
-from conftest import APP, errors, figures
+from app_pages import APP, errors, figures
 
 from minillm.models import registry
 from minillm.models.registry import bundled_models

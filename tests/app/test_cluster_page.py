@@ -3,7 +3,7 @@ and latency over time, routes shared prompts to the replicas that cache them whe
 fleet, says why a fleet cannot be, and puts one replica of the real engine beside its simulation."""
 import numpy as np
 import pytest
-from conftest import APP, errors, figures
+from app_pages import APP, errors, figures
 
 from minillm.sim import simulate
 from minillm.sim.workloads import agent_sessions

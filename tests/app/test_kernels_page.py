@@ -3,7 +3,7 @@ map checked against what the kernel must touch, its error against the spec shown
 switch reaching the live engine. Small sizes: the interpreter runs one program after another."""
 import pytest
 import torch
-from conftest import APP, errors, figures
+from app_pages import APP, errors, figures
 
 from minillm.kernels.runtime import tl, triton
 from minillm_visualizer.kernels.cases import KNOBS, context_lens, defaults, run_case

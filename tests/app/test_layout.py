@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import APP
+from app_pages import APP
 
 PACKAGE = APP.parent / "minillm_visualizer"
 SHARED = "shared"

@@ -2,7 +2,7 @@
 import time
 
 import pytest
-from conftest import errors, figures, run_to_end
+from app_pages import errors, figures, run_to_end
 
 from minillm.testing import wait_until
 from minillm_visualizer.shared.controls import REFRESH_S

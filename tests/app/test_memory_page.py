@@ -1,5 +1,5 @@
 """The Paged memory explorer: block tables, prefix sharing, contiguous vs paged for the same requests."""
-from conftest import figures, run_to_end
+from app_pages import figures, run_to_end
 
 
 def open_memory(app):

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import errors, run_to_end
+from app_pages import errors, run_to_end
 
 from minillm.labkit.notebook import learner_copy, read_source, to_json
 from minillm.labkit.plug import LABS, PARTS, calls

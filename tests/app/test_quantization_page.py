@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import APP, errors, figures
+from app_pages import APP, errors, figures
 
 from minillm import LLM, SamplingParams
 from minillm.cache.pool import block_bytes

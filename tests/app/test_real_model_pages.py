@@ -5,7 +5,7 @@ minillm.experiments.quant_quality measures)."""
 import math
 
 import pytest
-from conftest import APP, errors, figures
+from app_pages import APP, errors, figures
 
 from minillm import LLM, SamplingParams
 from minillm.experiments.quant_quality import Reference, heldout_windows

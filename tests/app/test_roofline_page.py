@@ -1,6 +1,6 @@
 """The Roofline page: profiles, predicted prefill and decode points, the measured engine point."""
 import pytest
-from conftest import errors, figures
+from app_pages import errors, figures
 
 
 def open_roofline(app):

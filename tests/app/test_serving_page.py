@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import APP, errors, figures
+from app_pages import APP, errors, figures
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from minillm_visualizer.serving.run import parse_metrics, server, sweep_rates

@@ -3,7 +3,7 @@ compared, and messages instead of tracebacks when a setting or a proposer cannot
 from pathlib import Path
 
 import pytest
-from conftest import APP, errors, figures
+from app_pages import APP, errors, figures
 
 from minillm import EngineConfig
 from minillm.engine.engine import LLMEngine

@@ -1,5 +1,5 @@
 """The Scheduler timeline page: the Gantt of steps x requests, queues, token budget, the step cursor."""
-from conftest import figures, run_to_end
+from app_pages import figures, run_to_end
 
 from minillm_visualizer.timeline.charts import STATES
 

@@ -1,8 +1,8 @@
 """The solution notebooks, each run top to bottom once per test session and kept with its outputs.
 
 test_lab_notebooks_run.py runs them; the browser test opens the kept copies instead of running the notebooks a
-second time (whichever test asks first runs it). (A plain module, not a conftest.py: the tests in tests/app import
-their conftest by name, and a second conftest.py loaded after theirs would shadow it.)
+second time (whichever test asks first runs it). (A plain module, not a conftest.py: modules named conftest in two
+folders of one pytest process shadow each other's name; tests/app and tests/serve keep their helpers apart too.)
 """
 import fcntl
 import os

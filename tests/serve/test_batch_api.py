@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import post
+from serve_helpers import post
 
 from minillm import LLM, SamplingParams
 from minillm.serve.batch import run_batch

@@ -5,7 +5,7 @@ logits), GET /v1/models/{id} through the official client, and HEAD on /health an
 import httpx
 import openai
 import pytest
-from conftest import post
+from serve_helpers import post
 
 from minillm import SamplingParams
 from minillm.serve.protocol import CompletionRequest

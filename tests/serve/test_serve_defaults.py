@@ -2,7 +2,7 @@
 the context as far as the KV pool could hold it, and a completion OpenAI's 16 tokens or fewer, never
 "could never fit in the KV pool". Here the pool (8 blocks of 16: 128 tokens) is smaller than the context (512)."""
 import pytest
-from conftest import post
+from serve_helpers import post
 
 from minillm import AsyncLLM
 

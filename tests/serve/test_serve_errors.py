@@ -9,7 +9,7 @@ import threading
 import httpx
 import openai
 import pytest
-from conftest import post, reached
+from serve_helpers import post, reached
 
 from minillm import AsyncLLM
 from minillm.cli import is_loopback, main

@@ -6,7 +6,7 @@ import re
 
 import httpx
 import pytest
-from conftest import slowed
+from serve_helpers import slowed
 
 import minillm.engine.output_processor as output_processor
 import minillm.engine.sampler as sampler

@@ -1,7 +1,7 @@
 """The limits a client could otherwise choose the cost of (serve/limits.py): each refused with a 400 that
 names the limit and its flag, before the engine or a recursive validator sees the request."""
 import pytest
-from conftest import post
+from serve_helpers import post
 
 from minillm.serve import serve_in_thread
 from minillm.serve.limits import MAX_JSON_DEPTH, RequestLimits

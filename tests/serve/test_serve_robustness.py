@@ -14,8 +14,8 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import reached, slowed
 from fastapi import FastAPI
+from serve_helpers import reached, slowed
 
 from minillm import AsyncLLM
 from minillm.serve import serve_in_thread

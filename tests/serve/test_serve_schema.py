@@ -4,7 +4,7 @@ fuzzer that trusts /openapi.json sends only what is accepted. logit_bias keys ar
 import httpx
 import jsonschema
 import pytest
-from conftest import post
+from serve_helpers import post
 
 OK = {"model": "tiny", "prompt": "def f():", "max_tokens": 2}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
