@@ -110,7 +110,7 @@ def pytest_terminal_summary(terminalreporter, config):
     if config.getoption("target") != "solutions":
         upcoming = next(((lab, exercise) for (lab, exercise), (_, passed, total) in
                          sorted(grades.items(), key=lambda kv: _order(kv[0])) if passed < total), None)
-        write("Every exercise passes. Well done!" if upcoming is None else
+        write("Every exercise graded here passes. Well done!" if upcoming is None else
               f"Next: exercise {upcoming[1]} (lab {upcoming[0]}). `make progress` shows every lab.")
 
 

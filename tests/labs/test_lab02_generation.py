@@ -397,7 +397,8 @@ def test_generate_sampling_is_seeded(lab):
 
 @exercise("2.7")
 def test_latency_metrics_follow_the_serving_definitions(lab):
-    """TTFT = first token - arrival; TPOT = (last - first) / (tokens - 1), on fixed and seeded random timings"""
+    """TTFT and TPOT as the serving convention defines them (the lab's concept section), on fixed and seeded random
+    timings"""
     gen = torch.Generator().manual_seed(271)
     cases = [(10.0, [10.35, 10.41, 10.50, 10.52, 10.70]), (0.0, [0.5, 0.75]),
              (2.0, [2.0, 2.25, 2.5]), (4.0, [4.5, 4.5, 4.5])]  # a first token at arrival; tokens in one burst

@@ -51,7 +51,7 @@ def check_invariants(alloc, tables: list[list[int]], what: str) -> None:
 
 @exercise("3.1")
 def test_blocks_for_rounds_up_exactly_at_block_boundaries(lab):
-    """blocks_for(n) = ceil(n / block_size) for n = 0..50 and block sizes 1, 3, 16"""
+    """blocks_for(n) is the fewest blocks that hold n tokens, for n = 0..50 and block sizes 1, 3, 16"""
     for bs in (1, 3, 16):
         alloc = lab.BlockAllocator(8, bs)
         got = [alloc.blocks_for(n) for n in range(0, 51)]
@@ -62,7 +62,8 @@ def test_blocks_for_rounds_up_exactly_at_block_boundaries(lab):
 
 @exercise("3.1")
 def test_allocate_gives_distinct_blocks_and_refuses_without_change(lab):
-    """allocate hands out ceil(n / bs) distinct blocks; when too few are free it returns None and changes nothing"""
+    """allocate hands out just enough distinct blocks for n tokens; when too few are free it returns None and
+    changes nothing"""
     alloc = lab.BlockAllocator(10, 4)
     a, b = alloc.allocate(9), alloc.allocate(24)
     assert a is not None and b is not None, "allocate(9) then allocate(24) in a pool of 10 blocks of 4 returned None"
@@ -301,7 +302,8 @@ def test_slot_mapping_follows_the_block_table(lab):
 
 @exercise("3.2")
 def test_slot_mapping_matches_the_formula_on_random_tables(lab):
-    """seeded random tables, block sizes and ranges: slot = table[t // bs] * bs + t % bs for each position t"""
+    """seeded random tables, block sizes and ranges: each position's slot is the one its block-table entry and
+    offset give, as in the worked examples"""
     with one_thread():
         gen = torch.Generator().manual_seed(320)
         for _ in range(40):

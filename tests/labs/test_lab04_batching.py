@@ -335,7 +335,8 @@ def engine_chunks(prompt_len: int, budget: int, num_decodes: int) -> list[int]:
 
 @exercise("4.2")
 def test_prefill_chunks_fill_the_budget_left_by_decodes(lab):
-    """chunks are budget - decodes tokens, the last one the remainder, summing to the prompt"""
+    """every chunk but the last fills what the decodes leave of the budget, the last takes the rest, and they
+    sum to the prompt"""
     for prompt_len, budget, decodes in ((100, 32, 6), (52, 16, 3), (5, 64, 0), (7, 3, 2), (41, 11, 1),
                                         (30, 10, 0), (1, 2, 1), (29, 30, 0), (31, 30, 0)):
         got = list(lab.prefill_chunks(prompt_len, budget, decodes))

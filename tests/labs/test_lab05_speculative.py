@@ -110,7 +110,8 @@ def test_accept_never_keeps_a_token_the_target_excludes(lab):
 
 @exercise("5.1")
 def test_accept_keeps_with_probability_p_over_q(lab):
-    """for p < q the token is kept with frequency p / q (seeded random pairs, 4000 draws each, chi-square)"""
+    """for p < q the token is kept as often as exact speculative sampling keeps it (seeded random pairs, 4000 draws
+    each, chi-square)"""
     gen = torch.Generator().manual_seed(53)
     pairs = [(0.1, 0.9), (0.45, 0.5), (0.01, 0.02)]
     pairs += [(min(a, b), max(a, b)) for a, b in torch.rand(9, 2, generator=gen).tolist() if abs(a - b) > 0.01]
@@ -188,7 +189,8 @@ def assert_exact(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
 
 @exercise("5.2")
 def test_residual_is_the_normalised_positive_part_of_p_minus_q(lab):
-    """residual(p, q) = max(0, p - q) / its sum, on seeded random p and q (some with zeros), vocabularies 5 to 60"""
+    """the residual is the distribution exact speculative sampling draws from after a rejection, on seeded random p
+    and q (some with zeros), vocabularies 5 to 60"""
     for seed in range(520, 544):
         vocab = 5 + (seed * 7) % 56
         p, q = probs(seed, vocab, scale=1 + seed % 3), probs(seed + 100, vocab, scale=2)
@@ -376,8 +378,8 @@ def first_emitted(lab, logits, x: int, q, params, draws: int, seed: int, what: s
 
 @exercise("5.3")
 def test_sampling_emits_kept_proposals_and_residual_draws_in_the_right_proportions(lab):
-    """sampled, one proposal x: the first emitted token is x with probability min(1, p(x)/q(x)), else a draw
-    from the residual, for a random q, a q disjoint from p and q None, plain and with seeded temperature, top-k
+    """sampled, one proposal x: the first emitted token is x as often as the acceptance rule keeps it, else a
+    draw from the residual, for a random q, a q disjoint from p and q None, plain and with seeded temperature, top-k
     and top-p (chi-square over 2500 draws each)"""
     for params in PARAMS:
         logits = randn(5310, 2, 6, scale=1.2)
@@ -555,7 +557,7 @@ def assert_tokens_per_forward(lab, alpha: float, k: int, why: str = "") -> None:
 
 @exercise("5.5")
 def test_expected_tokens_per_forward_is_the_geometric_sum(lab):
-    """(1 - a^(k+1)) / (1 - a) = 1 + a + ... + a^k on seeded random a and k = 1 to 8"""
+    """the expected tokens per forward for seeded random acceptance rates and k = 1 to 8"""
     gen = torch.Generator().manual_seed(550)
     for alpha in [0.5, 0.8, 0.95, *torch.rand(20, generator=gen).tolist()]:
         for k in (1, 2, 4, 8):
@@ -564,8 +566,8 @@ def test_expected_tokens_per_forward_is_the_geometric_sum(lab):
 
 @exercise("5.5")
 def test_expected_tokens_per_forward_at_the_ends(lab):
-    """alpha = 0 (and -0.0) gives 1 token, alpha = 1 k + 1; k = 0 gives 1 whatever alpha; a long k approaches
-    1 / (1 - alpha)"""
+    """alpha = 0 (and -0.0) gives 1 token, alpha = 1 k + 1; k = 0 gives 1 whatever alpha; a very long k
+    approaches the limit of the sum"""
     for k in (1, 3, 8, 37):
         for alpha, expected in ((0.0, 1.0), (-0.0, 1.0), (1.0, k + 1.0)):
             got = expected_tokens_of(lab, alpha, k)
@@ -578,7 +580,7 @@ def test_expected_tokens_per_forward_at_the_ends(lab):
     for alpha in (0.5, 0.9):
         got = expected_tokens_of(lab, alpha, 2000)
         assert abs(got - 1 / (1 - alpha)) <= 1e-9, \
-            (f"expected_tokens_per_forward({alpha}, 2000) = {got!r}; as k grows it approaches 1 / (1 - alpha) = "
+            (f"expected_tokens_per_forward({alpha}, 2000) = {got!r}; as k grows the sum approaches "
              f"{1 / (1 - alpha)}")
 
 
