@@ -711,7 +711,8 @@ def test_distill_loss_of_bfloat16_logits_is_computed_in_float32(lab):
 
 @exercise("5.6")
 def test_distill_loss_trains_the_student(lab):
-    """the loss keeps its gradient: d loss / d student = T (q - p) / tokens"""
+    """the loss keeps its gradient, and it is the gradient of the loss the contract defines (against its closed
+    form)"""
     for t in (1.0, 2.5):
         student = randn(594, 5, 13, scale=2).requires_grad_()
         teacher = randn(595, 5, 13, scale=2)
